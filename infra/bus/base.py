@@ -1,0 +1,106 @@
+"""The bus: one small interface, two implementations (in-process and Kafka).
+
+Semantics both implementations keep (DESIGN.md, "Two runtimes, one code path"):
+- ``publish`` returns once the bus has accepted the event durably (Kafka: acks=all) and never runs a
+  subscriber's code inline.
+- The key decides the partition; per-key order is preserved; every consumer group sees every event;
+  within a group each partition is handled by one consumer at a time.
+- A handler's offset is committed only after the handler returned. A handler that raises is retried
+  (``max_retries``), then the message goes to ``flywheel.deadletter`` with the error and the consumer
+  moves on. A message that cannot be decoded goes to the dead-letter topic at once.
+
+Exceptions:
+    BusError
+     ├── BusClosedError        publish/subscribe on a bus that is not running
+     └── BusUnavailableError   the broker cannot be reached (the gateway spools on this one)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from schemas import AnyEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One delivered event with where it came from (logical topic name, no prefix)."""
+
+    event: AnyEvent
+    topic: str
+    partition: int
+    offset: int
+    key: str
+
+
+Handler = Callable[[Message], Awaitable[None]]
+BatchHandler = Callable[[Sequence[Message]], Awaitable[None]]
+
+
+class BusError(Exception):
+    pass
+
+
+class BusClosedError(BusError):
+    pass
+
+
+class BusUnavailableError(BusError):
+    pass
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    topic: str
+    group: str
+
+    async def stop(self) -> None:
+        """Stop consuming; in-flight handlers finish and their offsets are committed."""
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """What services receive. Topic names are logical (``schemas.TASKS``, ...); the bus adds its prefix."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def ensure_topics(self, topics: Sequence[str]) -> None:
+        """Create topics (with their partition counts from ``schemas.TOPICS``) if missing."""
+
+    async def publish(self, topic: str, event: AnyEvent, *, key: str | None = None) -> None:
+        """Publish and wait for the broker's acknowledgement. ``key`` defaults to ``schemas.key_for``."""
+
+    async def publish_raw(self, topic: str, data: bytes, *, key: str) -> None:
+        """Publish undecoded bytes (tests of bad input; replaying raw records)."""
+
+    async def subscribe(
+        self,
+        topic: str,
+        group: str,
+        handler: Handler,
+        *,
+        from_beginning: bool = True,
+        max_retries: int = 2,
+    ) -> Subscription:
+        """Consume ``topic`` as consumer group ``group``, one message at a time per partition."""
+
+    async def subscribe_batch(
+        self,
+        topic: str,
+        group: str,
+        handler: BatchHandler,
+        *,
+        max_batch: int = 500,
+        max_wait_s: float = 0.2,
+        from_beginning: bool = True,
+        max_retries: int = 2,
+    ) -> Subscription:
+        """Consume in batches of up to ``max_batch``; a batch is committed after the handler returned.
+
+        When a batch handler raises, the batch is retried; after ``max_retries`` each message is
+        retried alone so only the poison ones go to the dead-letter topic.
+        """

@@ -1,0 +1,1 @@
+"""The ``flywheel`` admin CLI: the one place that wires services together."""

@@ -1,0 +1,40 @@
+"""``flywheel``: the admin CLI entry point.
+
+Each command group lives in its own module under ``infra/cli/`` and is registered here; heavy
+imports (torch, transformers, uvicorn apps) happen inside the commands, so ``flywheel --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="flywheel",
+    help="Train the model behind your agent with RL from its own traffic.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Train the model behind your agent with RL from its own traffic."""
+
+
+def _register() -> None:
+    # One line per command module; each module exposes ``register(app)``.
+    from infra.cli import version_cmd
+
+    version_cmd.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""``flywheel version``."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("version")
+    def version_command() -> None:
+        """Print Flywheel's version."""
+        typer.echo(version("flywheel"))

@@ -1,0 +1,38 @@
+"""The settings base every service's ``settings.py`` extends. Built in ``main()``, never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_ADMIN_TOKEN = "dev-admin-token"  # accepted only when FLYWHEEL_ENV=development
+
+
+class FlywheelSettings(BaseSettings):
+    """Shared settings, read from ``FLYWHEEL_*`` environment variables (and ``.env``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", env_file=".env", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    bus: Literal["memory", "kafka"] = "memory"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = ""
+    data_dir: Path = Path(".flywheel")
+    clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db
+    admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
+    model: str = "policy"
+    log_level: str = "INFO"
+    log_json: bool | None = None  # None: JSON when stderr is not a TTY
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> FlywheelSettings:
+        if self.env == "production" and self.admin_token.get_secret_value() in ("", DEV_ADMIN_TOKEN):
+            raise ValueError("FLYWHEEL_ADMIN_TOKEN must be set to a real secret when FLYWHEEL_ENV=production")
+        return self
+
+    @property
+    def chdb_path(self) -> Path:
+        return self.data_dir / "chdb"

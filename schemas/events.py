@@ -1,0 +1,353 @@
+"""Every event that travels on the bus, one pydantic model each, grouped by topic.
+
+Topic → events (DESIGN.md, "Topics"):
+    flywheel.tasks        RolloutRequested, RolloutCancelled                      key: task_id
+    flywheel.episodes     EpisodeStarted, LLMCallRecorded, RewardReported,
+                          EpisodeFinished                                         key: episode_id
+    flywheel.transitions  EpisodeScored                                           key: group_id
+    flywheel.control      WeightUpdateRequested, InferenceDrained, WeightsActivated,
+                          InferenceResumed, WeightUpdateFailed, TrainerStepCompleted  key: model
+    flywheel.deadletter   DeadLetter                                              key: original key
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from schemas.common import (
+    AgentRef,
+    EpisodeSource,
+    EpisodeStatus,
+    EventBase,
+    Mode,
+    Reward,
+    Task,
+    TokenLogprob,
+)
+
+# --------------------------------------------------------------------------------------- tasks
+
+
+class RolloutRequested(EventBase):
+    """Run ``agent`` on ``task`` once (one attempt of one member of a GRPO group)."""
+
+    type: Literal["rollout_requested"] = "rollout_requested"
+    task: Task
+    agent: AgentRef
+    group_id: str = Field(min_length=1, max_length=64)
+    group_size: int = Field(default=1, ge=1, le=4096, description="episodes the trainer waits for")
+    sample_index: int = Field(default=0, ge=0, description="which member of the group (0..group_size-1)")
+    attempt: int = Field(default=0, ge=0)
+    max_attempts: int = Field(default=1, ge=1, le=100)
+    mode: Mode = Mode.train
+    model: str = Field(default="policy", min_length=1, max_length=256)
+    deadline_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+    pool: str | None = Field(default=None, max_length=64)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+
+class RolloutCancelled(EventBase):
+    """Stop running (or do not start) the rollouts of ``group_id`` (all of them when ``task_id`` is None)."""
+
+    type: Literal["rollout_cancelled"] = "rollout_cancelled"
+    task_id: str = Field(min_length=1, max_length=256)
+    group_id: str = Field(min_length=1, max_length=64)
+    reason: str = ""
+
+
+TaskEvent = Annotated[RolloutRequested | RolloutCancelled, Field(discriminator="type")]
+
+# ------------------------------------------------------------------------------------ episodes
+
+
+class EpisodeStarted(EventBase):
+    """An episode exists: a training rollout (opened by a worker) or a production session."""
+
+    type: Literal["episode_started"] = "episode_started"
+    episode_id: str = Field(min_length=1, max_length=64)
+    source: EpisodeSource = EpisodeSource.live
+    mode: Mode = Mode.train
+    model: str = Field(default="policy", max_length=256)
+    task: Task | None = None
+    agent: AgentRef | None = None
+    group_id: str | None = Field(default=None, max_length=64)
+    group_size: int = Field(default=1, ge=1)
+    attempt: int = Field(default=0, ge=0)
+    tenant: str | None = Field(default=None, max_length=128)
+    session_id: str | None = Field(default=None, max_length=256)
+    deadline_at: datetime | None = None
+
+    @property
+    def task_id(self) -> str | None:
+        return self.task.task_id if self.task is not None else None
+
+
+class UpstreamKind(StrEnum):
+    vllm = "vllm"  # reports token ids and logprobs
+    embedded = "embedded"  # Flywheel's in-process engine; same capabilities as vllm
+    openai = "openai"  # generic OpenAI-compatible server: text only
+
+
+class LogprobsMode(StrEnum):
+    processed = "processed_logprobs"  # after temperature/top-p: matches the sampling distribution
+    raw = "raw_logprobs"  # before sampling transforms
+    none = "none"
+
+
+class CallChoice(BaseModel):
+    """One generated choice, as the engine reported it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0)
+    text: str = ""
+    message: JsonValue = None  # chat: the assistant message as returned (tool_calls included)
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # behaviour log-probability of each generated token
+    top_logprobs: list[list[TokenLogprob]] | None = None
+    weight_versions: list[int] | None = None  # per token, where the engine reports it
+
+
+class LLMCallRecorded(EventBase):
+    """One LLM call through the gateway, token-faithful when the upstream reports ids."""
+
+    type: Literal["llm_call_recorded"] = "llm_call_recorded"
+    episode_id: str = Field(min_length=1, max_length=64)
+    call_seq: int = Field(ge=0)
+    call_id: str = Field(min_length=1, max_length=64)
+    source: EpisodeSource = EpisodeSource.live
+    tenant: str | None = None
+    endpoint: Literal["chat.completions", "completions"] = "chat.completions"
+    model: str = ""
+    request: str = Field(description="the request body as the agent sent it (JSON text)")
+    response: str | None = Field(default=None, description="the response body (assembled if streamed)")
+    status_code: int = 200
+    error: str | None = None
+    streamed: bool = False
+    upstream: UpstreamKind = UpstreamKind.vllm
+    upstream_url: str = ""
+    logprobs_mode: LogprobsMode = LogprobsMode.processed
+    token_faithful: bool = Field(default=False, description="prompt and every choice carry token ids")
+    prompt_token_ids: list[int] | None = None
+    choices: list[CallChoice] = Field(default_factory=list)
+    weight_version: int = Field(default=0, ge=0)
+    extends_previous: bool | None = Field(
+        default=None, description="prompt = previous prompt + previous response (None: first call/unknown)"
+    )
+    prefix_mismatch: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    started_at: datetime | None = None
+
+
+class RewardOrigin(StrEnum):
+    agent = "agent"  # the agent reported it (gateway reward route or final JSON line)
+    feedback = "feedback"  # production user feedback
+    judge = "judge"
+
+
+class RewardReported(EventBase):
+    type: Literal["reward_reported"] = "reward_reported"
+    episode_id: str = Field(min_length=1, max_length=64)
+    value: Reward | None = None
+    call_seq: int | None = Field(default=None, ge=0)
+    call_id: str | None = None
+    origin: RewardOrigin = RewardOrigin.agent
+    message: str = Field(default="", max_length=8192)
+    rating: int | None = Field(default=None, description="production feedback: e.g. -1/+1 or 1..5")
+    tenant: str | None = None
+
+
+class EpisodeFinished(EventBase):
+    type: Literal["episode_finished"] = "episode_finished"
+    episode_id: str = Field(min_length=1, max_length=64)
+    status: EpisodeStatus
+    output: JsonValue = None
+    error: str | None = Field(default=None, max_length=16384)
+    reported_reward: Reward | None = None
+    num_calls: int | None = None
+    duration_s: float = 0.0
+    task_id: str | None = None
+    group_id: str | None = None
+    attempt: int = 0
+    source: EpisodeSource = EpisodeSource.live
+    tenant: str | None = None
+
+
+EpisodeEvent = Annotated[
+    EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished, Field(discriminator="type")
+]
+
+# --------------------------------------------------------------------------------- transitions
+
+
+class Transition(BaseModel):
+    """One training sample: a prompt and a response, possibly several calls merged into one trajectory.
+
+    ``response_mask`` is 1 on tokens the policy generated and 0 on observation tokens spliced in
+    between merged calls; ``behaviour_logprobs`` has one entry per response token (0.0 where masked).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    behaviour_logprobs: list[float]
+    weight_version: int = Field(default=0, ge=0, description="oldest version among the merged calls")
+    call_seqs: list[int] = Field(default_factory=list)
+    reward: Reward = 0.0
+    logprobs_mode: LogprobsMode = LogprobsMode.processed
+
+
+class EpisodeScored(EventBase):
+    """A scored episode with its transitions, ready for the trainer (or why it has none)."""
+
+    type: Literal["episode_scored"] = "episode_scored"
+    episode_id: str = Field(min_length=1, max_length=64)
+    group_id: str = Field(min_length=1, max_length=64)
+    group_size: int = Field(default=1, ge=1)
+    task_id: str | None = None
+    attempt: int = 0
+    source: EpisodeSource = EpisodeSource.live
+    mode: Mode = Mode.train
+    model: str = "policy"
+    tenant: str | None = None
+    status: EpisodeStatus = EpisodeStatus.ok
+    reward: Reward | None = None
+    reward_source: str = Field(default="", description="agent | filled | scorer name | feedback | judge")
+    score_error: str | None = None
+    num_calls: int = 0
+    prefix_mismatches: int = 0
+    transitions: list[Transition] = Field(default_factory=list)
+    unusable_reason: str | None = Field(
+        default=None, description="why there are no usable transitions (no_calls, no_token_ids, ...)"
+    )
+    finished_at: datetime | None = None
+
+
+# ------------------------------------------------------------------------------------- control
+
+
+class WeightUpdateRequested(EventBase):
+    type: Literal["weight_update_requested"] = "weight_update_requested"
+    model: str = "policy"
+    version: int = Field(ge=0)
+    checkpoint_path: str | None = None
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class InferenceDrained(EventBase):
+    type: Literal["inference_drained"] = "inference_drained"
+    model: str = "policy"
+    version: int = Field(ge=0, description="the version being prepared")
+    gateway_id: str
+    waited_ms: float = 0.0
+    timed_out: bool = False
+
+
+class WeightsActivated(EventBase):
+    type: Literal["weights_activated"] = "weights_activated"
+    model: str = "policy"
+    version: int = Field(ge=0)
+    checkpoint_path: str | None = None
+
+
+class InferenceResumed(EventBase):
+    type: Literal["inference_resumed"] = "inference_resumed"
+    model: str = "policy"
+    version: int = Field(ge=0)
+    gateway_id: str
+
+
+class WeightUpdateFailed(EventBase):
+    """A weight load failed; the previous version keeps serving and gateways resume on it."""
+
+    type: Literal["weight_update_failed"] = "weight_update_failed"
+    model: str = "policy"
+    version: int = Field(ge=0)
+    serving_version: int = Field(ge=0)
+    error: str
+
+
+class TrainerStepCompleted(EventBase):
+    type: Literal["trainer_step_completed"] = "trainer_step_completed"
+    model: str = "policy"
+    step: int = Field(ge=0)
+    version: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+ControlEvent = Annotated[
+    WeightUpdateRequested
+    | InferenceDrained
+    | WeightsActivated
+    | InferenceResumed
+    | WeightUpdateFailed
+    | TrainerStepCompleted,
+    Field(discriminator="type"),
+]
+
+# ---------------------------------------------------------------------------------- deadletter
+
+
+class DeadLetter(EventBase):
+    """A message a consumer could not process, with where it came from and why."""
+
+    type: Literal["dead_letter"] = "dead_letter"
+    original_topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    consumer_group: str = ""
+    error_type: str = ""
+    error: str = Field(default="", max_length=16384)
+    attempts: int = 1
+    payload: str = Field(default="", description="the original message (utf-8, invalid bytes replaced)")
+
+
+Event = Annotated[
+    RolloutRequested
+    | RolloutCancelled
+    | EpisodeStarted
+    | LLMCallRecorded
+    | RewardReported
+    | EpisodeFinished
+    | EpisodeScored
+    | WeightUpdateRequested
+    | InferenceDrained
+    | WeightsActivated
+    | InferenceResumed
+    | WeightUpdateFailed
+    | TrainerStepCompleted
+    | DeadLetter,
+    Field(discriminator="type"),
+]
+"""Any event of any topic."""
+
+AnyEvent = (
+    RolloutRequested
+    | RolloutCancelled
+    | EpisodeStarted
+    | LLMCallRecorded
+    | RewardReported
+    | EpisodeFinished
+    | EpisodeScored
+    | WeightUpdateRequested
+    | InferenceDrained
+    | WeightsActivated
+    | InferenceResumed
+    | WeightUpdateFailed
+    | TrainerStepCompleted
+    | DeadLetter
+)
+"""The same union without the discriminator annotation, for type hints."""

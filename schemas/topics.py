@@ -1,0 +1,169 @@
+"""Topic names, keys, partition counts and the codec, defined once.
+
+Code always uses the logical names below; a bus maps them to physical names by prepending its
+prefix (``FLYWHEEL_TOPIC_PREFIX``), so tests and tenants of one broker never see each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter, ValidationError
+
+from schemas.events import (
+    AnyEvent,
+    ControlEvent,
+    DeadLetter,
+    EpisodeEvent,
+    EpisodeFinished,
+    EpisodeScored,
+    EpisodeStarted,
+    Event,
+    InferenceDrained,
+    InferenceResumed,
+    LLMCallRecorded,
+    RewardReported,
+    RolloutCancelled,
+    RolloutRequested,
+    TaskEvent,
+    TrainerStepCompleted,
+    WeightsActivated,
+    WeightUpdateFailed,
+    WeightUpdateRequested,
+)
+
+TASKS = "flywheel.tasks"
+EPISODES = "flywheel.episodes"
+TRANSITIONS = "flywheel.transitions"
+CONTROL = "flywheel.control"
+DEADLETTER = "flywheel.deadletter"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    key_field: str
+    partitions: int
+    event_types: frozenset[type[AnyEvent]]
+
+
+TOPICS: dict[str, TopicSpec] = {
+    TASKS: TopicSpec(TASKS, "task_id", 8, frozenset({RolloutRequested, RolloutCancelled})),
+    EPISODES: TopicSpec(
+        EPISODES,
+        "episode_id",
+        16,
+        frozenset({EpisodeStarted, LLMCallRecorded, RewardReported, EpisodeFinished}),
+    ),
+    TRANSITIONS: TopicSpec(TRANSITIONS, "group_id", 8, frozenset({EpisodeScored})),
+    CONTROL: TopicSpec(
+        CONTROL,
+        "model",
+        1,
+        frozenset(
+            {
+                WeightUpdateRequested,
+                InferenceDrained,
+                WeightsActivated,
+                InferenceResumed,
+                WeightUpdateFailed,
+                TrainerStepCompleted,
+            }
+        ),
+    ),
+    DEADLETTER: TopicSpec(DEADLETTER, "original key", 1, frozenset({DeadLetter})),
+}
+
+
+def tasks_topic(pool: str | None = None) -> str:
+    """``flywheel.tasks`` or ``flywheel.tasks.<pool>`` for a named worker pool."""
+    return TASKS if not pool else f"{TASKS}.{pool}"
+
+
+def spec_for(topic: str) -> TopicSpec:
+    """The spec of a logical topic; ``flywheel.tasks.<pool>`` shares the tasks spec."""
+    if topic in TOPICS:
+        return TOPICS[topic]
+    if topic.startswith(TASKS + "."):
+        return TopicSpec(topic, "task_id", TOPICS[TASKS].partitions, TOPICS[TASKS].event_types)
+    raise UnknownTopicError(topic)
+
+
+def key_for(event: AnyEvent) -> str:
+    """The partition key DESIGN.md fixes for ``event``."""
+    match event:
+        case RolloutRequested():
+            return event.task.task_id
+        case RolloutCancelled():
+            return event.task_id
+        case EpisodeStarted() | LLMCallRecorded() | RewardReported() | EpisodeFinished():
+            return event.episode_id
+        case EpisodeScored():
+            return event.group_id
+        case (
+            WeightUpdateRequested()
+            | InferenceDrained()
+            | WeightsActivated()
+            | InferenceResumed()
+            | WeightUpdateFailed()
+            | TrainerStepCompleted()
+        ):
+            return event.model
+        case DeadLetter():
+            return event.key or ""
+    raise TypeError(f"not an event: {type(event).__name__}")
+
+
+def topic_for(event: AnyEvent) -> str:
+    """The logical topic an event belongs on (tasks go to the default pool)."""
+    for spec in TOPICS.values():
+        if type(event) in spec.event_types:
+            return spec.name
+    raise TypeError(f"not an event: {type(event).__name__}")
+
+
+class UnknownTopicError(KeyError):
+    pass
+
+
+class EventDecodeError(ValueError):
+    """A message that is not valid JSON, not a known event, or not an event of its topic."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"cannot decode message on {topic}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+_EVENT = TypeAdapter[AnyEvent](Event)
+_PER_TOPIC: dict[str, TypeAdapter[AnyEvent]] = {
+    TASKS: TypeAdapter(TaskEvent),
+    EPISODES: TypeAdapter(EpisodeEvent),
+    TRANSITIONS: TypeAdapter(EpisodeScored),
+    CONTROL: TypeAdapter(ControlEvent),
+    DEADLETTER: TypeAdapter(DeadLetter),
+}
+
+
+def encode(event: AnyEvent) -> bytes:
+    return event.model_dump_json().encode()
+
+
+def decode(topic: str, data: bytes | str) -> AnyEvent:
+    """Parse and validate one message of logical ``topic``; raises :class:`EventDecodeError`."""
+    base = TASKS if topic.startswith(TASKS + ".") else topic
+    adapter = _PER_TOPIC.get(base, _EVENT)
+    try:
+        return adapter.validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"msg": str(exc), "loc": ()}
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise EventDecodeError(topic, f"{first['msg']}" + (f" at {loc}" if loc else "")) from exc
+
+
+def decode_any(data: bytes | str) -> AnyEvent:
+    """Parse any event regardless of topic (used by the recorder and the fixtures test)."""
+    try:
+        return _EVENT.validate_json(data)
+    except ValidationError as exc:
+        raise EventDecodeError("*", str(exc.errors()[0]["msg"])) from exc

@@ -1,0 +1,1 @@
+"""Shared fixtures. Kafka fixtures live in tests/kafka_fixtures.py (registered below)."""
