@@ -6,7 +6,8 @@ Topic → events (DESIGN.md, "Topics"):
                           EpisodeFinished                                         key: episode_id
     flywheel.transitions  EpisodeScored                                           key: group_id
     flywheel.control      WeightUpdateRequested, InferenceDrained, WeightsActivated,
-                          InferenceResumed, WeightUpdateFailed, TrainerStepCompleted  key: model
+                          InferenceResumed, WeightUpdateFailed, TrainerStepCompleted,
+                          TrainerPauseRequested, TrainerResumeRequested           key: model
     flywheel.deadletter   DeadLetter                                              key: original key
 """
 
@@ -83,6 +84,7 @@ class EpisodeStarted(EventBase):
     tenant: str | None = Field(default=None, max_length=128)
     session_id: str | None = Field(default=None, max_length=256)
     deadline_at: datetime | None = None
+    sample_index: int = Field(default=0, ge=0, description="which member of the group (added, optional)")
 
     @property
     def task_id(self) -> str | None:
@@ -181,6 +183,12 @@ class EpisodeFinished(EventBase):
     attempt: int = 0
     source: EpisodeSource = EpisodeSource.live
     tenant: str | None = None
+    sample_index: int = Field(default=0, ge=0, description="which member of the group (added, optional)")
+    superseded: bool = Field(
+        default=False,
+        description="another episode replaces this one for its group member (a retry, a handed-back or "
+        "redelivered task): do not count it toward the group (added, optional)",
+    )
 
 
 EpisodeEvent = Annotated[
@@ -233,6 +241,12 @@ class EpisodeScored(EventBase):
         default=None, description="why there are no usable transitions (no_calls, no_token_ids, ...)"
     )
     finished_at: datetime | None = None
+    sample_index: int = Field(default=0, ge=0, description="which member of the group (added, optional)")
+    superseded: bool = Field(
+        default=False,
+        description="another episode replaces this one for its group member (a retry, a handed-back or "
+        "redelivered task): do not count it toward the group (added, optional)",
+    )
 
 
 # ------------------------------------------------------------------------------------- control
@@ -287,13 +301,30 @@ class TrainerStepCompleted(EventBase):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class TrainerPauseRequested(EventBase):
+    """Ask the trainer to stop taking training steps (it keeps buffering episodes). ``flywheel trainer pause``."""
+
+    type: Literal["trainer_pause_requested"] = "trainer_pause_requested"
+    model: str = "policy"
+    reason: str = Field(default="", max_length=1024)
+
+
+class TrainerResumeRequested(EventBase):
+    """Ask a paused trainer to take training steps again. ``flywheel trainer resume``."""
+
+    type: Literal["trainer_resume_requested"] = "trainer_resume_requested"
+    model: str = "policy"
+
+
 ControlEvent = Annotated[
     WeightUpdateRequested
     | InferenceDrained
     | WeightsActivated
     | InferenceResumed
     | WeightUpdateFailed
-    | TrainerStepCompleted,
+    | TrainerStepCompleted
+    | TrainerPauseRequested
+    | TrainerResumeRequested,
     Field(discriminator="type"),
 ]
 
@@ -329,6 +360,8 @@ Event = Annotated[
     | InferenceResumed
     | WeightUpdateFailed
     | TrainerStepCompleted
+    | TrainerPauseRequested
+    | TrainerResumeRequested
     | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -348,6 +381,8 @@ AnyEvent = (
     | InferenceResumed
     | WeightUpdateFailed
     | TrainerStepCompleted
+    | TrainerPauseRequested
+    | TrainerResumeRequested
     | DeadLetter
 )
 """The same union without the discriminator annotation, for type hints."""

@@ -26,6 +26,8 @@ from schemas.events import (
     RolloutCancelled,
     RolloutRequested,
     TaskEvent,
+    TrainerPauseRequested,
+    TrainerResumeRequested,
     TrainerStepCompleted,
     WeightsActivated,
     WeightUpdateFailed,
@@ -68,6 +70,8 @@ TOPICS: dict[str, TopicSpec] = {
                 InferenceResumed,
                 WeightUpdateFailed,
                 TrainerStepCompleted,
+                TrainerPauseRequested,
+                TrainerResumeRequested,
             }
         ),
     ),
@@ -107,6 +111,8 @@ def key_for(event: AnyEvent) -> str:
             | InferenceResumed()
             | WeightUpdateFailed()
             | TrainerStepCompleted()
+            | TrainerPauseRequested()
+            | TrainerResumeRequested()
         ):
             return event.model
         case DeadLetter():

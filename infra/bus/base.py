@@ -71,6 +71,12 @@ class Bus(Protocol):
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         """Create topics (with their partition counts from ``schemas.TOPICS``) if missing."""
 
+    async def list_topics(self) -> list[str]:
+        """Logical names of the topics that exist under this bus's prefix."""
+
+    async def lag(self, topic: str, group: str) -> int:
+        """Messages of ``topic`` that consumer group ``group`` has not committed yet."""
+
     async def publish(self, topic: str, event: AnyEvent, *, key: str | None = None) -> None:
         """Publish and wait for the broker's acknowledgement. ``key`` defaults to ``schemas.key_for``."""
 

@@ -1,0 +1,156 @@
+"""Wires the gateway: ``create_app(settings, bus, upstreams, *, keystore=None) -> FastAPI``.
+
+    app = create_app(settings, bus, [make_upstream("http://127.0.0.1:8000/v1")])
+    gateway = app.state.gateway            # gateway.service.Gateway: start()/stop(), pause(), state()
+
+The app's lifespan starts and stops the gateway (subscriptions, spool drainer, session reaper). A host
+that drives the ASGI app without lifespan events (``httpx.ASGITransport``) calls
+``await app.state.gateway.start()`` / ``stop()`` itself. ``gateway.server.GatewayServer`` serves the app
+with uvicorn on a loopback port inside a running event loop (tests, ``flywheel record``, the stack).
+
+Errors: every failure is a :class:`gateway.errors.GatewayError` (tree in ``gateway/errors.py``), turned
+into an OpenAI-format error body by one handler; FastAPI's own validation and routing errors are
+translated to the same shape; anything else is a 500 ``server_error`` and logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import GatewayError, PayloadTooLargeError, error_body
+from gateway.keys import KeyStore
+from gateway.routes import build_router
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from gateway.upstream import Upstream
+from infra.bus.base import Bus
+from infra.logging import get_logger
+
+log = get_logger("gateway.app")
+
+
+def default_keystore(settings: GatewaySettings) -> KeyStore:
+    return KeyStore(settings.data_dir / "gateway" / "keys.json")
+
+
+def create_app(
+    settings: GatewaySettings,
+    bus: Bus,
+    upstreams: Sequence[Upstream],
+    *,
+    keystore: KeyStore | None = None,
+    lifespan: bool = True,
+) -> FastAPI:
+    gateway = Gateway(settings, bus, upstreams, keystore=keystore or default_keystore(settings))
+
+    @asynccontextmanager
+    async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(
+        title="Flywheel gateway",
+        version="1",
+        lifespan=_lifespan if lifespan else None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.gateway = gateway
+    app.include_router(build_router())
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        status = 400 if first.get("type") == "json_invalid" else 422
+        body = error_body(
+            f"{loc + ': ' if loc else ''}{first['msg']}",
+            "invalid_request_error",
+            param=loc or None,
+            code="invalid_value",
+        )
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", error_type=type(exc).__name__, error=str(exc)[:500])
+        return JSONResponse(error_body("internal gateway error", "server_error"), status_code=500)
+
+
+class BodyLimit:
+    """Rejects bodies over ``max_bytes`` with 413 (by Content-Length, or while reading a chunked body)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await _send_413(send, self.max_bytes)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise PayloadTooLargeError(
+                        f"request body over {self.max_bytes} bytes", code="body_too_large"
+                    )
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def _send_413(send: Send, limit: int) -> None:
+    import orjson
+
+    body = orjson.dumps(
+        error_body(f"request body over {limit} bytes", "invalid_request_error", code="body_too_large")
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,197 @@
+"""Per-episode state: which episodes are open, call numbering, and extension detection.
+
+Training episodes are opened by ``EpisodeStarted`` (from a worker, through the bus) or by hand; they
+are reachable only at ``/episodes/{id}/v1`` and only while open. Production episodes are opened by the
+gateway, one per (tenant, session). Memory is bounded: at most ``max_episodes`` open episodes are kept
+(least recently used first out) and a bounded set of recently finished ids answers 404 at once.
+
+Extension (DESIGN.md, "Token-faithful capture"): a call extends the previous one when its prompt ids
+start with the previous prompt ids followed by one of the previous choices' ids. Anything else after a
+first call is a ``prefix_mismatch``; the ids are never spliced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.errors import NotFoundError
+from schemas import EpisodeSource, EpisodeStarted, Mode, is_valid_episode_id
+
+
+@dataclass(slots=True)
+class EpisodeState:
+    episode_id: str
+    source: EpisodeSource = EpisodeSource.live
+    tenant: str | None = None
+    session_id: str | None = None
+    model: str = "policy"
+    mode: Mode = Mode.train
+    task_id: str | None = None
+    group_id: str | None = None
+    attempt: int = 0
+    opened_at: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    next_seq: int = 0
+    calls: int = 0
+    prefix_mismatches: int = 0
+    prev_prompt: list[int] | None = None
+    prev_responses: list[list[int]] = field(default_factory=list)
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        self.last_active = time.monotonic()
+        return seq
+
+    def check_extension(self, prompt: list[int] | None) -> bool | None:
+        """True/False against the previous recorded call; None for the first call or without ids."""
+        if prompt is None or self.prev_prompt is None:
+            return None
+        base = self.prev_prompt
+        n = len(base)
+        if prompt[:n] != base:
+            return False
+        rest = prompt[n:]
+        return any(rest[: len(r)] == r for r in self.prev_responses)
+
+    def remember(
+        self, prompt: list[int] | None, responses: Sequence[list[int] | None], mismatch: bool
+    ) -> None:
+        self.calls += 1
+        if mismatch:
+            self.prefix_mismatches += 1
+        if prompt is not None and all(r is not None for r in responses):
+            self.prev_prompt = prompt
+            self.prev_responses = [r for r in responses if r is not None]
+        else:
+            self.prev_prompt, self.prev_responses = None, []
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "episode_id": self.episode_id,
+            "source": self.source.value,
+            "tenant": self.tenant,
+            "session_id": self.session_id,
+            "model": self.model,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "calls": self.calls,
+            "prefix_mismatches": self.prefix_mismatches,
+            "opened_at": self.opened_at,
+        }
+
+
+class EpisodeRegistry:
+    def __init__(self, *, max_episodes: int = 20_000, wait_s: float = 2.0, max_waiters: int = 10_000) -> None:
+        self.max_episodes = max_episodes
+        self.wait_s = wait_s
+        self.max_waiters = max_waiters
+        self._open: OrderedDict[str, EpisodeState] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._sessions: dict[tuple[str, str], str] = {}
+        self._session_history: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._calls: OrderedDict[str, tuple[str, str | None, int]] = OrderedDict()
+        self.prefix_mismatches = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open_episodes(self) -> list[EpisodeState]:
+        return list(self._open.values())
+
+    def _insert(self, state: EpisodeState) -> EpisodeState:
+        self._open[state.episode_id] = state
+        self._open.move_to_end(state.episode_id)
+        while len(self._open) > self.max_episodes:
+            _, old = self._open.popitem(last=False)
+            if old.tenant is not None and old.session_id is not None:
+                self._sessions.pop((old.tenant, old.session_id), None)
+        waiter = self._waiters.pop(state.episode_id, None)
+        if waiter is not None:
+            waiter.set()
+        return state
+
+    def open(self, started: EpisodeStarted) -> EpisodeState:
+        """Open (idempotently) the episode an ``EpisodeStarted`` announces."""
+        existing = self._open.get(started.episode_id)
+        if existing is not None or started.episode_id in self._finished:
+            return existing or EpisodeState(started.episode_id)
+        state = EpisodeState(
+            episode_id=started.episode_id,
+            source=started.source,
+            tenant=started.tenant,
+            session_id=started.session_id,
+            model=started.model,
+            mode=started.mode,
+            task_id=started.task_id,
+            group_id=started.group_id,
+            attempt=started.attempt,
+        )
+        if state.tenant is not None and state.session_id is not None:
+            self._sessions[(state.tenant, state.session_id)] = state.episode_id
+        return self._insert(state)
+
+    def finish(self, episode_id: str) -> EpisodeState | None:
+        state = self._open.pop(episode_id, None)
+        self._finished[episode_id] = None
+        while len(self._finished) > self.max_episodes:
+            self._finished.popitem(last=False)
+        if state is not None and state.tenant is not None and state.session_id is not None:
+            key = (state.tenant, state.session_id)
+            if self._sessions.get(key) == episode_id:
+                del self._sessions[key]
+            self._session_history[key] = episode_id
+            while len(self._session_history) > self.max_episodes:
+                self._session_history.popitem(last=False)
+        return state
+
+    def get(self, episode_id: str) -> EpisodeState | None:
+        return self._open.get(episode_id)
+
+    async def training(self, episode_id: str) -> EpisodeState:
+        """The open training episode ``episode_id``; waits briefly for its ``EpisodeStarted``."""
+        state = self._open.get(episode_id)
+        if state is None and is_valid_episode_id(episode_id) and episode_id not in self._finished:
+            if len(self._waiters) < self.max_waiters:
+                waiter = self._waiters.setdefault(episode_id, asyncio.Event())
+                try:
+                    await asyncio.wait_for(waiter.wait(), self.wait_s)
+                except TimeoutError:
+                    self._waiters.pop(episode_id, None)
+            state = self._open.get(episode_id)
+        if state is None or state.source is EpisodeSource.production:
+            raise NotFoundError(
+                f"episode {episode_id[:64]!r} is not open", code="episode_not_found", episode_id=episode_id
+            )
+        self._open.move_to_end(episode_id)
+        return state
+
+    def session(self, tenant: str, session_id: str) -> EpisodeState | None:
+        episode_id = self._sessions.get((tenant, session_id))
+        return self._open.get(episode_id) if episode_id else None
+
+    def session_episode_id(self, tenant: str, session_id: str) -> str | None:
+        """The open, else the most recently finished, episode of a session (for late feedback)."""
+        key = (tenant, session_id)
+        return self._sessions.get(key) or self._session_history.get(key)
+
+    def note_call(self, call_id: str, state: EpisodeState, seq: int) -> None:
+        self._calls[call_id] = (state.episode_id, state.tenant, seq)
+        while len(self._calls) > self.max_episodes * 4:
+            self._calls.popitem(last=False)
+
+    def call(self, call_id: str) -> tuple[str, str | None, int] | None:
+        return self._calls.get(call_id)
+
+    def idle_sessions(self, idle_s: float) -> list[EpisodeState]:
+        now = time.monotonic()
+        return [
+            s
+            for s in self._open.values()
+            if s.source is EpisodeSource.production and now - s.last_active > idle_s
+        ]

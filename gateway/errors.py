@@ -1,0 +1,127 @@
+"""The gateway's one exception tree, translated into OpenAI-format error bodies by one handler.
+
+    GatewayError                      500  server_error (never raised for client input)
+     ├── InvalidRequestError          400  invalid_request_error   (malformed JSON, wrong shapes)
+     │    └── ValidationFailedError   422  invalid_request_error   (well-formed JSON, wrong fields)
+     ├── AuthenticationError          401  authentication_error    (missing/wrong key or admin token)
+     ├── PermissionDeniedError        403  permission_error
+     ├── NotFoundError                404  not_found_error         (unknown/finished episode, session, call)
+     ├── PayloadTooLargeError         413  invalid_request_error
+     ├── UpstreamError                (upstream's status)          forwarded upstream failures
+     │    ├── UpstreamUnavailableError 502                          connection refused/reset after retries
+     │    └── UpstreamTimeoutError    504
+     └── ServiceUnavailableError      503  (+ Retry-After)
+          ├── PausedError                                           weights updating, hold deadline passed
+          └── RecordingError                                        neither the bus nor the spool took the event
+
+Each exception carries its context (episode_id, call_seq, upstream) as attributes; the handler puts
+only ``message``/``type``/``code``/``param`` into the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status_code: int = 500
+    error_type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        status_code: int | None = None,
+        episode_id: str | None = None,
+        call_seq: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        if status_code is not None:
+            self.status_code = status_code
+        self.episode_id = episode_id
+        self.call_seq = call_seq
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.error_type, code=self.code, param=self.param)
+
+
+class InvalidRequestError(GatewayError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ValidationFailedError(InvalidRequestError):
+    status_code = 422
+
+
+class AuthenticationError(GatewayError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PermissionDeniedError(GatewayError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class NotFoundError(GatewayError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class PayloadTooLargeError(GatewayError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class UpstreamError(GatewayError):
+    """The upstream answered with an error; ``status_code`` is the upstream's."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+    def __init__(self, message: str, *, upstream: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.upstream = upstream
+        if self.status_code < 400:
+            self.status_code = 502
+
+
+class UpstreamUnavailableError(UpstreamError):
+    status_code = 502
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status_code = 504
+    error_type = "timeout"
+
+
+class ServiceUnavailableError(GatewayError):
+    status_code = 503
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("Retry-After", str(max(1, round(retry_after_s))))
+
+
+class PausedError(ServiceUnavailableError):
+    pass
+
+
+class RecordingError(ServiceUnavailableError):
+    pass
+
+
+def error_body(
+    message: str, error_type: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,0 +1,33 @@
+"""Prometheus metrics of one gateway (own registry, so several gateways can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls = Counter(
+            "flywheel_gateway_calls", "LLM calls handled", ["endpoint", "source", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "flywheel_gateway_call_latency_seconds",
+            "call latency (upstream + recording)",
+            ["endpoint"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.tokens = Counter("flywheel_gateway_tokens", "tokens seen", ["kind"], registry=r)
+        self.paused = Gauge("flywheel_gateway_paused", "1 while paused for a weight update", registry=r)
+        self.in_flight = Gauge("flywheel_gateway_in_flight", "calls in flight", registry=r)
+        self.spool_depth = Gauge("flywheel_gateway_spool_depth", "events waiting in the spool", registry=r)
+        self.prefix_mismatches = Counter(
+            "flywheel_gateway_prefix_mismatches", "calls that did not extend the previous one", registry=r
+        )
+        self.weight_version = Gauge("flywheel_gateway_weight_version", "weight version served", registry=r)
+        self.open_episodes = Gauge("flywheel_gateway_open_episodes", "open episodes", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,150 @@
+"""Durable publishing: the bus first, a local SQLite spool when the bus cannot take the event.
+
+``Recorder.record(event)`` returns only once the event is durable in one of the two places; if neither
+works it raises :class:`RecordingError` (the agent gets a 503, never a success for an unrecorded call).
+While the spool holds events, new events are appended behind them so per-episode order is kept; a
+background task drains the spool to the bus, oldest first, when the bus is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+
+from gateway.errors import RecordingError
+from infra.bus.base import Bus, BusError
+from infra.logging import get_logger
+from schemas import AnyEvent, decode_any, encode, key_for, topic_for
+
+log = get_logger("gateway.publishing")
+
+
+class Spool:
+    """An append-only SQLite queue (``synchronous=FULL``: each append is fsync'd before it returns)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
+            " key TEXT NOT NULL, data BLOB NOT NULL)"
+        )
+        self.depth = self._count()
+
+    def _count(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT count(*) FROM spool").fetchone()
+        return int(row[0])
+
+    def append(self, topic: str, key: str, data: bytes) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO spool (topic, key, data) VALUES (?, ?, ?)", (topic, key, data))
+            self.depth += 1
+
+    def peek(self, limit: int = 100) -> list[tuple[int, str, str, bytes]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, topic, key, data FROM spool ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
+        return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in rows]
+
+    def remove(self, seq: int) -> None:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM spool WHERE seq = ?", (seq,))
+            self.depth -= cur.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class Recorder:
+    def __init__(
+        self,
+        bus: Bus,
+        spool: Spool,
+        *,
+        publish_timeout_s: float = 10.0,
+        retry_s: float = 0.5,
+    ) -> None:
+        self.bus = bus
+        self.spool = spool
+        self.publish_timeout_s = publish_timeout_s
+        self.retry_s = retry_s
+        self._wake = asyncio.Event()
+        self._drainer: asyncio.Task[None] | None = None
+        self._spool_lock = asyncio.Lock()
+
+    @property
+    def spool_depth(self) -> int:
+        return self.spool.depth
+
+    async def record(self, event: AnyEvent) -> None:
+        """Make ``event`` durable (bus ack, else the spool); raises :class:`RecordingError` if neither."""
+        topic, key = topic_for(event), key_for(event)
+        if self.spool.depth == 0:
+            try:
+                await asyncio.wait_for(self.bus.publish(topic, event, key=key), self.publish_timeout_s)
+                return
+            except (BusError, TimeoutError, OSError) as exc:
+                log.warning("bus publish failed; spooling", error=type(exc).__name__, topic=topic)
+        await self._to_spool(topic, key, encode(event))
+
+    async def _to_spool(self, topic: str, key: str, data: bytes) -> None:
+        try:
+            async with self._spool_lock:
+                await asyncio.to_thread(self.spool.append, topic, key, data)
+        except (sqlite3.Error, OSError) as exc:
+            raise RecordingError(
+                "the call could not be recorded (bus and spool unavailable)", code="recording_failed"
+            ) from exc
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain_forever(), name="gateway-spool-drain")
+            if self.spool.depth:
+                self._wake.set()
+
+    async def stop(self) -> None:
+        if self._drainer is not None:
+            self._drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drainer
+            self._drainer = None
+
+    async def drain_once(self) -> int:
+        """Publish spooled events oldest first until the spool is empty or the bus fails; returns count."""
+        sent = 0
+        while True:
+            rows = await asyncio.to_thread(self.spool.peek, 100)
+            if not rows:
+                return sent
+            for seq, topic, key, data in rows:
+                event = decode_any(data)
+                await asyncio.wait_for(self.bus.publish(topic, event, key=key), self.publish_timeout_s)
+                await asyncio.to_thread(self.spool.remove, seq)
+                sent += 1
+
+    async def _drain_forever(self) -> None:
+        delay = self.retry_s
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                sent = await self.drain_once()
+                if sent:
+                    log.info("spool drained", events=sent)
+                delay = self.retry_s
+            except (BusError, TimeoutError, OSError) as exc:
+                log.debug("spool drain waiting for the bus", error=type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                self._wake.set()

@@ -1,0 +1,244 @@
+"""Thin FastAPI routers: authenticate, parse, call the service, shape the HTTP response."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.capture import Endpoint
+from gateway.episodes import EpisodeState
+from gateway.errors import AuthenticationError, ServiceUnavailableError
+from gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    FeedbackRequest,
+    FinishEpisodeRequest,
+    OpenEpisodeRequest,
+    PauseRequest,
+    ResumeRequest,
+    RewardRequest,
+    openapi_body,
+    parse_json,
+    validate,
+)
+from gateway.service import Gateway
+from gateway.serving import Answer, Call
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_MODELS: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "chat.completions": ChatCompletionRequest,
+    "completions": CompletionRequest,
+}
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def _gw(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+def tenant_of(request: Request) -> str:
+    gw = _gw(request)
+    key = _bearer(request)
+    if key is None:
+        raise AuthenticationError("missing API key (Authorization: Bearer <key>)", code="missing_api_key")
+    tenant = gw.keystore.tenant_for(key) if gw.keystore is not None else None
+    if tenant is None:
+        raise AuthenticationError("invalid API key", code="invalid_api_key")
+    return tenant
+
+
+def require_admin(request: Request) -> None:
+    token = _bearer(request) or request.headers.get("x-admin-token") or ""
+    expected = _gw(request).settings.admin_token.get_secret_value()
+    if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise AuthenticationError("admin token required", code="invalid_admin_token")
+
+
+async def _parse(request: Request, endpoint: Endpoint) -> tuple[bytes, dict[str, Any]]:
+    raw = await request.body()
+    data = parse_json(raw)
+    validate(_MODELS[endpoint], data)
+    return raw, data
+
+
+async def _serve(
+    gw: Gateway, episode: EpisodeState, endpoint: Endpoint, raw: bytes, data: dict[str, Any]
+) -> Response:
+    answer = await gw.calls.serve(Call(episode, endpoint, raw, data))
+    headers = {"X-Flywheel-Episode": episode.episode_id, "X-Flywheel-Call": answer.call_id}
+    if isinstance(answer, Answer):
+        return Response(answer.body, media_type="application/json", headers=headers)
+    return StreamingResponse(
+        answer.chunks, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers}
+    )
+
+
+def _session_of(request: Request, data: dict[str, Any]) -> str | None:
+    header = request.headers.get("x-flywheel-session")
+    if header:
+        return header[:256]
+    meta = data.get("metadata")
+    if isinstance(meta, dict):
+        for key in ("session_id", "session", "conversation_id"):
+            if isinstance(meta.get(key), str) and meta[key]:
+                return str(meta[key])[:256]
+    user = data.get("user")
+    return user[:256] if isinstance(user, str) and user else None
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+    chat_body = openapi_body(ChatCompletionRequest)
+    completion_body = openapi_body(CompletionRequest)
+
+    # ------------------------------------------------------------- training episodes (no key)
+    @router.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body, tags=["episodes"])
+    async def episode_chat(episode_id: str, request: Request) -> Response:
+        raw, data = await _parse(request, "chat.completions")
+        gw = _gw(request)
+        return await _serve(gw, await gw.episodes.training(episode_id), "chat.completions", raw, data)
+
+    @router.post("/episodes/{episode_id}/v1/completions", openapi_extra=completion_body, tags=["episodes"])
+    async def episode_completions(episode_id: str, request: Request) -> Response:
+        raw, data = await _parse(request, "completions")
+        gw = _gw(request)
+        return await _serve(gw, await gw.episodes.training(episode_id), "completions", raw, data)
+
+    @router.get("/episodes/{episode_id}/v1/models", tags=["episodes"])
+    async def episode_models(episode_id: str, request: Request) -> Response:
+        gw = _gw(request)
+        await gw.episodes.training(episode_id)
+        return _json(_models(gw))
+
+    @router.post("/episodes/{episode_id}/reward", tags=["episodes"])
+    async def episode_reward(episode_id: str, body: RewardRequest, request: Request) -> Response:
+        gw = _gw(request)
+        event = await gw.report_reward(await gw.episodes.training(episode_id), body)
+        return _json({"ok": True, "event_id": event.event_id})
+
+    # ----------------------------------------------------------- production traffic (tenant key)
+    @router.post("/v1/chat/completions", openapi_extra=chat_body, tags=["production"])
+    async def chat(request: Request) -> Response:
+        tenant = tenant_of(request)
+        raw, data = await _parse(request, "chat.completions")
+        gw = _gw(request)
+        episode = await gw.production_episode(tenant, _session_of(request, data))
+        return await _serve(gw, episode, "chat.completions", raw, data)
+
+    @router.post("/v1/completions", openapi_extra=completion_body, tags=["production"])
+    async def completions(request: Request) -> Response:
+        tenant = tenant_of(request)
+        raw, data = await _parse(request, "completions")
+        gw = _gw(request)
+        episode = await gw.production_episode(tenant, _session_of(request, data))
+        return await _serve(gw, episode, "completions", raw, data)
+
+    @router.get("/v1/models", tags=["production"])
+    async def models(request: Request) -> Response:
+        tenant_of(request)
+        return _json(_models(_gw(request)))
+
+    @router.post("/v1/feedback", tags=["production"])
+    async def feedback(body: FeedbackRequest, request: Request) -> Response:
+        tenant = tenant_of(request)
+        event = await _gw(request).feedback(tenant, body)
+        return _json({"ok": True, "event_id": event.event_id, "episode_id": event.episode_id})
+
+    @router.post("/v1/sessions/{session_id}/end", tags=["production"])
+    async def end_session(session_id: str, request: Request) -> Response:
+        tenant = tenant_of(request)
+        episode_id = await _gw(request).end_session(tenant, session_id)
+        return _json({"ok": True, "episode_id": episode_id})
+
+    # ------------------------------------------------------------------------- operations
+    @router.get("/healthz", tags=["operations"])
+    async def healthz() -> Response:
+        return _json({"ok": True})
+
+    @router.get("/readyz", tags=["operations"])
+    async def readyz(request: Request) -> Response:
+        gw = _gw(request)
+        if not gw.started:
+            raise ServiceUnavailableError("gateway not started", code="not_ready")
+        return _json({"ok": True, **gw.state()})
+
+    @router.get("/metrics", tags=["operations"])
+    async def metrics(request: Request) -> Response:
+        gw = _gw(request)
+        gw.metrics.spool_depth.set(gw.recorder.spool_depth)
+        gw.metrics.in_flight.set(gw.admission.in_flight)
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    # ------------------------------------------------------------------------------ admin
+    @router.post("/admin/pause", tags=["admin"])
+    async def pause(request: Request, body: PauseRequest | None = None) -> Response:
+        require_admin(request)
+        body = body or PauseRequest()
+        result = await _gw(request).pause(body.version, body.drain_timeout_s)
+        return _json(
+            {
+                "paused": True,
+                "version": result.version,
+                "waited_ms": result.waited_ms,
+                "timed_out": result.timed_out,
+            }
+        )
+
+    @router.post("/admin/resume", tags=["admin"])
+    async def resume(request: Request, body: ResumeRequest | None = None) -> Response:
+        require_admin(request)
+        version = await _gw(request).resume((body or ResumeRequest()).version)
+        return _json({"paused": False, "weight_version": version})
+
+    @router.get("/admin/state", tags=["admin"])
+    async def state(request: Request) -> Response:
+        require_admin(request)
+        return _json(_gw(request).state())
+
+    @router.post("/admin/episodes", tags=["admin"])
+    async def open_episode(request: Request, body: OpenEpisodeRequest | None = None) -> Response:
+        require_admin(request)
+        gw = _gw(request)
+        ep = await gw.open_training(body or OpenEpisodeRequest())
+        base = (gw.settings.public_url or str(request.base_url)).rstrip("/")
+        return _json({"episode_id": ep.episode_id, "base_url": f"{base}/episodes/{ep.episode_id}/v1"}, 201)
+
+    @router.get("/admin/episodes", tags=["admin"])
+    async def list_episodes(request: Request) -> Response:
+        require_admin(request)
+        return _json({"episodes": [s.summary() for s in _gw(request).episodes.open_episodes()[-1000:]]})
+
+    @router.get("/admin/episodes/{episode_id}", tags=["admin"])
+    async def show_episode(episode_id: str, request: Request) -> Response:
+        require_admin(request)
+        return _json(_gw(request).describe_episode(episode_id))
+
+    @router.post("/admin/episodes/{episode_id}/finish", tags=["admin"])
+    async def finish_episode(
+        episode_id: str, request: Request, body: FinishEpisodeRequest | None = None
+    ) -> Response:
+        require_admin(request)
+        await _gw(request).finish_episode(episode_id, body or FinishEpisodeRequest())
+        return _json({"ok": True})
+
+    return router
+
+
+def _models(gw: Gateway) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": gw.settings.model, "object": "model", "owned_by": "flywheel"}]}

@@ -1,0 +1,60 @@
+"""Serve an ASGI app with uvicorn inside the running event loop (a background task), on loopback.
+
+server = GatewayServer(app, host="127.0.0.1", port=0)   # port 0: pick a free port
+url = await server.start()                              # "http://127.0.0.1:PORT"
+...
+await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import uvicorn
+from starlette.types import ASGIApp
+
+
+class GatewayServer:
+    def __init__(
+        self, app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            loop="asyncio",
+        )
+        self.server = uvicorn.Server(config)
+        self.host = host
+        self._task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    async def start(self, timeout_s: float = 30.0) -> str:
+        # uvicorn captures SIGINT/SIGTERM while serving in the main thread; the host owns signals here.
+        self.server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        self._task = asyncio.create_task(self.server.serve(), name="uvicorn")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("uvicorn exited before it started")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("uvicorn did not start")
+            await asyncio.sleep(0.01)
+        sock = self.server.servers[0].sockets[0]
+        port = sock.getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None

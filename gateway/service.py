@@ -1,0 +1,360 @@
+"""The gateway as one object with a start/stop lifecycle: what the routes and the bus handlers call.
+
+``Gateway(settings, bus, upstreams, keystore=...)`` owns the episode registry, the recorder (bus +
+spool), admission control and the call service. ``start()`` subscribes to ``flywheel.episodes``
+(opens/closes episodes; per-replica consumer group ``gateway.<gateway_id>``) and ``flywheel.control``
+(pause/resume around weight updates), starts the spool drainer and the idle-session reaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.control import Admission, DrainResult
+from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.errors import NotFoundError
+from gateway.keys import KeyStore
+from gateway.metrics import GatewayMetrics
+from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
+from gateway.publishing import Recorder, Spool
+from gateway.serving import CallService
+from gateway.settings import GatewaySettings
+from gateway.upstream import Upstream, UpstreamPool
+from infra.bus.base import Bus, Message, Subscription
+from infra.logging import get_logger
+from schemas import (
+    CONTROL,
+    EPISODES,
+    AnyEvent,
+    EpisodeFinished,
+    EpisodeSource,
+    EpisodeStarted,
+    EpisodeStatus,
+    InferenceDrained,
+    InferenceResumed,
+    LLMCallRecorded,
+    Mode,
+    RewardOrigin,
+    RewardReported,
+    Task,
+    WeightsActivated,
+    WeightUpdateFailed,
+    WeightUpdateRequested,
+    new_episode_id,
+)
+
+log = get_logger("gateway")
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        bus: Bus,
+        upstreams: Sequence[Upstream],
+        *,
+        keystore: KeyStore | None = None,
+        keep_calls_episodes: int = 256,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.id = settings.gateway_id
+        self.keystore = keystore
+        self.metrics = GatewayMetrics()
+        self.pool = UpstreamPool(
+            upstreams, retries=settings.upstream_retries, backoff_s=settings.upstream_backoff_s
+        )
+        self.episodes = EpisodeRegistry(max_episodes=settings.max_episodes, wait_s=settings.episode_wait_s)
+        self.admission = Admission(
+            weight_version=settings.initial_weight_version, hold_s=settings.pause_hold_s
+        )
+        spool_path = settings.data_dir / "gateway" / f"spool-{_safe(self.id)}.sqlite"
+        self.recorder = Recorder(bus, Spool(spool_path), publish_timeout_s=settings.publish_timeout_s)
+        self.calls = CallService(
+            pool=self.pool,
+            episodes=self.episodes,
+            recorder=self.recorder,
+            admission=self.admission,
+            metrics=self.metrics,
+            producer=f"gateway:{self.id}",
+            on_recorded=self._remember_call,
+        )
+        self._recent: OrderedDict[str, list[LLMCallRecorded]] = OrderedDict()
+        self._keep_calls_episodes = keep_calls_episodes
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pause_lock = asyncio.Lock()
+        self.started = False
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self.started:
+            return
+        self.recorder.start()
+        group = f"gateway.{self.id}"
+        self._subs.append(
+            await self.bus.subscribe(
+                EPISODES, group, self._on_episode_event, from_beginning=self.settings.episodes_from_beginning
+            )
+        )
+        self._subs.append(
+            await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
+        )
+        self._tasks.append(asyncio.create_task(self._reap_sessions(), name="gateway-session-reaper"))
+        self.started = True
+        log.info("gateway started", gateway_id=self.id, upstreams=[u.url for u in self.pool.upstreams])
+
+    async def stop(self) -> None:
+        self.started = False
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for sub in self._subs:
+            await sub.stop()
+        self._subs.clear()
+        await self.recorder.stop()
+        await self.pool.aclose()
+        self.recorder.spool.close()
+
+    # ------------------------------------------------------------------------------ bus input
+    async def _on_episode_event(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, EpisodeStarted):
+            self.episodes.open(event)
+        elif isinstance(event, EpisodeFinished):
+            self.episodes.finish(event.episode_id)
+        elif isinstance(event, LLMCallRecorded):
+            self._remember_call(event)
+        self.metrics.open_episodes.set(len(self.episodes))
+
+    async def _on_control(self, msg: Message) -> None:
+        event = msg.event
+        if getattr(event, "model", None) != self.settings.model:
+            return
+        if isinstance(event, WeightUpdateRequested):
+            await self.pause(event.version, event.drain_timeout_s)
+        elif isinstance(event, WeightsActivated):
+            await self.resume(event.version)
+        elif isinstance(event, WeightUpdateFailed):
+            await self.resume(event.serving_version)
+
+    def _remember_call(self, event: LLMCallRecorded) -> None:
+        calls = self._recent.get(event.episode_id)
+        if calls is None:
+            calls = self._recent[event.episode_id] = []
+            while len(self._recent) > self._keep_calls_episodes:
+                self._recent.popitem(last=False)
+        if len(calls) < 1024 and all(c.event_id != event.event_id for c in calls[-8:]):
+            calls.append(event)
+
+    # -------------------------------------------------------------------------- publishing
+    async def publish(self, event: AnyEvent) -> None:
+        await self.recorder.record(event)
+
+    # ------------------------------------------------------------------------- pause/resume
+    async def pause(self, version: int | None, drain_timeout_s: float | None = None) -> DrainResult:
+        async with self._pause_lock:
+            self.metrics.paused.set(1)
+            result = await self.admission.pause(version, drain_timeout_s or self.settings.drain_timeout_s)
+            log.info(
+                "drained", version=result.version, waited_ms=result.waited_ms, timed_out=result.timed_out
+            )
+            await self.publish(
+                InferenceDrained(
+                    producer=f"gateway:{self.id}",
+                    model=self.settings.model,
+                    version=result.version,
+                    gateway_id=self.id,
+                    waited_ms=result.waited_ms,
+                    timed_out=result.timed_out,
+                )
+            )
+            return result
+
+    async def resume(self, version: int | None = None) -> int:
+        was_paused = self.admission.paused
+        served = self.admission.resume(version)
+        self.metrics.paused.set(0)
+        self.metrics.weight_version.set(served)
+        if was_paused:
+            await self.publish(
+                InferenceResumed(
+                    producer=f"gateway:{self.id}",
+                    model=self.settings.model,
+                    version=served,
+                    gateway_id=self.id,
+                )
+            )
+        return served
+
+    # ------------------------------------------------------------------------------ episodes
+    async def open_training(self, req: OpenEpisodeRequest) -> EpisodeState:
+        started = EpisodeStarted(
+            producer=f"gateway:{self.id}",
+            episode_id=req.episode_id or new_episode_id(),
+            source=EpisodeSource.live,
+            mode=Mode(req.mode),
+            model=req.model or self.settings.model,
+            task=Task(task_id=req.task_id) if req.task_id else None,
+            group_id=req.group_id,
+        )
+        await self.publish(started)
+        state = self.episodes.open(started)
+        self.metrics.open_episodes.set(len(self.episodes))
+        return state
+
+    async def finish_episode(self, episode_id: str, req: FinishEpisodeRequest) -> None:
+        state = self.episodes.get(episode_id)
+        if state is None:
+            raise NotFoundError(f"episode {episode_id[:64]!r} is not open", code="episode_not_found")
+        await self._finish(
+            state, EpisodeStatus(req.status), output=req.output, error=req.error, reward=req.reward
+        )
+
+    async def _finish(
+        self,
+        state: EpisodeState,
+        status: EpisodeStatus,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        reward: float | None = None,
+    ) -> None:
+        await self.publish(
+            EpisodeFinished(
+                producer=f"gateway:{self.id}",
+                episode_id=state.episode_id,
+                status=status,
+                output=output,
+                error=error,
+                reported_reward=reward,
+                num_calls=state.calls,
+                task_id=state.task_id,
+                group_id=state.group_id,
+                attempt=state.attempt,
+                source=state.source,
+                tenant=state.tenant,
+            )
+        )
+        self.episodes.finish(state.episode_id)
+        self.metrics.open_episodes.set(len(self.episodes))
+
+    async def production_episode(self, tenant: str, session_id: str | None) -> EpisodeState:
+        """The open episode of a tenant's session; opens one (and publishes EpisodeStarted) if needed."""
+        session_id = session_id or f"call-{new_episode_id()}"
+        state = self.episodes.session(tenant, session_id)
+        if state is not None:
+            return state
+        started = EpisodeStarted(
+            producer=f"gateway:{self.id}",
+            episode_id=new_episode_id(),
+            source=EpisodeSource.production,
+            mode=Mode.train,
+            model=self.settings.model,
+            tenant=tenant,
+            session_id=session_id,
+        )
+        state = self.episodes.open(started)
+        await self.publish(started)
+        self.metrics.open_episodes.set(len(self.episodes))
+        return state
+
+    async def end_session(self, tenant: str, session_id: str) -> str:
+        state = self.episodes.session(tenant, session_id)
+        if state is None:
+            raise NotFoundError(f"no open session {session_id[:256]!r}", code="session_not_found")
+        await self._finish(state, EpisodeStatus.ok)
+        return state.episode_id
+
+    async def report_reward(self, state: EpisodeState, req: RewardRequest) -> RewardReported:
+        event = RewardReported(
+            producer=f"gateway:{self.id}",
+            episode_id=state.episode_id,
+            value=req.value,
+            call_seq=req.call_index,
+            origin=RewardOrigin.agent,
+            message=req.message,
+            tenant=state.tenant,
+        )
+        await self.publish(event)
+        return event
+
+    async def feedback(self, tenant: str, req: FeedbackRequest) -> RewardReported:
+        call_seq: int | None = None
+        if req.call_id is not None:
+            found = self.episodes.call(req.call_id)
+            if found is None or found[1] != tenant:
+                raise NotFoundError(f"unknown call {req.call_id!r}", code="call_not_found", param="call_id")
+            episode_id, _, call_seq = found
+        elif req.session_id is not None:
+            maybe = self.episodes.session_episode_id(tenant, req.session_id)
+            if maybe is None:
+                raise NotFoundError(
+                    f"unknown session {req.session_id!r}", code="session_not_found", param="session_id"
+                )
+            episode_id = maybe
+        else:
+            from gateway.errors import ValidationFailedError
+
+            raise ValidationFailedError("feedback needs session_id or call_id", param="session_id")
+        event = RewardReported(
+            producer=f"gateway:{self.id}",
+            episode_id=episode_id,
+            value=req.score,
+            call_seq=call_seq,
+            call_id=req.call_id,
+            origin=RewardOrigin.feedback,
+            message=req.comment,
+            rating=req.rating,
+            tenant=tenant,
+        )
+        await self.publish(event)
+        return event
+
+    async def _reap_sessions(self) -> None:
+        interval = max(0.05, min(30.0, self.settings.session_idle_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            for state in self.episodes.idle_sessions(self.settings.session_idle_s):
+                try:
+                    await self._finish(state, EpisodeStatus.ok)
+                except Exception as exc:  # keep reaping; the next round retries
+                    log.warning("closing idle session failed", error=type(exc).__name__)
+
+    # ------------------------------------------------------------------------------- queries
+    def recent_calls(self, episode_id: str) -> list[LLMCallRecorded]:
+        return sorted(self._recent.get(episode_id, []), key=lambda e: e.call_seq)
+
+    def describe_episode(self, episode_id: str) -> dict[str, Any]:
+        state = self.episodes.get(episode_id)
+        calls = self.recent_calls(episode_id)
+        if state is None and not calls:
+            raise NotFoundError(f"unknown episode {episode_id[:64]!r}", code="episode_not_found")
+        return {
+            "episode": state.summary() if state else {"episode_id": episode_id, "finished": True},
+            "open": state is not None,
+            "calls": [c.model_dump(mode="json") for c in calls],
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "gateway_id": self.id,
+            "paused": self.admission.paused,
+            "pending_version": self.admission.pending_version,
+            "weight_version": self.admission.weight_version,
+            "in_flight": self.admission.in_flight,
+            "open_episodes": len(self.episodes),
+            "spool_depth": self.recorder.spool_depth,
+            "prefix_mismatches": self.episodes.prefix_mismatches,
+            "upstreams": [{"url": u.url, "kind": u.kind.value} for u in self.pool.upstreams],
+        }
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]

@@ -1,0 +1,247 @@
+"""Serving one LLM call: admit, forward, capture ids/logprobs, record durably, answer. No FastAPI here.
+
+``CallService.serve(call)`` returns either a complete body (:class:`Answer`) or an async iterator of
+SSE bytes (:class:`StreamAnswer`). The call's ``LLMCallRecorded`` is durable before the body is returned
+(non-streamed) or before the held-back final chunks and ``[DONE]`` are yielded (streamed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.capture import (
+    Asked,
+    Captured,
+    Endpoint,
+    StreamAssembler,
+    capture_response,
+    count_tokens,
+    prepare_body,
+    strip_response,
+)
+from gateway.control import Admission
+from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.errors import GatewayError, RecordingError, UpstreamError
+from gateway.metrics import GatewayMetrics
+from gateway.publishing import Recorder
+from gateway.upstream import Upstream, UpstreamPool
+from infra.logging import get_logger
+from schemas import LLMCallRecorded, LogprobsMode, new_event_id
+
+log = get_logger("gateway.serving")
+
+PATHS: dict[Endpoint, str] = {"chat.completions": "chat/completions", "completions": "completions"}
+
+
+@dataclass(slots=True)
+class Call:
+    episode: EpisodeState
+    endpoint: Endpoint
+    raw: bytes  # the body exactly as the agent sent it
+    data: dict[str, Any]  # the parsed body (validated by protocol.py)
+
+
+@dataclass(slots=True)
+class Answer:
+    body: bytes
+    call_id: str
+
+
+@dataclass(slots=True)
+class StreamAnswer:
+    chunks: AsyncIterator[bytes]
+    call_id: str
+
+
+@dataclass(slots=True)
+class _Ctx:
+    call: Call
+    upstream: Upstream
+    asked: Asked
+    seq: int
+    call_id: str
+    version: int
+    started_at: datetime
+    t0: float
+
+
+class CallService:
+    def __init__(
+        self,
+        *,
+        pool: UpstreamPool,
+        episodes: EpisodeRegistry,
+        recorder: Recorder,
+        admission: Admission,
+        metrics: GatewayMetrics,
+        producer: str = "gateway",
+        on_recorded: Callable[[LLMCallRecorded], None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.episodes = episodes
+        self.recorder = recorder
+        self.admission = admission
+        self.metrics = metrics
+        self.producer = producer
+        self.on_recorded = on_recorded
+
+    async def serve(self, call: Call) -> Answer | StreamAnswer:
+        version = await self.admission.enter()
+        handed_off = False
+        try:
+            upstream = self.pool.pick(call.episode.episode_id)
+            body, asked = prepare_body(
+                call.data, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
+            )
+            seq = call.episode.take_seq()
+            ctx = _Ctx(
+                call, upstream, asked, seq, new_event_id(), version, datetime.now(UTC), time.perf_counter()
+            )
+            self.episodes.note_call(ctx.call_id, call.episode, seq)
+            stream = bool(call.data.get("stream"))
+            try:
+                response = await self.pool.send(
+                    upstream, PATHS[call.endpoint], orjson.dumps(body), stream=stream
+                )
+            except UpstreamError as exc:
+                await self._record_failure(ctx, exc.status_code, exc.message, stream)
+                raise
+            if stream:
+                handed_off = True
+                return StreamAnswer(self._stream(ctx, response), ctx.call_id)
+            try:
+                data = orjson.loads(response.content)
+                if not isinstance(data, dict):
+                    raise orjson.JSONDecodeError("not an object", "", 0)
+            except orjson.JSONDecodeError as exc:
+                await self._record_failure(ctx, 502, "upstream returned invalid JSON", stream)
+                raise UpstreamError("upstream returned invalid JSON", upstream=upstream.url) from exc
+            captured = capture_response(data, call.endpoint)
+            await self._record(ctx, captured, streamed=False)
+            strip_response(data, call.endpoint, asked)
+            return Answer(orjson.dumps(data), ctx.call_id)
+        finally:
+            if not handed_off:
+                self.admission.leave()
+
+    async def _stream(self, ctx: _Ctx, response: httpx.Response) -> AsyncIterator[bytes]:
+        endpoint = ctx.call.endpoint
+        asm = StreamAssembler(endpoint)
+        held: list[bytes] = []
+        try:
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = orjson.loads(payload)
+                    if not isinstance(chunk, dict):
+                        continue
+                    if "error" in chunk and not chunk.get("choices"):
+                        raise UpstreamError(
+                            f"upstream stream error: {str(chunk['error'])[:500]}", upstream=ctx.upstream.url
+                        )
+                    asm.feed(chunk)
+                    strip_response(chunk, endpoint, ctx.asked)
+                    out = b"data: " + orjson.dumps(chunk) + b"\n\n"
+                    if asm.is_final(chunk):
+                        held.append(out)
+                    else:
+                        yield out
+            except (httpx.HTTPError, orjson.JSONDecodeError, UpstreamError) as exc:
+                err = exc if isinstance(exc, UpstreamError) else None
+                message = err.message if err else f"upstream stream broke: {type(exc).__name__}"
+                await self._record_failure(ctx, 502, message, True)
+                yield _sse_error(UpstreamError(message, upstream=ctx.upstream.url))
+                return
+            try:
+                await self._record(ctx, asm.result(), streamed=True)
+            except RecordingError as exc:
+                yield _sse_error(exc)
+                return
+            for out in held:
+                yield out
+            yield b"data: [DONE]\n\n"
+        finally:
+            await response.aclose()
+            self.admission.leave()
+
+    def _event(self, ctx: _Ctx, **fields: Any) -> LLMCallRecorded:
+        ep = ctx.call.episode
+        return LLMCallRecorded(
+            producer=self.producer,
+            episode_id=ep.episode_id,
+            call_seq=ctx.seq,
+            call_id=ctx.call_id,
+            source=ep.source,
+            tenant=ep.tenant,
+            endpoint=ctx.call.endpoint,
+            model=str(ctx.call.data.get("model") or ""),
+            request=ctx.call.raw.decode("utf-8", "replace"),
+            upstream=ctx.upstream.kind,
+            upstream_url=ctx.upstream.url,
+            logprobs_mode=ctx.upstream.logprobs_mode if ctx.upstream.token_faithful else LogprobsMode.none,
+            weight_version=ctx.version,
+            latency_ms=(time.perf_counter() - ctx.t0) * 1000,
+            started_at=ctx.started_at,
+            **fields,
+        )
+
+    async def _record(self, ctx: _Ctx, captured: Captured, *, streamed: bool) -> None:
+        ep = ctx.call.episode
+        faithful = ctx.upstream.token_faithful and captured.token_faithful
+        prompt = captured.prompt_token_ids if faithful else None
+        extends = ep.check_extension(prompt)
+        mismatch = extends is False
+        n_prompt, n_completion = count_tokens(captured)
+        event = self._event(
+            ctx,
+            response=orjson.dumps(captured.response).decode(),
+            streamed=streamed,
+            token_faithful=faithful,
+            prompt_token_ids=captured.prompt_token_ids,
+            choices=captured.choices,
+            extends_previous=extends,
+            prefix_mismatch=mismatch,
+            prompt_tokens=n_prompt,
+            completion_tokens=n_completion,
+        )
+        try:
+            await self.recorder.record(event)
+        except RecordingError:
+            self.metrics.calls.labels(ctx.call.endpoint, ep.source.value, "unrecorded").inc()
+            raise
+        ep.remember(prompt, [c.token_ids for c in captured.choices], mismatch)
+        if self.on_recorded is not None:
+            self.on_recorded(event)
+        if mismatch:
+            self.episodes.prefix_mismatches += 1
+            self.metrics.prefix_mismatches.inc()
+        m = self.metrics
+        m.calls.labels(ctx.call.endpoint, ep.source.value, "ok").inc()
+        m.latency.labels(ctx.call.endpoint).observe(time.perf_counter() - ctx.t0)
+        m.tokens.labels("prompt").inc(n_prompt)
+        m.tokens.labels("completion").inc(n_completion)
+
+    async def _record_failure(self, ctx: _Ctx, status: int, message: str, streamed: bool) -> None:
+        """Failed calls are recorded too (best effort: the agent gets an error either way)."""
+        self.metrics.calls.labels(ctx.call.endpoint, ctx.call.episode.source.value, str(status)).inc()
+        try:
+            await self.recorder.record(
+                self._event(ctx, status_code=status, error=message[:4000], streamed=streamed)
+            )
+        except RecordingError:
+            log.warning("failed call not recorded", episode_id=ctx.call.episode.episode_id, call_seq=ctx.seq)
+
+
+def _sse_error(exc: GatewayError) -> bytes:
+    return b"data: " + orjson.dumps(exc.body()) + b"\n\n"

@@ -1,0 +1,46 @@
+"""Gateway settings, from ``FLYWHEEL_*`` environment variables. Built in ``main()``, never at import."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+
+from infra.settings import FlywheelSettings
+from schemas import LogprobsMode, UpstreamKind
+
+
+def _default_gateway_id() -> str:
+    return f"gw-{socket.gethostname()}-{os.getpid()}"
+
+
+class GatewaySettings(FlywheelSettings):
+    # HTTP
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8100
+    gateway_id: str = Field(default_factory=_default_gateway_id)
+    public_url: str = ""  # how agents reach this gateway (for printed episode URLs); empty: host:port
+    max_body_bytes: int = 8 * 1024 * 1024
+
+    # upstreams (used by the CLI; services embedding the gateway pass upstream objects directly)
+    upstream_urls: str = "http://127.0.0.1:8000/v1"  # comma-separated replicas, sticky per episode
+    upstream_kind: UpstreamKind = UpstreamKind.vllm
+    upstream_api_key: str = ""
+    logprobs_mode: LogprobsMode = LogprobsMode.processed
+    upstream_timeout_s: float = 120.0
+    upstream_retries: int = 2
+    upstream_backoff_s: float = 0.2
+    request_weight_versions: bool = False  # ask vLLM for per-token weight versions
+
+    # episodes and sessions
+    episode_wait_s: float = 2.0  # how long a call for an unknown episode waits for EpisodeStarted
+    session_idle_s: float = 1800.0  # production sessions close after this long without calls
+    max_episodes: int = 20_000  # per-episode state kept in memory (LRU beyond this)
+    episodes_from_beginning: bool = True
+
+    # pause/resume and publishing
+    pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After
+    drain_timeout_s: float = 30.0  # default when a WeightUpdateRequested names none
+    initial_weight_version: int = 0
+    publish_timeout_s: float = 10.0

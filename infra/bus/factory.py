@@ -1,0 +1,17 @@
+"""``make_bus``: the bus the settings ask for (in-process by default, Kafka with ``FLYWHEEL_BUS=kafka``)."""
+
+from __future__ import annotations
+
+from infra.bus.base import Bus
+from infra.settings import FlywheelSettings
+
+
+def make_bus(settings: FlywheelSettings) -> Bus:
+    """A bus (not started) for ``settings.bus``, with ``settings.topic_prefix`` applied."""
+    if settings.bus == "kafka":
+        from infra.bus.kafka import KafkaBus
+
+        return KafkaBus(settings.kafka_bootstrap, prefix=settings.topic_prefix)
+    from infra.bus.memory import MemoryBus
+
+    return MemoryBus(prefix=settings.topic_prefix)

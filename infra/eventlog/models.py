@@ -1,0 +1,136 @@
+"""Typed filters and results of event-log queries (what the CLI, the admin API and replay exchange)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+
+class EpisodeFilter(BaseModel):
+    """Which episodes: every field narrows; ``None`` means "any".
+
+    ``since``/``until`` bound the time of the episode's events (half-open ``[since, until)``);
+    ``min_weight_version``/``max_weight_version`` bound the oldest policy version that served it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    episode_ids: list[str] | None = None
+    source: str | None = Field(default=None, description="live | production | replay")
+    status: str | None = Field(default=None, description="ok | error | timeout | cancelled")
+    min_weight_version: int | None = None
+    max_weight_version: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    task_id_like: str | None = Field(default=None, description="SQL LIKE pattern on task_id")
+    limit: int = Field(default=100, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> EpisodeFilter:
+        if self.since and self.until and self.since >= self.until:
+            raise ValueError("since must be before until")
+        if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
+            raise ValueError("min_reward must not exceed max_reward")
+        if (
+            self.min_weight_version is not None
+            and self.max_weight_version is not None
+            and self.min_weight_version > self.max_weight_version
+        ):
+            raise ValueError("min_weight_version must not exceed max_weight_version")
+        return self
+
+
+class CallFilter(BaseModel):
+    """Which recorded LLM calls (for export)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = None
+    episode_ids: list[str] | None = None
+    source: str | None = None
+    min_weight_version: int | None = None
+    max_weight_version: int | None = None
+    token_faithful_only: bool = False
+    limit: int | None = Field(default=None, ge=1)
+
+
+class EpisodeSummary(BaseModel):
+    """One episode as the event log sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    episode_id: str
+    task_id: str
+    group_id: str
+    tenant: str
+    source: str
+    status: str
+    started_at: datetime
+    last_event_at: datetime
+    num_calls: int
+    num_transitions: int | None
+    reward: float | None
+    min_weight_version: int | None
+    max_weight_version: int | None
+    scored: bool
+
+
+class EventRecord(BaseModel):
+    """One stored event: its typed columns and its full JSON."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event_id: str
+    type: str
+    topic: str
+    emitted_at: datetime
+    call_seq: int | None
+    weight_version: int | None
+    reward: float | None
+    status: str
+    payload: str
+
+
+Bucket = Literal["minute", "hour", "day"]
+
+
+class StatsPoint(BaseModel):
+    """Scored episodes in one time bucket (``flywheel stats``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bucket: datetime
+    episodes: int
+    mean_reward: float | None
+    success_rate: float | None = Field(description="share of scored episodes with reward ≥ threshold")
+    ok_rate: float = Field(description="share of episodes whose status is ok")
+    mean_calls: float
+    mean_transitions: float
+    mean_weight_version: float | None
+    max_weight_version: int | None
+
+
+class QueryResult(BaseModel):
+    """A read-only query's answer; values are JSON-ready (timestamps as ISO strings)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    columns: list[str]
+    types: list[str]
+    rows: list[list[JsonValue]]
+
+
+class EventCounts(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    total: int
+    by_type: dict[str, int]

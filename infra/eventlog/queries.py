@@ -1,0 +1,227 @@
+"""The SQL of the queries the rest of Flywheel needs, as (text, parameters) pairs.
+
+Values always travel as ``{name:Type}`` query parameters (bound by the engine, never spliced into the
+text); only the database identifier is spliced, after :func:`infra.eventlog.ddl.check_identifier`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from infra.eventlog.models import Bucket, CallFilter, EpisodeFilter
+
+Params = dict[str, Any]
+
+
+def _time_conds(since: datetime | None, until: datetime | None, params: Params) -> list[str]:
+    conds = []
+    if since is not None:
+        conds.append("emitted_at >= {since:DateTime64(3, 'UTC')}")
+        params["since"] = since
+    if until is not None:
+        conds.append("emitted_at < {until:DateTime64(3, 'UTC')}")
+        params["until"] = until
+    return conds
+
+
+def episode_events(db: str, episode_id: str) -> tuple[str, Params]:
+    sql = f"""
+        SELECT event_id, type, topic, emitted_at, call_seq, weight_version, reward, status, payload
+        FROM {db}.events FINAL
+        WHERE episode_id = {{episode_id:String}}
+        ORDER BY emitted_at, if(call_seq < 0, 2147483647, call_seq), event_id
+    """
+    return sql, {"episode_id": episode_id}
+
+
+def episodes(db: str, f: EpisodeFilter) -> tuple[str, Params]:
+    """Summaries of the episodes that have an event in the time range and match the filter.
+
+    The inner query finds candidate ids (partition-pruned by time, skip indexes for tenant/group/task);
+    the outer one aggregates all their events through the primary key with idempotent aggregates, so
+    duplicate rows change nothing.
+    """
+    params: Params = {}
+    inner = ["episode_id != ''", *_time_conds(f.since, f.until, params)]
+    for column, value in (("tenant", f.tenant), ("group_id", f.group_id), ("task_id", f.task_id)):
+        if value is not None:
+            inner.append(f"{column} = {{{column}:String}}")
+            params[column] = value
+    if f.task_id_like is not None:
+        inner.append("task_id LIKE {task_like:String}")
+        params["task_like"] = f.task_id_like
+    if f.episode_ids is not None:
+        inner.append("episode_id IN {episode_ids:Array(String)}")
+        params["episode_ids"] = list(f.episode_ids)
+    having = []
+    if f.source is not None:
+        having.append("source = {source:String}")
+        params["source"] = f.source
+    if f.status is not None:
+        having.append("status = {status:String}")
+        params["status"] = f.status
+    if f.min_reward is not None:
+        having.append("reward >= {min_reward:Float64}")
+        params["min_reward"] = f.min_reward
+    if f.max_reward is not None:
+        having.append("reward <= {max_reward:Float64}")
+        params["max_reward"] = f.max_reward
+    if f.min_weight_version is not None:
+        having.append("min_weight_version >= {min_wv:Int64}")
+        params["min_wv"] = f.min_weight_version
+    if f.max_weight_version is not None:
+        having.append("max_weight_version <= {max_wv:Int64}")
+        params["max_wv"] = f.max_weight_version
+    params["limit"] = f.limit
+    sql = f"""
+        SELECT
+            episode_id,
+            anyIf(task_id, task_id != '') AS task_id,
+            anyIf(group_id, group_id != '') AS group_id,
+            anyIf(tenant, tenant != '') AS tenant,
+            if(countIf(type = 'episode_started') > 0, anyIf(source, type = 'episode_started'),
+               argMinIf(source, emitted_at, source != '')) AS source,
+            if(countIf(type = 'episode_scored') > 0, argMaxIf(status, emitted_at, type = 'episode_scored'),
+               argMaxIf(status, emitted_at, type = 'episode_finished')) AS status,
+            min(emitted_at) AS started_at,
+            max(emitted_at) AS last_event_at,
+            uniqExactIf(event_id, type = 'llm_call_recorded') AS num_calls,
+            if(countIf(type = 'episode_scored') > 0,
+               argMaxIf(num_transitions, emitted_at, type = 'episode_scored'), NULL) AS num_transitions,
+            if(countIf(type = 'episode_scored' AND reward IS NOT NULL) > 0,
+               argMaxIf(reward, emitted_at, type = 'episode_scored' AND reward IS NOT NULL),
+               argMaxIf(reward, emitted_at, type IN ('episode_finished', 'reward_reported')
+                        AND reward IS NOT NULL)) AS reward,
+            if(countIf(weight_version >= 0 AND type IN ('llm_call_recorded', 'episode_scored')) > 0,
+               minIf(weight_version, weight_version >= 0
+                     AND type IN ('llm_call_recorded', 'episode_scored')), NULL) AS min_weight_version,
+            if(countIf(weight_version >= 0 AND type IN ('llm_call_recorded', 'episode_scored')) > 0,
+               maxIf(weight_version, weight_version >= 0
+                     AND type IN ('llm_call_recorded', 'episode_scored')), NULL) AS max_weight_version,
+            countIf(type = 'episode_scored') > 0 AS scored
+        FROM {db}.events
+        WHERE episode_id IN (SELECT DISTINCT episode_id FROM {db}.events WHERE {" AND ".join(inner)})
+        GROUP BY episode_id
+        {"HAVING " + " AND ".join(having) if having else ""}
+        ORDER BY started_at DESC, episode_id
+        LIMIT {{limit:UInt64}}
+    """
+    return sql, params
+
+
+def scored_page(
+    db: str, f: EpisodeFilter, after: tuple[datetime, str] | None, page: int, latest_per_episode: bool
+) -> tuple[str, Params]:
+    """One page of ``EpisodeScored`` payloads in (emitted_at, event_id) order, keyset-paginated."""
+    params: Params = {"page": page}
+    conds = ["type = 'episode_scored'", *_time_conds(f.since, f.until, params)]
+    for column, value in (
+        ("tenant", f.tenant),
+        ("group_id", f.group_id),
+        ("task_id", f.task_id),
+        ("source", f.source),
+        ("status", f.status),
+    ):
+        if value is not None:
+            conds.append(f"{column} = {{{column}:String}}")
+            params[column] = value
+    if f.task_id_like is not None:
+        conds.append("task_id LIKE {task_like:String}")
+        params["task_like"] = f.task_id_like
+    if f.episode_ids is not None:
+        conds.append("episode_id IN {episode_ids:Array(String)}")
+        params["episode_ids"] = list(f.episode_ids)
+    if f.min_reward is not None:
+        conds.append("reward >= {min_reward:Float64}")
+        params["min_reward"] = f.min_reward
+    if f.max_reward is not None:
+        conds.append("reward <= {max_reward:Float64}")
+        params["max_reward"] = f.max_reward
+    if f.min_weight_version is not None:
+        conds.append("weight_version >= {min_wv:Int64}")
+        params["min_wv"] = f.min_weight_version
+    if f.max_weight_version is not None:
+        conds.append("weight_version <= {max_wv:Int64} AND weight_version >= 0")
+        params["max_wv"] = f.max_weight_version
+    inner = f"SELECT emitted_at, event_id, episode_id, payload FROM {db}.events WHERE {' AND '.join(conds)}"
+    if latest_per_episode:
+        inner += " ORDER BY emitted_at DESC, event_id DESC LIMIT 1 BY episode_id"
+    else:
+        inner += " ORDER BY emitted_at, event_id LIMIT 1 BY event_id"
+    outer = ""
+    if after is not None:
+        outer = "WHERE (emitted_at, event_id) > ({after_at:DateTime64(3, 'UTC')}, {after_id:String})"
+        params["after_at"], params["after_id"] = after
+    sql = f"SELECT emitted_at, event_id, payload FROM ({inner}) {outer} ORDER BY emitted_at, event_id LIMIT {{page:UInt64}}"
+    return sql, params
+
+
+def calls_page(db: str, f: CallFilter, after: tuple[str, int, str] | None, page: int) -> tuple[str, Params]:
+    """One page of ``LLMCallRecorded`` payloads in (episode_id, call_seq, event_id) order."""
+    params: Params = {"page": page}
+    conds = ["type = 'llm_call_recorded'", *_time_conds(f.since, f.until, params)]
+    if f.tenant is not None:
+        conds.append("tenant = {tenant:String}")
+        params["tenant"] = f.tenant
+    if f.source is not None:
+        conds.append("source = {source:String}")
+        params["source"] = f.source
+    if f.episode_ids is not None:
+        conds.append("episode_id IN {episode_ids:Array(String)}")
+        params["episode_ids"] = list(f.episode_ids)
+    if f.min_weight_version is not None:
+        conds.append("weight_version >= {min_wv:Int64}")
+        params["min_wv"] = f.min_weight_version
+    if f.max_weight_version is not None:
+        conds.append("weight_version <= {max_wv:Int64}")
+        params["max_wv"] = f.max_weight_version
+    if f.token_faithful_only:
+        conds.append("token_faithful = 1")
+    if after is not None:
+        conds.append("(episode_id, call_seq, event_id) > ({a_ep:String}, {a_seq:Int32}, {a_id:String})")
+        params["a_ep"], params["a_seq"], params["a_id"] = after
+    sql = f"""
+        SELECT episode_id, call_seq, event_id, payload FROM {db}.events
+        WHERE {" AND ".join(conds)}
+        ORDER BY episode_id, call_seq, event_id
+        LIMIT 1 BY event_id
+        LIMIT {{page:UInt64}}
+    """
+    return sql, params
+
+
+_BUCKET_FN = {"minute": "toStartOfMinute", "hour": "toStartOfHour", "day": "toStartOfDay"}
+
+
+def stats(
+    db: str, since: datetime | None, until: datetime | None, bucket: Bucket, success_threshold: float
+) -> tuple[str, Params]:
+    """Scored episodes per time bucket (one row per episode: the latest score, duplicates absorbed)."""
+    params: Params = {"thr": success_threshold}
+    conds = ["type = 'episode_scored'", "source != 'replay'", *_time_conds(since, until, params)]
+    fn = _BUCKET_FN[bucket]
+    sql = f"""
+        SELECT
+            toDateTime64({fn}(emitted_at), 3, 'UTC') AS bucket,
+            count() AS episodes,
+            avgOrNull(reward) AS mean_reward,
+            if(countIf(reward IS NOT NULL) > 0,
+               countIf(reward >= {{thr:Float64}}) / countIf(reward IS NOT NULL), NULL) AS success_rate,
+            countIf(status = 'ok') / count() AS ok_rate,
+            avg(greatest(num_calls, 0)) AS mean_calls,
+            avg(greatest(num_transitions, 0)) AS mean_transitions,
+            avgOrNullIf(weight_version, weight_version >= 0) AS mean_weight_version,
+            maxOrNullIf(weight_version, weight_version >= 0) AS max_weight_version
+        FROM (
+            SELECT emitted_at, reward, status, num_calls, num_transitions, weight_version
+            FROM {db}.events WHERE {" AND ".join(conds)}
+            ORDER BY emitted_at DESC LIMIT 1 BY episode_id
+        )
+        GROUP BY bucket ORDER BY bucket
+    """
+    return sql, params
+
+
+def counts(db: str) -> tuple[str, Params]:
+    return f"SELECT type, uniqExact(event_id) AS n FROM {db}.events GROUP BY type ORDER BY type", {}

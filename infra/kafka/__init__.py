@@ -1,0 +1,1 @@
+"""The local Kafka launcher (``flywheel kafka start|stop|status``)."""

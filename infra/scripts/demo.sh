@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh machine and runs the main job: `flywheel demo` on the embedded stack.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export UV_PROJECT_ENVIRONMENT="${UV_PROJECT_ENVIRONMENT:-$HOME/.cache/flywheel/venv}"
+command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
+uv sync --all-extras --frozen -q
+exec "$UV_PROJECT_ENVIRONMENT/bin/flywheel" demo "$@"

@@ -1,0 +1,76 @@
+"""The reward service: a consumer group on ``flywheel.episodes`` publishing ``EpisodeScored``.
+
+``build_service`` wires it from settings (the bus is given: the CLI and the embedded stack own it);
+``serve`` runs it alone until SIGINT/SIGTERM (``flywheel reward``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from infra.bus.base import Bus
+from reward_service.feedback import FeedbackMapping
+from reward_service.judge import Judge
+from reward_service.scoring import Scoring
+from reward_service.service import RewardService
+from reward_service.settings import RewardSettings
+from reward_service.state import EpisodeStore
+
+
+def build_service(
+    bus: Bus, settings: RewardSettings, *, judge_client: httpx.AsyncClient | None = None
+) -> RewardService:
+    if judge_client is None:
+        base = settings.judge_base_url or settings.gateway_url.rstrip("/") + "/v1"
+        headers = {}
+        if key := settings.judge_api_key.get_secret_value():
+            headers["Authorization"] = f"Bearer {key}"
+        judge_client = httpx.AsyncClient(base_url=base.rstrip("/") + "/", headers=headers, timeout=60.0)
+    scoring = Scoring(
+        fill_value=settings.fill_value,
+        production_scorer=settings.production_scorer,
+        feedback=FeedbackMapping(
+            settings.feedback_scale, settings.feedback_stars_max, dict(settings.feedback_ratings)
+        ),
+        judge=Judge(judge_client, model=settings.judge_model),
+    )
+    return RewardService(
+        bus,
+        scoring,
+        EpisodeStore(settings.journal_path()),
+        group=settings.reward_group,
+        discount=settings.discount,
+        idle_timeout_s=settings.idle_timeout_s,
+        abandon_grace_s=settings.abandon_grace_s,
+        group_timeout_s=settings.group_timeout_s,
+        sweep_interval_s=settings.sweep_interval_s,
+        max_batch=settings.max_batch,
+    )
+
+
+async def serve(settings: RewardSettings) -> None:
+    import signal
+
+    from infra.bus.factory import make_bus
+
+    bus = make_bus(settings)
+    await bus.start()
+    service = build_service(bus, settings)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.stop()
+    await bus.stop()
+
+
+def main() -> None:
+    from infra.logging import configure_logging
+
+    settings = RewardSettings()
+    configure_logging(settings.log_level, settings.log_json)
+    asyncio.run(serve(settings))

@@ -1,0 +1,282 @@
+"""Built-in scorers and the user-function scorer: an episode → a reward.
+
+A scorer returns a :class:`Score`. It raises :class:`ScorerError` (or anything else) when it cannot
+score; the service then publishes the episode as failed-to-score with the error — never drops it.
+
+Exceptions:
+    ScorerError         bad options, a gold query that fails, a user function returning a non-number
+     └── UnknownScorer  the task names a scorer that does not exist
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import math
+import re
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import JsonValue
+
+from reward_service.state import EpisodeRecord
+from schemas import CallChoice, RewardOrigin, ScorerSpec
+
+
+class ScorerError(Exception):
+    pass
+
+
+class UnknownScorer(ScorerError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    reward: float | None
+    source: str  # agent | filled | exact | numeric | regex | sql | function | judge | feedback | unscored
+    note: str = ""
+
+
+ScorerFn = Callable[[EpisodeRecord, ScorerSpec], Awaitable[Score]]
+
+# ----------------------------------------------------------------------------------- the answer
+
+
+def last_message_text(record: EpisodeRecord) -> str | None:
+    """The content of the last call's first choice (what the model said last)."""
+    calls = record.ordered_calls()
+    for call in reversed(calls):
+        for choice in sorted(call.choices, key=lambda c: c.index):
+            text = _choice_text(choice)
+            if text:
+                return text
+    return None
+
+
+def predicted(
+    record: EpisodeRecord, spec: ScorerSpec, *, prefer: tuple[str, ...] = ("answer",)
+) -> str | None:
+    """The agent's answer as text: ``output[field]`` (``options.field``, else the first of ``prefer``
+    present), the output itself, or — when the agent returned nothing — the last model message."""
+    output: JsonValue = record.finished.output if record.finished is not None else None
+    field = spec.options.get("field")
+    if isinstance(output, dict):
+        keys = [field] if isinstance(field, str) else list(prefer)
+        for key in keys:
+            if key in output:
+                output = output[key]
+                break
+    if output is None:
+        return last_message_text(record)
+    return output if isinstance(output, str) else json.dumps(output)
+
+
+def _answer(record: EpisodeRecord) -> JsonValue:
+    task = record.started.task if record.started is not None else None
+    return task.answer if task is not None else None
+
+
+def _float(value: JsonValue, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScorerError(f"option {name!r} must be a number")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------- scorers
+
+
+async def score_agent(record: EpisodeRecord, spec: ScorerSpec, fill: float = 0.0) -> Score:
+    """The agent's own reward: the last one reported wins (gateway route, then the final JSON line)."""
+    value: float | None = None
+    for reward in record.rewards:
+        if reward.origin is RewardOrigin.agent and reward.call_seq is None and reward.value is not None:
+            value = reward.value
+    if record.finished is not None and record.finished.reported_reward is not None:
+        value = record.finished.reported_reward
+    if value is not None:
+        return Score(value, "agent")
+    filled = spec.options.get("fill", fill)
+    return Score(_float(filled, "fill"), "filled", "no reward reported")
+
+
+def _candidates(answer: JsonValue) -> list[str]:
+    values = answer if isinstance(answer, list) else [answer]
+    return [v if isinstance(v, str) else json.dumps(v) for v in values if v is not None]
+
+
+async def score_exact(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    got = predicted(record, spec)
+    gold = _candidates(spec.options.get("answer", _answer(record)))
+    if not gold:
+        raise ScorerError("exact: the task has no answer")
+    fold = bool(spec.options.get("ignore_case", False))
+
+    def norm(s: str) -> str:
+        s = " ".join(s.split())
+        return s.casefold() if fold else s
+
+    return Score(1.0 if got is not None and norm(got) in {norm(g) for g in gold} else 0.0, "exact")
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:[.,]\d+)*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _parse_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+async def score_numeric(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    gold_raw = spec.options.get("answer", _answer(record))
+    gold = _parse_number(gold_raw if isinstance(gold_raw, str) else json.dumps(gold_raw))
+    if gold is None:
+        raise ScorerError("numeric: the task's answer is not a number")
+    got_text = predicted(record, spec)
+    got = _parse_number(got_text) if got_text is not None else None
+    abs_tol = _float(spec.options.get("tolerance", 1e-6), "tolerance")
+    rel_tol = _float(spec.options.get("rel_tolerance", 0.0), "rel_tolerance")
+    ok = got is not None and math.isclose(got, gold, rel_tol=rel_tol, abs_tol=abs_tol)
+    return Score(1.0 if ok else 0.0, "numeric")
+
+
+async def score_regex(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    pattern = spec.options.get("pattern", _answer(record))
+    if not isinstance(pattern, str):
+        raise ScorerError("regex: options.pattern (or the task's answer) must be a string")
+    flags = re.IGNORECASE if spec.options.get("ignore_case") else 0
+    try:
+        compiled = re.compile(pattern, flags)
+    except re.error as exc:
+        raise ScorerError(f"regex: bad pattern: {exc}") from exc
+    got = predicted(record, spec)
+    match = compiled.fullmatch if spec.options.get("full") else compiled.search
+    return Score(1.0 if got is not None and match(got) else 0.0, "regex")
+
+
+# ------------------------------------------------------------------------------------ SQL match
+
+
+def _run_sql(db: str, sql: str, timeout_s: float) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, check_same_thread=False)
+    deadline = time.monotonic() + timeout_s
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _strip_sql(text: str) -> str:
+    fenced = re.search(r"```(?:sql)?\s*(.*?)```", text, re.DOTALL | re.IGNORECASE)
+    return (fenced.group(1) if fenced else text).strip().rstrip(";")
+
+
+async def score_sql(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    """Execution match: predicted and gold SQL on the task's SQLite database, result sets compared."""
+    db = spec.options.get("db")
+    task = record.started.task if record.started is not None else None
+    if not isinstance(db, str) and task is not None:
+        db = task.metadata.get("db")
+    gold = spec.options.get("gold", _answer(record))
+    if not isinstance(db, str) or not isinstance(gold, str):
+        raise ScorerError("sql: needs options.db (or task metadata 'db') and a gold query as the answer")
+    timeout_s = _float(spec.options.get("timeout_s", 5.0), "timeout_s")
+    try:
+        want = await asyncio.to_thread(_run_sql, db, _strip_sql(gold), timeout_s)
+    except sqlite3.Error as exc:
+        raise ScorerError(f"sql: the gold query failed: {exc}") from exc
+    got_text = predicted(record, spec, prefer=("sql", "query", "answer"))
+    if not got_text:
+        return Score(0.0, "sql", "no predicted query")
+    try:
+        got = await asyncio.to_thread(_run_sql, db, _strip_sql(got_text), timeout_s)
+    except (sqlite3.Error, sqlite3.Warning) as exc:
+        return Score(0.0, "sql", f"predicted query failed: {exc}")
+    same = got == want if spec.options.get("ordered") else Counter(map(repr, got)) == Counter(map(repr, want))
+    return Score(1.0 if same else 0.0, "sql")
+
+
+# ------------------------------------------------------------------------------- user function
+
+
+def _choice_text(choice: CallChoice) -> str:
+    message = choice.message
+    if isinstance(message, dict):
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+    return choice.text
+
+
+def episode_view(record: EpisodeRecord) -> dict[str, Any]:
+    """What a user scorer receives: plain JSON-ready data, no Flywheel types."""
+    started, finished = record.started, record.finished
+    return {
+        "episode_id": record.episode_id,
+        "task": started.task.model_dump(mode="json") if started and started.task else None,
+        "status": finished.status.value if finished else None,
+        "output": finished.output if finished else None,
+        "error": finished.error if finished else None,
+        "reported_reward": finished.reported_reward if finished else None,
+        "calls": [
+            {
+                "call_seq": c.call_seq,
+                "request": c.request,
+                "response": c.response,
+                "text": [_choice_text(ch) for ch in c.choices],
+            }
+            for c in record.ordered_calls()
+        ],
+        "rewards": [r.model_dump(mode="json") for r in record.rewards],
+        "last_message": last_message_text(record),
+    }
+
+
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    if ref not in _FUNCTIONS:
+        module, sep, attr = ref.partition(":")
+        if not sep:
+            raise ScorerError(f"function: ref {ref!r} is not 'module:function'")
+        try:
+            fn: Any = importlib.import_module(module)
+            for part in attr.split("."):
+                fn = getattr(fn, part)
+        except (ImportError, AttributeError) as exc:
+            raise ScorerError(f"function: cannot load {ref!r}: {exc}") from exc
+        _FUNCTIONS[ref] = fn
+    return _FUNCTIONS[ref]
+
+
+async def score_function(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    if not spec.ref:
+        raise ScorerError("function: ScorerSpec.ref must be 'module:function'")
+    fn = _load(spec.ref)
+    view = episode_view(record)
+    value = await fn(view) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, view)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ScorerError(f"function: {spec.ref} returned {value!r}, not a finite number")
+    return Score(float(value), "function")
+
+
+BUILTIN: dict[str, ScorerFn] = {
+    "exact": score_exact,
+    "numeric": score_numeric,
+    "regex": score_regex,
+    "sql": score_sql,
+    "function": score_function,
+}

@@ -1,0 +1,299 @@
+"""The reward service's core: episode events in, ``EpisodeScored`` out.
+
+Per batch of episode events: journal each event (``state.py``), score every episode that finished,
+assemble its transitions, publish ``EpisodeScored`` keyed by ``group_id``, forget the episode, and make
+the journal durable before the batch is committed. ``EpisodeScored`` carries a deterministic
+``event_id`` (derived from the episode id), so a batch redelivered after a crash republishes the same
+event and consumers deduplicate it.
+
+A sweeper closes what no one else will: production sessions idle for ``idle_timeout_s`` and live
+episodes abandoned past their deadline + grace (their worker died; the task was redelivered as another
+episode) get an ``EpisodeFinished`` published on their behalf, which then flows through the same path.
+Judge rankings wait for their whole group, or for ``group_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from prometheus_client import Counter
+
+from infra.bus.base import Bus, Message
+from infra.logging import get_logger
+from reward_service.scoring import Outcome, Scoring, is_rank, scorer_for
+from reward_service.state import EpisodeRecord, EpisodeStore
+from reward_service.transitions import assemble
+from schemas import (
+    EPISODES,
+    TRANSITIONS,
+    EpisodeFinished,
+    EpisodeScored,
+    EpisodeSource,
+    EpisodeStarted,
+    EpisodeStatus,
+    LLMCallRecorded,
+    Mode,
+    RewardOrigin,
+    RewardReported,
+    ScorerSpec,
+)
+
+log = get_logger("reward_service")
+
+SCORED = Counter("flywheel_reward_episodes_scored_total", "Episodes scored", ["reward_source"])
+UNUSABLE = Counter(
+    "flywheel_reward_episodes_unusable_total", "Episodes without usable transitions", ["reason"]
+)
+SCORE_ERRORS = Counter("flywheel_reward_score_errors_total", "Episodes a scorer failed on")
+PREFIX_MISMATCH = Counter("flywheel_reward_prefix_mismatches_total", "Calls that did not extend the last one")
+CLOSED = Counter("flywheel_reward_episodes_closed_total", "Episodes closed by the service", ["why"])
+
+
+def scored_event_id(episode_id: str) -> str:
+    return hashlib.sha256(f"episode-scored:{episode_id}".encode()).hexdigest()[:32]
+
+
+@dataclass(slots=True)
+class RewardStats:
+    scored: int = 0
+    unusable: dict[str, int] = field(default_factory=dict)
+    score_errors: int = 0
+    late_events: int = 0
+
+
+class RewardService:
+    def __init__(
+        self,
+        bus: Bus,
+        scoring: Scoring,
+        store: EpisodeStore,
+        *,
+        group: str = "reward-service",
+        discount: float = 1.0,
+        idle_timeout_s: float = 300.0,
+        abandon_grace_s: float = 60.0,
+        group_timeout_s: float = 600.0,
+        sweep_interval_s: float = 1.0,
+        max_batch: int = 500,
+        producer: str = "reward-service",
+    ) -> None:
+        self.bus = bus
+        self.scoring = scoring
+        self.store = store
+        self.group = group
+        self.discount = discount
+        self.idle_timeout_s = idle_timeout_s
+        self.abandon_grace_s = abandon_grace_s
+        self.group_timeout_s = group_timeout_s
+        self.sweep_interval_s = sweep_interval_s
+        self.max_batch = max_batch
+        self.producer = producer
+        self.stats = RewardStats()
+        self.waiting_groups: dict[str, float] = {}  # rank-mode group → first finish (monotonic)
+        self._sub: object | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.bus.ensure_topics([EPISODES, TRANSITIONS])
+        for record in list(self.store.open.values()):  # rebuilt from the journal
+            if record.finished is not None and is_rank(scorer_for(record, "none")) and record.started:
+                self.waiting_groups.setdefault(record.started.group_id or record.episode_id, time.monotonic())
+        self._sub = await self.bus.subscribe_batch(
+            EPISODES, self.group, self.handle, max_batch=self.max_batch
+        )
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._sub is not None:
+            await self._sub.stop()  # type: ignore[attr-defined]
+        self.store.shutdown()
+
+    # ---------------------------------------------------------------------------- the handler
+
+    async def handle(self, messages: Sequence[Message]) -> None:
+        async with self._lock:
+            finished: dict[str, EpisodeRecord] = {}
+            for message in messages:
+                event = message.event
+                if not isinstance(event, EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished):
+                    continue
+                record = self.store.add(event)
+                if record is None:
+                    self.stats.late_events += 1
+                    continue
+                if isinstance(event, EpisodeFinished) and record.finished is event:
+                    finished[record.episode_id] = record
+            ranked: list[EpisodeRecord] = []
+            direct: list[EpisodeRecord] = []
+            for record in finished.values():
+                spec = scorer_for(record, self.scoring.production_scorer)
+                (ranked if is_rank(spec) and not _superseded(record) else direct).append(record)
+            outcomes = await asyncio.gather(*(self.scoring.score(r) for r in direct))
+            for record, outcome in zip(direct, outcomes, strict=True):
+                await self._publish(record, outcome)
+            for record in ranked:
+                self.waiting_groups.setdefault(_group_id(record), time.monotonic())
+            await self._rank_ready(force=False)
+            self.store.flush()
+
+    async def _rank_ready(self, *, force: bool) -> None:
+        now = time.monotonic()
+        for group_id, since in list(self.waiting_groups.items()):
+            members = [
+                r
+                for r in self.store.open.values()
+                if r.finished is not None and _group_id(r) == group_id and not _superseded(r)
+            ]
+            if not members:
+                self.waiting_groups.pop(group_id, None)
+                continue
+            size = members[0].started.group_size if members[0].started is not None else 1
+            distinct = {r.finished.sample_index for r in members if r.finished is not None}
+            if len(distinct) < size and not force and now - since < self.group_timeout_s:
+                continue
+            self.waiting_groups.pop(group_id, None)
+            members.sort(key=lambda r: (r.finished.sample_index if r.finished else 0, r.episode_id))
+            spec = scorer_for(members[0], "none") or ScorerSpec(name="judge")
+            outcomes = await self.scoring.rank(members, spec)
+            for record, outcome in zip(members, outcomes, strict=True):
+                await self._publish(record, outcome)
+
+    async def _publish(self, record: EpisodeRecord, outcome: Outcome) -> None:
+        started, finished = record.started, record.finished
+        assert finished is not None
+        task = started.task if started is not None else None
+        options = task.scorer.options if task is not None else {}
+        discount = options.get("discount", self.discount)
+        call_rewards = {
+            r.call_seq: r.value
+            for r in record.rewards
+            if r.call_seq is not None and r.value is not None and r.origin is RewardOrigin.agent
+        }
+        calls = record.ordered_calls()
+        assembly = assemble(
+            calls,
+            reward=outcome.reward if outcome.reward is not None else 0.0,
+            call_rewards=call_rewards,
+            discount=float(discount) if isinstance(discount, int | float) else self.discount,
+        )
+        reason = assembly.unusable_reason(len(calls))
+        if started is None and not calls and record.source is EpisodeSource.live:
+            reason = "state_lost"
+        elif reason is None and outcome.error is not None:
+            reason = "score_error"
+        elif reason is None and outcome.reward is None:
+            reason = "unscored"
+        scored = EpisodeScored(
+            event_id=scored_event_id(record.episode_id),
+            producer=self.producer,
+            episode_id=record.episode_id,
+            group_id=_group_id(record),
+            group_size=started.group_size if started is not None else 1,
+            task_id=finished.task_id or (started.task_id if started is not None else None),
+            attempt=finished.attempt if finished.attempt else (started.attempt if started else 0),
+            sample_index=finished.sample_index or (started.sample_index if started else 0),
+            source=record.source,
+            mode=started.mode if started is not None else Mode.train,
+            model=started.model if started is not None else "policy",
+            tenant=record.tenant,
+            status=finished.status,
+            reward=outcome.reward,
+            reward_source=outcome.source,
+            score_error=outcome.error,
+            num_calls=len(calls),
+            prefix_mismatches=assembly.prefix_mismatches,
+            transitions=assembly.transitions,
+            unusable_reason=reason,
+            finished_at=finished.emitted_at,
+            superseded=finished.superseded,
+        )
+        await self.bus.publish(TRANSITIONS, scored)
+        self.store.close(record.episode_id)
+        self.stats.scored += 1
+        SCORED.labels(outcome.source).inc()
+        PREFIX_MISMATCH.inc(assembly.prefix_mismatches)
+        if outcome.error is not None:
+            self.stats.score_errors += 1
+            SCORE_ERRORS.inc()
+        if reason is not None:
+            self.stats.unusable[reason] = self.stats.unusable.get(reason, 0) + 1
+            UNUSABLE.labels(reason).inc()
+
+    # ---------------------------------------------------------------------------- the sweeper
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must survive a bus hiccup; the next round retries
+                log.exception("sweep_failed")
+
+    async def sweep(self, now_wall: datetime | None = None) -> None:
+        """Close idle production sessions and abandoned live episodes; rank groups that timed out."""
+        now = time.monotonic()
+        wall = now_wall or datetime.now(UTC)
+        for record in list(self.store.open.values()):
+            if record.finished is not None or record.closing:
+                continue
+            if record.source is EpisodeSource.production:
+                if now - record.last_event_at >= self.idle_timeout_s:
+                    await self._close(record, EpisodeStatus.ok, None, "idle")
+            elif record.started is not None and record.started.deadline_at is not None:
+                if (wall - record.started.deadline_at).total_seconds() >= self.abandon_grace_s:
+                    await self._close(
+                        record,
+                        EpisodeStatus.cancelled,
+                        "abandoned: no EpisodeFinished by the deadline",
+                        "abandoned",
+                    )
+            elif now - record.last_event_at >= self.idle_timeout_s:
+                await self._close(record, EpisodeStatus.cancelled, "abandoned: no EpisodeStarted", "orphan")
+        async with self._lock:
+            await self._rank_ready(force=False)
+            self.store.flush()
+
+    async def _close(self, record: EpisodeRecord, status: EpisodeStatus, error: str | None, why: str) -> None:
+        started = record.started
+        await self.bus.publish(
+            EPISODES,
+            EpisodeFinished(
+                producer=self.producer,
+                episode_id=record.episode_id,
+                status=status,
+                error=error,
+                num_calls=len(record.calls),
+                task_id=started.task_id if started is not None else None,
+                group_id=started.group_id if started is not None else None,
+                attempt=started.attempt if started is not None else 0,
+                sample_index=started.sample_index if started is not None else 0,
+                source=record.source,
+                tenant=record.tenant,
+                superseded=why == "abandoned",
+            ),
+        )
+        record.closing = True
+        CLOSED.labels(why).inc()
+
+
+def _group_id(record: EpisodeRecord) -> str:
+    if record.finished is not None and record.finished.group_id:
+        return record.finished.group_id
+    if record.started is not None and record.started.group_id:
+        return record.started.group_id
+    return record.episode_id  # a production session is a group of one
+
+
+def _superseded(record: EpisodeRecord) -> bool:
+    return record.finished is not None and record.finished.superseded

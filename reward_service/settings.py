@@ -1,0 +1,37 @@
+"""Reward service settings (``FLYWHEEL_*`` environment variables). Built in ``main()``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from infra.settings import FlywheelSettings
+
+
+class RewardSettings(FlywheelSettings):
+    reward_group: str = "reward-service"
+    fill_value: float = 0.0  # agent scorer: the reward of an episode that reported none (marked "filled")
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)  # per-call discount (options.discount overrides)
+    journal: Path | None = None  # durable episode state; default: <data_dir>/reward/journal.sqlite on Kafka
+    idle_timeout_s: float = Field(default=300.0, gt=0)  # production sessions close after this much silence
+    abandon_grace_s: float = Field(default=60.0, ge=0)  # live episodes past deadline + grace: abandoned
+    group_timeout_s: float = Field(default=600.0, gt=0)  # judge ranking: rank what arrived after this
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    production_scorer: str = "none"  # production sessions without feedback: a scorer name, or "none"
+    feedback_scale: Literal["thumbs", "stars"] = "thumbs"  # thumbs: -1/0/1 → 0/0.5/1; stars: 1..max → 0..1
+    feedback_stars_max: int = Field(default=5, ge=2)
+    feedback_ratings: dict[str, float] = Field(default_factory=dict)  # explicit rating → reward overrides
+    gateway_url: str = "http://127.0.0.1:8000"
+    judge_base_url: str = ""  # default: {gateway_url}/v1
+    judge_api_key: SecretStr = SecretStr("")
+    judge_model: str = "policy"
+    max_batch: int = Field(default=500, ge=1)
+
+    def journal_path(self) -> Path | None:
+        if self.journal is not None:
+            return self.journal
+        if self.bus != "kafka":
+            return None  # the in-process bus does not outlive the process either
+        return self.data_dir / "reward" / f"{self.topic_prefix}{self.reward_group}.sqlite"

@@ -1,0 +1,33 @@
+"""Rollout worker settings (``FLYWHEEL_*`` environment variables). Built in ``main()``."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+
+from infra.settings import FlywheelSettings
+from schemas import EpisodeStatus
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(FlywheelSettings):
+    gateway_url: str = "http://127.0.0.1:8000"  # the agents' calls go to {gateway_url}/episodes/{id}/v1
+    pool: str | None = None  # consume flywheel.tasks.<pool> instead of flywheel.tasks
+    worker_group: str = "rollout-workers"
+    worker_id: str = Field(default_factory=_default_worker_id)
+    concurrency: int = Field(default=16, ge=1, le=4096)
+    retry_statuses: list[EpisodeStatus] = Field(default=[EpisodeStatus.error, EpisodeStatus.timeout])
+    kill_grace_s: float = Field(default=2.0, ge=0)  # SIGTERM → SIGKILL for a process group past its deadline
+    stderr_tail_chars: int = Field(default=4000, ge=100)
+    drain_timeout_s: float = Field(default=30.0, ge=0)  # graceful shutdown: then hand back what is left
+    batch_wait_s: float = Field(default=0.05, ge=0)
+    # Kubernetes Jobs (kind=kubernetes)
+    k8s_namespace: str = "default"
+    k8s_jobs_per_minute: int = Field(default=60, ge=1)
+    k8s_ttl_after_finished_s: int = Field(default=600, ge=0)
+    k8s_poll_s: float = Field(default=2.0, gt=0)

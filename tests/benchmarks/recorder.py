@@ -1,0 +1,155 @@
+"""Recorder throughput: ~2 KB ``LLMCallRecorded`` events from the in-process bus into embedded chdb.
+
+    python tests/benchmarks/recorder.py [--events N] [--json]
+
+Figures (all in one run, same rows):
+- ``recorder_events_per_s``: events already on the bus, drained by the recorder (consumer group, batch
+  handler, Arrow build with the full event JSON, chdb insert, offset commit) — the issue's goal.
+- ``baseline_arrow_insert_rows_per_s``: raw chdb inserts of the same rows as prebuilt Arrow tables (the
+  ceiling: what the engine takes with no bus and no serialisation).
+- ``rows_build_per_s``: building those Arrow tables from the events (mostly JSON serialisation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import schemas as s
+from infra.bus.memory import MemoryBus
+from infra.eventlog.recorder import Recorder
+from infra.eventlog.rows import to_arrow
+from infra.eventlog.store import ChdbStore
+
+GOAL_EVENTS_PER_S = 30_000
+BATCH = 5000
+
+
+def make_call_events(n: int, calls_per_episode: int = 8) -> list[s.LLMCallRecorded]:
+    """``n`` call events of about 2 KB of JSON each (token ids, logprobs, request and response text)."""
+    events = []
+    episode = s.new_episode_id()
+    for i in range(n):
+        if i % calls_per_episode == 0:
+            episode = s.new_episode_id()
+        choice = s.CallChoice(
+            index=0,
+            text="The answer is 85. " * 4,
+            message={"role": "assistant", "content": "The answer is 85. " * 4},
+            finish_reason="stop",
+            token_ids=list(range(1000 + i % 50, 1060 + i % 50)),
+            logprobs=[-0.25 - (j % 7) * 0.01 for j in range(60)],
+            weight_versions=None,
+        )
+        events.append(
+            s.LLMCallRecorded(
+                episode_id=episode,
+                call_seq=i % calls_per_episode,
+                call_id=f"call-{i}",
+                model="policy",
+                request='{"model":"policy","messages":[{"role":"user","content":"' + "what is 47+38? " * 12 + '"}]}',
+                response='{"id":"cmpl","object":"chat.completion"}',
+                upstream=s.UpstreamKind.embedded,
+                token_faithful=True,
+                prompt_token_ids=list(range(200, 260)),
+                choices=[choice],
+                weight_version=3,
+                prompt_tokens=60,
+                completion_tokens=60,
+                latency_ms=12.5,
+            )
+        )
+    return events
+
+
+async def _drain(events: list[s.LLMCallRecorded], store: ChdbStore) -> float:
+    bus = MemoryBus(retain=len(events), max_retained=len(events), max_backlog=len(events) + 1)
+    await bus.start()
+    try:
+        await bus.ensure_topics([s.EPISODES])
+        for e in events:
+            await bus.publish(s.EPISODES, e)
+        recorder = Recorder(bus, store, topics=[s.EPISODES], max_batch=BATCH)
+        started = time.perf_counter()
+        await recorder.start()
+        deadline = started + 600
+        while recorder.stats.events < len(events):
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"recorder wrote {recorder.stats.events} of {len(events)} events")
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        await recorder.stop()
+        return len(events) / elapsed
+    finally:
+        await bus.stop()
+
+
+def _measure(n_events: int) -> dict[str, float]:
+    events = make_call_events(n_events)
+    tmp = Path(tempfile.mkdtemp(prefix="flywheel-bench-recorder-"))
+    store = ChdbStore(tmp / "chdb", "bench")
+    try:
+        store.migrate()
+        started = time.perf_counter()
+        tables = [to_arrow(events[i : i + BATCH]) for i in range(0, n_events, BATCH)]
+        build = n_events / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for table in tables:
+            store._insert_table(table)
+        baseline = n_events / (time.perf_counter() - started)
+        store._command("TRUNCATE TABLE bench.events")
+        recorder = asyncio.run(_drain(events, store))
+        counted = store.counts().total
+        if counted != n_events:
+            raise RuntimeError(f"expected {n_events} events in the log, found {counted}")
+        payload_bytes = sum(len(p.as_py()) for p in tables[0].column("payload")) / tables[0].num_rows
+    finally:
+        store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "recorder_events_per_s": recorder,
+        "baseline_arrow_insert_rows_per_s": baseline,
+        "rows_build_per_s": build,
+        "recorder_vs_baseline": recorder / baseline,
+        "event_json_bytes": payload_bytes,
+    }
+
+
+def run_recorder_benchmark(n_events: int) -> float:
+    """Sustained call events/s from the in-process bus into embedded chdb (the recorder's path)."""
+    return _measure(n_events)["recorder_events_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    figures = _measure(args.events)
+    goals = {"recorder_events_per_s": f"≥ {GOAL_EVENTS_PER_S}"}
+    if args.json:
+        print(json.dumps({"figures": figures, "goals": goals}))
+        return
+    print(f"recorder benchmark: {args.events} LLMCallRecorded events, ~{figures['event_json_bytes']:.0f} B JSON each")
+    print(f"{'figure':38} {'value':>12}  {'vs baseline':>11}  goal")
+    base = figures["baseline_arrow_insert_rows_per_s"]
+    for name, unit in (
+        ("baseline_arrow_insert_rows_per_s", "rows/s"),
+        ("rows_build_per_s", "rows/s"),
+        ("recorder_events_per_s", "events/s"),
+    ):
+        value = figures[name]
+        print(f"{name:38} {value:12,.0f}  {value / base:10.2f}×  {goals.get(name, '')} {unit}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Pause/resume around weight updates, driven by control events on the bus and by the admin routes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas import (
+    CONTROL,
+    InferenceDrained,
+    InferenceResumed,
+    LLMCallRecorded,
+    WeightsActivated,
+    WeightUpdateFailed,
+    WeightUpdateRequested,
+)
+from tests.fakes.gateway_harness import ADMIN, GatewayHarness
+from tests.fakes.upstream import FakeUpstreamConfig
+
+pytestmark = pytest.mark.timeout(30)
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+async def test_weight_update_drains_holds_and_resumes_with_new_version(tmp_path):
+    cfg = FakeUpstreamConfig(latency_s=0.3)
+    async with GatewayHarness(tmp_path, config=cfg, pause_hold_s=10) as h:
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/v1/chat/completions"
+        in_flight = asyncio.create_task(h.client.post(url, json={"messages": MSGS}))
+        await asyncio.wait_for(_until(lambda: h.gateway.admission.in_flight == 1), 5)
+        await h.bus.publish(CONTROL, WeightUpdateRequested(version=1, drain_timeout_s=5))
+        (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
+        assert drained.version == 1 and not drained.timed_out and drained.gateway_id == "gw-test"
+        assert (await in_flight).status_code == 200  # the in-flight call finished before the drain
+        held = asyncio.create_task(h.client.post(url, json={"messages": MSGS}))
+        await asyncio.sleep(0.05)
+        assert not held.done()  # new calls wait while paused
+        await h.bus.publish(CONTROL, WeightsActivated(version=1))
+        (resumed,) = await h.events.wait_for(lambda e: isinstance(e, InferenceResumed))
+        assert resumed.version == 1
+        assert (await held).status_code == 200
+        calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=2)
+        assert sorted(c.weight_version for c in calls) == [0, 1]
+
+
+async def test_hold_deadline_gives_503_with_retry_after_and_failed_update_keeps_version(tmp_path):
+    async with GatewayHarness(tmp_path, pause_hold_s=0.1) as h:
+        ep = await h.open_episode()
+        await h.bus.publish(CONTROL, WeightUpdateRequested(version=3))
+        await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
+        r = await h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
+        assert r.status_code == 503 and "Retry-After" in r.headers
+        assert r.json()["error"]["code"] == "paused"
+        await h.bus.publish(CONTROL, WeightUpdateFailed(version=3, serving_version=0, error="oom"))
+        await h.events.wait_for(lambda e: isinstance(e, InferenceResumed))
+        assert h.gateway.admission.weight_version == 0
+        r = await h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
+        assert r.status_code == 200
+
+
+async def test_drain_timeout_is_reported(tmp_path):
+    cfg = FakeUpstreamConfig(latency_s=1.0)
+    async with GatewayHarness(tmp_path, config=cfg) as h:
+        ep = await h.open_episode()
+        slow = asyncio.create_task(h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS}))
+        await asyncio.wait_for(_until(lambda: h.gateway.admission.in_flight == 1), 5)
+        r = await h.client.post("/admin/pause", json={"version": 2, "drain_timeout_s": 0.05}, headers=ADMIN)
+        assert r.json()["timed_out"] is True
+        (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
+        assert drained.timed_out
+        r = await h.client.post("/admin/resume", json={"version": 2}, headers=ADMIN)
+        assert r.json() == {"paused": False, "weight_version": 2}
+        assert (await slow).status_code == 200
+        state = (await h.client.get("/admin/state", headers=ADMIN)).json()
+        assert state["weight_version"] == 2 and state["paused"] is False
+
+
+async def test_admin_routes_need_the_token(tmp_path):
+    async with GatewayHarness(tmp_path) as h:
+        for method, path in [("POST", "/admin/pause"), ("POST", "/admin/resume"), ("GET", "/admin/state"),
+                             ("POST", "/admin/episodes"), ("GET", "/admin/episodes/x")]:
+            r = await h.client.request(method, path, headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401, path
+            assert r.json()["error"]["type"] == "authentication_error"
+        assert not h.gateway.admission.paused
+
+
+async def _until(cond) -> None:
+    while not cond():  # noqa: ASYNC110 - polling gateway state that has no event of its own
+        await asyncio.sleep(0.002)

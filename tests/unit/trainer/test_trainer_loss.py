@@ -1,0 +1,120 @@
+"""Loss masking, per-episode normalisation, importance weights, clipping, KL and staleness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas import EpisodeSource
+from trainer.batching import build_batch
+from trainer.config import AlgorithmConfig
+from trainer.groups import Group
+from trainer.loss import policy_loss
+
+from .helpers import episode, transition
+
+
+def _group(gid: str, *episodes) -> Group:  # type: ignore[no-untyped-def]
+    g = Group(gid, len(episodes), 0.0)
+    for e in episodes:
+        g.members[e.episode_id] = e
+    return g
+
+
+@pytest.mark.timeout(10)
+def test_per_episode_normalisation_weighs_episodes_equally() -> None:
+    many = [transition(response=[4, 5, 6]) for _ in range(5)]  # 5 calls × 3 tokens
+    one = [transition(response=[4])]
+    g = _group("g", episode("g", 0, 1.0, transitions=many), episode("g", 1, 0.0, transitions=one))
+    batch = build_batch([g], AlgorithmConfig(), current_version=0)
+    per_episode: dict[str, float] = {}
+    for s in batch.samples:
+        per_episode[s.episode_id] = per_episode.get(s.episode_id, 0.0) + s.token_weight * s.response_tokens
+    assert list(per_episode.values()) == pytest.approx([0.5, 0.5])
+    assert batch.stats.transitions_per_episode == pytest.approx(3.0)
+    assert batch.stats.success_rate == pytest.approx(0.5)
+
+
+@pytest.mark.timeout(10)
+def test_observation_tokens_are_masked_out() -> None:
+    t = transition(response=[4, 5, 6, 7], mask=[1, 0, 0, 1])
+    g = _group("g", episode("g", 0, 1.0, transitions=[t]), episode("g", 1, 0.0))
+    batch = build_batch([g], AlgorithmConfig(), 0)
+    assert batch.samples[0].response_tokens == 2
+    assert batch.samples[0].token_weight == pytest.approx(1 / (2 * 2))
+    # in the loss, a masked position gets no gradient whatever its logprob
+    logp = torch.zeros(1, 4, requires_grad=True)
+    weights = torch.tensor([[0.25, 0.0, 0.0, 0.25]])
+    parts = policy_loss(logp, logp.detach(), torch.zeros(1, 4), torch.ones(1, 4), weights, AlgorithmConfig())
+    parts.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 1] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
+    assert parts.tokens == 2
+
+
+@pytest.mark.timeout(10)
+def test_truncated_importance_weights_and_clipping() -> None:
+    cfg = AlgorithmConfig(tis_cap=2.0, clip_low=0.2, clip_high=0.2)
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    behaviour = torch.log(torch.tensor([[0.5, 0.1, 1.0]]))  # IS = 1, 5 (capped to 2), 0.5
+    logp = (old + torch.log(torch.tensor([[1.0, 1.5, 1.0]]))).requires_grad_(True)  # ratio 1, 1.5, 1
+    weights = torch.ones(1, 3)
+    adv = torch.ones(1, 3)
+    parts = policy_loss(logp, old, behaviour, adv, weights, cfg)
+    assert parts.tis_capped_tokens == 1
+    assert parts.tis_sum == pytest.approx(1 + 2 + 0.5)
+    assert parts.clipped_tokens == 1  # ratio 1.5 > 1.2 with positive advantage
+    parts.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 1] == 0  # clipped: no gradient
+    assert logp.grad[0, 0] == pytest.approx(-1.0)  # -A * ratio * IS
+    assert logp.grad[0, 2] == pytest.approx(-0.5)
+    no_tis = policy_loss(logp.detach(), old, behaviour, adv, weights, AlgorithmConfig(tis_cap=None))
+    assert no_tis.tis_sum == 3
+
+
+@pytest.mark.timeout(10)
+def test_kl_k3_is_zero_at_reference_and_positive_elsewhere() -> None:
+    cfg = AlgorithmConfig(kl_coef=0.5)
+    logp = torch.log(torch.tensor([[0.3, 0.6]]))
+    zero_adv = torch.zeros(1, 2)
+    same = policy_loss(logp, logp, logp, zero_adv, torch.ones(1, 2), cfg, ref_logp=logp)
+    assert same.kl_sum == pytest.approx(0.0, abs=1e-7)
+    other = policy_loss(logp, logp, logp, zero_adv, torch.ones(1, 2), cfg, ref_logp=logp - 0.3)
+    assert other.kl_sum > 0
+    assert other.loss.item() == pytest.approx(0.5 * other.kl_sum, rel=1e-5)
+
+
+@pytest.mark.timeout(10)
+def test_staleness_drop_and_downweight() -> None:
+    fresh = transition(version=9)
+    stale = transition(version=2)
+    g = _group(
+        "g",
+        episode("g", 0, 1.0, transitions=[fresh, stale]),
+        episode("g", 1, 0.0, transitions=[stale], source=EpisodeSource.replay),
+    )
+    drop = build_batch([g], AlgorithmConfig(max_staleness=4, stale_policy="drop"), current_version=10)
+    assert len(drop.samples) == 1 and drop.samples[0].weight_version == 9
+    assert drop.stats.skipped["stale_transition"] == 2
+    assert drop.stats.skipped["stale_episode"] == 1
+    assert drop.stats.staleness_max == 8
+    down = build_batch(
+        [g], AlgorithmConfig(max_staleness=4, stale_policy="downweight", stale_decay=0.5), current_version=10
+    )
+    assert len(down.samples) == 3
+    by_version = {(s.episode_id, s.weight_version): s.token_weight for s in down.samples}
+    # episode 0: 4 tokens, fresh factor 1, stale factor 0.5**4
+    assert by_version[("g-e0-a0", 9)] == pytest.approx(1 / (2 * 4))
+    assert by_version[("g-e0-a0", 2)] == pytest.approx(0.5**4 / (2 * 4))
+    assert down.stats.replay_episodes == 1
+
+
+@pytest.mark.timeout(10)
+def test_zero_variance_group_is_skipped_and_counted() -> None:
+    flat = _group("flat", episode("flat", 0, 1.0), episode("flat", 1, 1.0))
+    useful = _group("use", episode("use", 0, 1.0), episode("use", 1, 0.0))
+    batch = build_batch([flat, useful], AlgorithmConfig(), 0)
+    assert batch.stats.groups_zero_variance == 1
+    assert {s.episode_id for s in batch.samples} == {"use-e0-a0", "use-e1-a0"}
+    assert [s.advantage > 0 for s in batch.samples] == [True, False]

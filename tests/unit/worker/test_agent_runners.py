@@ -1,0 +1,128 @@
+"""The command and callable runners on their own: results, deadlines, crashes, garbage."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from rollout_worker.callable_runner import CallableRunner, load_callable
+from rollout_worker.command_runner import CommandRunner, command_argv
+from rollout_worker.llm import LLM
+from rollout_worker.runners import AgentRun, AgentSpecError, parse_final_line, split_result
+from schemas import AgentKind, AgentRef, EpisodeStatus
+
+AGENTS = "examples/agents_for_tests"
+
+
+def make_run(kind: AgentKind, spec: str, deadline_s: float = 10.0, task_input: object = None) -> AgentRun:
+    ep = "ab" * 16
+    return AgentRun(
+        episode_id=ep,
+        agent=AgentRef(kind=kind, spec=spec),
+        task={"task_id": "t1", "input": task_input, "answer": None},
+        llm=LLM(f"http://gw/episodes/{ep}/v1", ep, "policy"),
+        deadline_s=deadline_s,
+        deadline_at=datetime.now(UTC) + timedelta(seconds=deadline_s),
+    )
+
+
+def test_final_line_parsing() -> None:
+    assert parse_final_line('noise\n{"reward": 1, "output": "x"}\n') == ("x", 1.0, True)
+    assert parse_final_line('{"reward": 0.5}\nlater non-json') == (None, 0.5, True)
+    assert parse_final_line('{"answer": 3}') == ({"answer": 3}, None, True)
+    assert parse_final_line("garbage {not json\n") == (None, None, False)
+    assert split_result({"reward": "high", "output": 1}) == (1, None)
+    assert split_result({"reward": float("nan")})[1] is None
+    assert split_result(5) == (5, None)
+
+
+def test_command_argv_uses_worker_python() -> None:
+    assert command_argv("python a.py --x 'y z'") == [sys.executable, "a.py", "--x", "y z"]
+    with pytest.raises(AgentSpecError):
+        command_argv("   ")
+    with pytest.raises(AgentSpecError):
+        command_argv("python 'unterminated")
+
+
+@pytest.mark.timeout(20)
+async def test_command_agent_gets_task_and_env_and_reports() -> None:
+    script = (
+        "import json,os,sys; t=json.loads(sys.stdin.readline()); e=json.loads(os.environ['FLYWHEEL_TASK']);"
+        "print('hello');"
+        "print(json.dumps({'reward': 0.75, 'output': [t['task_id'], e['input'], os.environ['OPENAI_BASE_URL'],"
+        " os.environ['OPENAI_API_BASE'], os.environ['OPENAI_API_KEY']]}))"
+    )
+    run = make_run(AgentKind.command, f"python -c {json.dumps(script)}", task_input={"q": 1})
+    result = await CommandRunner().run(run)
+    assert result.status is EpisodeStatus.ok, result.error
+    assert result.reward == 0.75
+    assert result.output == ["t1", {"q": 1}, run.llm.base_url, run.llm.base_url, run.episode_id]
+
+
+@pytest.mark.timeout(20)
+async def test_crashing_agent_is_an_error_with_stderr_tail() -> None:
+    result = await CommandRunner().run(make_run(AgentKind.command, f"python {AGENTS}/crashing_agent.py"))
+    assert result.status is EpisodeStatus.error
+    assert result.error is not None
+    assert "exit code 3" in result.error and "broke on purpose" in result.error
+
+
+@pytest.mark.timeout(20)
+async def test_hanging_agent_is_killed_with_its_whole_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    runner = CommandRunner(kill_grace_s=0.5)
+    t0 = time.monotonic()
+    result = await runner.run(make_run(AgentKind.command, f"python {AGENTS}/hanging_agent.py {pid_file}", 1.5))
+    assert result.status is EpisodeStatus.timeout
+    assert time.monotonic() - t0 < 6
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the child is reaped by init shortly after SIGKILL
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as fh:
+            if fh.read().split()[2] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the agent's child process survived the deadline")
+
+
+@pytest.mark.timeout(20)
+async def test_garbage_agent_is_recorded_and_memory_bounded() -> None:
+    result = await CommandRunner(tail_chars=1000).run(make_run(AgentKind.command, f"python {AGENTS}/garbage_agent.py"))
+    assert result.status is EpisodeStatus.ok
+    assert result.reward is None or isinstance(result.reward, float)
+
+
+async def test_missing_command_is_a_spec_error() -> None:
+    with pytest.raises(AgentSpecError):
+        await CommandRunner().run(make_run(AgentKind.command, "/nonexistent/agent-binary"))
+
+
+async def test_callable_agents() -> None:
+    runner = CallableRunner(threads=4)
+    mod = "examples.agents_for_tests.async_callables"
+    ok = await runner.run(make_run(AgentKind.callable, f"{mod}:instant", task_input={"x": 1}))
+    assert ok.status is EpisodeStatus.ok and ok.reward == 1.0
+    assert ok.output == {"echo": {"x": 1}, "base_url": f"http://gw/episodes/{'ab' * 16}/v1"}
+    sync = await runner.run(make_run(AgentKind.callable, f"{mod}:sync_instant"))
+    assert sync.status is EpisodeStatus.ok and sync.output == 0.5 and sync.reward is None
+    slow = await runner.run(make_run(AgentKind.callable, f"{mod}:sleepy", deadline_s=0.2))
+    assert slow.status is EpisodeStatus.timeout
+    bad = await runner.run(make_run(AgentKind.callable, f"{mod}:broken"))
+    assert bad.status is EpisodeStatus.error and bad.error is not None and "always fails" in bad.error
+    await runner.aclose()
+
+
+def test_bad_callable_specs() -> None:
+    for spec in ["no_colon", "nonexistent_module_xyz:run", "examples.agents_for_tests.async_callables:nope"]:
+        with pytest.raises(AgentSpecError):
+            load_callable(spec)

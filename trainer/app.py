@@ -1,0 +1,159 @@
+"""The trainer service: wires a bus, a backend, weight sinks and checkpoints into a :class:`TrainerService`.
+
+Run it alone with ``flywheel trainer run`` (or ``python -m trainer.app``): it consumes
+``flywheel.transitions`` as consumer group ``trainer``, trains the policy in ``FLYWHEEL_TRAINER_BASE_MODEL``
+with the torch backend, saves checkpoints under ``<data_dir>/trainer``, and loads each new version into
+the engine at ``FLYWHEEL_TRAINER_ENGINE_URL`` (``flywheel engine``'s ``/load_weights``, or vLLM's
+``/collective_rpc`` with ``FLYWHEEL_TRAINER_ENGINE_KIND=vllm``). The embedded stack builds the same
+service with :func:`build_service` and an :class:`~trainer.weights.InProcessSink` around the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from infra.bus.base import Bus
+from infra.logging import configure_logging, get_logger
+from trainer.backends.torch_backend import TorchBackend
+from trainer.checkpoints import CheckpointStore
+from trainer.config import AlgorithmConfig
+from trainer.groups import Intake
+from trainer.metrics import TrainerMetrics, make_tracker
+from trainer.rollouts import RolloutPlanner
+from trainer.service import LoopConfig, TrainerService
+from trainer.settings import TrainerSettings
+from trainer.weights import HttpSink, VllmReloadSink, WeightSink, WeightSync
+
+log = get_logger(__name__)
+
+
+def load_backend(
+    model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
+) -> TorchBackend:
+    """A torch backend around the Hugging Face causal LM in ``model_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    pad = getattr(model.config, "pad_token_id", None)
+    return TorchBackend(model, algo, device=device, pad_id=int(pad) if pad is not None else 0)
+
+
+def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
+    if not settings.trainer_engine_url:
+        return []
+    if settings.trainer_engine_kind == "vllm":
+        return [VllmReloadSink(settings.trainer_engine_url)]
+    return [HttpSink(settings.trainer_engine_url)]
+
+
+def loop_config(settings: TrainerSettings) -> LoopConfig:
+    return LoopConfig(
+        mode=settings.trainer_mode,
+        batch_groups=settings.trainer_batch_groups,
+        max_in_flight=settings.trainer_max_in_flight,
+        batch_timeout_s=settings.trainer_batch_timeout_s,
+        sync_every=settings.trainer_sync_every,
+        checkpoint_every=settings.trainer_checkpoint_every,
+        success_threshold=settings.trainer_success_threshold,
+        model=settings.model,
+    )
+
+
+def build_service(
+    settings: TrainerSettings,
+    bus: Bus,
+    backend: TorchBackend,
+    sinks: Sequence[WeightSink],
+    *,
+    planner: RolloutPlanner | None = None,
+    loop: LoopConfig | None = None,
+    metrics: TrainerMetrics | None = None,
+) -> TrainerService:
+    """The trainer for ``settings``; the caller starts the bus and then ``await service.start()``."""
+    root = settings.trainer_root
+    intake = Intake(
+        group_timeout_s=settings.trainer_group_timeout_s,
+        partial=settings.trainer_partial_groups,
+        min_partial=settings.trainer_min_partial,
+        vocab_size=backend.vocab_size,
+    )
+    weights = WeightSync(
+        bus,
+        list(sinks),
+        model=settings.model,
+        expected_gateways=settings.trainer_expected_gateways,
+        drain_timeout_s=settings.trainer_drain_timeout_s,
+    )
+    return TrainerService(
+        bus=bus,
+        backend=backend,
+        weights=weights,
+        store=CheckpointStore(root, keep=settings.trainer_keep_checkpoints),
+        intake=intake,
+        algo=settings.trainer_algo,
+        loop=loop or loop_config(settings),
+        metrics=metrics,
+        tracker=make_tracker(
+            settings.trainer_tracker, logdir=root / "tb", config=settings.trainer_algo.model_dump(mode="json")
+        ),
+        planner=planner,
+        base_model=str(settings.trainer_base_model or ""),
+    )
+
+
+async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None:
+    """Run the trainer against the configured bus until a signal (or ``max_steps``)."""
+    from infra.bus.factory import make_bus
+
+    if settings.trainer_base_model is None:
+        raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
+    backend = load_backend(
+        settings.trainer_base_model,
+        settings.trainer_algo,
+        device=settings.trainer_device,
+        torch_threads=settings.trainer_torch_threads,
+    )
+    bus = make_bus(settings)
+    await bus.start()
+    service = build_service(settings, bus, backend, sinks_from_settings(settings))
+    if settings.trainer_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.trainer_metrics_port, registry=service.metrics.registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    log.info(
+        "trainer_started",
+        version=backend.version,
+        mode=settings.trainer_mode,
+        root=str(settings.trainer_root),
+    )
+    runner = asyncio.create_task(service.run(max_steps))
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        service.request_stop()
+        await runner  # the step in progress finishes before the final checkpoint
+    finally:
+        stopper.cancel()
+        await service.stop()
+        await bus.stop()
+
+
+def main() -> None:
+    settings = TrainerSettings()
+    configure_logging(settings.log_level, settings.log_json)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Training backends: the :class:`~trainer.backends.base.Backend` protocol and its implementations."""

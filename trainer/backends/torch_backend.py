@@ -1,0 +1,236 @@
+"""The embedded backend: a Hugging Face causal LM trained with Adam on the CPU (or one GPU).
+
+Rows are ``prompt + response`` right-padded; the model predicts every next token and the loss reads
+only the response positions, weighted per token by :mod:`trainer.batching`. Rows are packed into
+microbatches of at most ``token_budget`` padded tokens (sorted by length so padding stays small) and
+gradients accumulate across them, so one optimiser step sees the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from trainer.backends.base import BackendError
+from trainer.batching import Sample, TrainBatch
+from trainer.config import AlgorithmConfig
+from trainer.loss import gather_logprobs, policy_loss, sft_loss
+
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class _Rows:
+    """One microbatch as tensors aligned to the shifted sequence (position t predicts token t+1)."""
+
+    def __init__(self, samples: Sequence[Sample], pad_id: int, device: torch.device) -> None:
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        width = max(lengths)
+        n = len(samples)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        shape = (n, width - 1)
+        self.weights = torch.zeros(shape)
+        self.adv = torch.zeros(shape)
+        self.behaviour = torch.zeros(shape)
+        for r, s in enumerate(samples):
+            seq = s.prompt_ids + s.response_ids
+            ids[r, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attn[r, : len(seq)] = 1
+            start = len(s.prompt_ids) - 1  # logits at start predict the first response token
+            end = start + len(s.response_ids)
+            mask = torch.tensor(s.response_mask, dtype=torch.float32)
+            self.weights[r, start:end] = mask * s.token_weight
+            self.adv[r, start:end] = s.advantage
+            self.behaviour[r, start:end] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32) * mask
+        self.ids = ids.to(device)
+        self.attn = attn.to(device)
+        self.targets = ids[:, 1:].to(device)
+        self.weights = self.weights.to(device)
+        self.adv = self.adv.to(device)
+        self.behaviour = self.behaviour.to(device)
+        self.padded_tokens = n * width
+        self.real_tokens = sum(lengths)
+
+
+class TorchBackend:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: AlgorithmConfig,
+        *,
+        version: int = 0,
+        pad_id: int = 0,
+        device: str | torch.device = "cpu",
+        vocab_size: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.train()
+        self.pad_id = pad_id
+        self._version = version
+        config = getattr(model, "config", None)
+        self._vocab_size = vocab_size or getattr(config, "vocab_size", None)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        self.reference: torch.nn.Module | None = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int | None:
+        return int(self._vocab_size) if self._vocab_size is not None else None
+
+    # ------------------------------------------------------------------ batching
+    def _microbatches(self, samples: Sequence[Sample]) -> list[_Rows]:
+        ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.response_ids))
+        out: list[_Rows] = []
+        current: list[Sample] = []
+        width = 0
+        for s in ordered:
+            length = len(s.prompt_ids) + len(s.response_ids)
+            if current and (len(current) + 1) * max(width, length) > self.cfg.token_budget:
+                out.append(_Rows(current, self.pad_id, self.device))
+                current, width = [], 0
+            current.append(s)
+            width = max(width, length)
+        if current:
+            out.append(_Rows(current, self.pad_id, self.device))
+        return out
+
+    def _logprobs(self, model: torch.nn.Module, rows: _Rows) -> torch.Tensor:
+        logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
+        return gather_logprobs(logits, rows.targets)
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if not batch.samples:
+            raise BackendError("empty batch")
+        t0 = time.perf_counter()
+        mbs = self._microbatches(batch.samples)
+        olds: list[torch.Tensor | None] = [None] * len(mbs)
+        refs: list[torch.Tensor | None] = [None] * len(mbs)
+        with torch.no_grad():
+            for i, rows in enumerate(mbs):
+                if self.cfg.ppo_epochs > 1:
+                    olds[i] = self._logprobs(self.model, rows)
+                if self.reference is not None:
+                    refs[i] = self._logprobs(self.reference, rows)
+        totals = {"clipped": 0.0, "kl": 0.0, "tis": 0.0, "tis_capped": 0.0, "ratio": 0.0, "tokens": 0.0}
+        loss_sum = 0.0
+        grad_norm = 0.0
+        for _ in range(self.cfg.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, rows in enumerate(mbs):
+                logp = self._logprobs(self.model, rows)
+                old = olds[i] if olds[i] is not None else logp.detach()
+                assert old is not None
+                parts = policy_loss(logp, old, rows.behaviour, rows.adv, rows.weights, self.cfg, refs[i])
+                parts.loss.backward()  # type: ignore[no-untyped-call]
+                loss_sum += parts.loss.item()
+                totals["clipped"] += parts.clipped_tokens
+                totals["kl"] += parts.kl_sum
+                totals["tis"] += parts.tis_sum
+                totals["tis_capped"] += parts.tis_capped_tokens
+                totals["ratio"] += parts.ratio_sum
+                totals["tokens"] += parts.tokens
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+            self.optimizer.step()
+        self._version += 1
+        seconds = time.perf_counter() - t0
+        n = max(1.0, totals["tokens"])
+        real = sum(r.real_tokens for r in mbs) * self.cfg.ppo_epochs
+        return {
+            "loss": loss_sum / self.cfg.ppo_epochs,
+            "clip_fraction": totals["clipped"] / n,
+            "kl": totals["kl"] / n,
+            "tis_mean": totals["tis"] / n,
+            "tis_capped_fraction": totals["tis_capped"] / n,
+            "ratio_mean": totals["ratio"] / n,
+            "grad_norm": grad_norm,
+            "response_tokens": totals["tokens"] / self.cfg.ppo_epochs,
+            "train_seconds": seconds,
+            "train_tokens_per_s": real / seconds if seconds > 0 else 0.0,
+            "microbatches": float(len(mbs)),
+        }
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        if not samples:
+            raise BackendError("empty SFT batch")
+        t0 = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.sft_learning_rate
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        real = 0
+        try:
+            for rows in self._microbatches(samples):
+                loss = sft_loss(self._logprobs(self.model, rows), rows.weights)
+                loss.backward()  # type: ignore[no-untyped-call]
+                total += loss.item()
+                real += rows.real_tokens
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+            self.optimizer.step()
+        finally:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.learning_rate
+        self._version += 1
+        seconds = time.perf_counter() - t0
+        return {
+            "sft_loss": total,
+            "grad_norm": grad_norm,
+            "train_seconds": seconds,
+            "train_tokens_per_s": real / seconds if seconds > 0 else 0.0,
+        }
+
+    @torch.no_grad()
+    def sequence_logprobs(self, samples: Sequence[Sample]) -> list[float]:
+        """Sum of response-token logprobs per sample, in order (evaluation and tests)."""
+        self.model.eval()
+        try:
+            out: list[float] = []
+            for s in samples:
+                rows = _Rows([s], self.pad_id, self.device)
+                logp = self._logprobs(self.model, rows)
+                out.append(float((logp * (rows.weights > 0).float()).sum()))
+            return out
+        finally:
+            self.model.train()
+
+    # ------------------------------------------------------------------ weights
+    def state_dict(self) -> Mapping[str, Any]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def export_weights(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / WEIGHTS_FILE
+        save_model(self.model, str(path))
+        return path
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self.export_weights(directory)
+        torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+
+    def load_checkpoint(self, directory: Path, version: int) -> None:
+        try:
+            load_model(self.model, str(directory / WEIGHTS_FILE), device=str(self.device))
+            opt = directory / OPTIMIZER_FILE
+            if opt.exists():
+                self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=True))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise BackendError(f"cannot load checkpoint {directory}: {exc}") from exc
+        self._version = version

@@ -1,0 +1,179 @@
+"""From groups of scored episodes to a training batch: advantages, staleness, per-token weights.
+
+Per-episode normalisation (DESIGN.md, credit assignment): every response token of an episode gets the
+weight ``1 / (episodes_in_batch × response_tokens_of_episode)``, so the loss is a token mean within an
+episode and a plain mean across episodes — an episode with five calls weighs as much as one with one.
+Stale transitions are dropped or down-weighted here (``AlgorithmConfig.stale_policy``), so the backend
+only sees what it should train on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from schemas import EpisodeScored, EpisodeSource, EpisodeStatus
+from trainer.advantages import group_advantages, has_variance
+from trainer.config import AlgorithmConfig
+from trainer.groups import Group
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One transition as the backend trains on it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+    token_weight: float  # multiplies every response token's loss (normalisation × staleness)
+    episode_id: str
+    weight_version: int = 0
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.response_mask)
+
+
+@dataclass
+class BatchStats:
+    groups: int = 0
+    groups_zero_variance: int = 0
+    groups_partial: int = 0
+    episodes: int = 0
+    episodes_trained: int = 0
+    transitions: int = 0
+    reward_mean: float = 0.0
+    success_rate: float = 0.0
+    transitions_per_episode: float = 0.0
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    replay_episodes: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "groups": float(self.groups),
+            "groups_zero_variance": float(self.groups_zero_variance),
+            "groups_partial": float(self.groups_partial),
+            "episodes": float(self.episodes),
+            "episodes_trained": float(self.episodes_trained),
+            "transitions": float(self.transitions),
+            "reward": self.reward_mean,
+            "success": self.success_rate,
+            "transitions_per_episode": self.transitions_per_episode,
+            "staleness_mean": self.staleness_mean,
+            "staleness_max": float(self.staleness_max),
+            "replay_episodes": float(self.replay_episodes),
+        }
+
+
+@dataclass
+class TrainBatch:
+    samples: list[Sample]
+    stats: BatchStats
+    group_ids: list[str]
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(s.response_tokens for s in self.samples)
+
+
+def _is_success(e: EpisodeScored, threshold: float) -> bool:
+    return e.status == EpisodeStatus.ok and e.reward is not None and e.reward >= threshold
+
+
+def build_batch(
+    groups: Sequence[Group],
+    cfg: AlgorithmConfig,
+    current_version: int,
+    *,
+    success_threshold: float = 1.0,
+) -> TrainBatch:
+    """Advantages per group, staleness per transition, per-episode token weights."""
+    stats = BatchStats(groups=len(groups))
+    episodes_all = [e for g in groups for e in g.episodes()]
+    rewarded = [e for e in episodes_all if e.reward is not None]
+    stats.episodes = len(episodes_all)
+    if rewarded:
+        stats.reward_mean = sum(e.reward or 0.0 for e in rewarded) / len(rewarded)
+        stats.success_rate = sum(_is_success(e, success_threshold) for e in rewarded) / len(rewarded)
+    with_calls = [e for e in episodes_all if e.transitions]
+    if with_calls:
+        stats.transitions_per_episode = sum(len(e.transitions) for e in with_calls) / len(with_calls)
+
+    # (episode, advantage, [(transition, staleness factor, lag)])
+    chosen: list[tuple[EpisodeScored, float, list[tuple[int, float, int]]]] = []
+    lags: list[int] = []
+    for group in groups:
+        stats.groups_partial += int(group.expired)
+        members = [e for e in group.episodes() if e.reward is not None]
+        rewards = [float(e.reward or 0.0) for e in members]
+        if not has_variance(rewards):
+            stats.groups_zero_variance += 1
+            continue
+        advs = group_advantages(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
+        for episode, adv in zip(members, advs, strict=True):
+            kept: list[tuple[int, float, int]] = []
+            for i, t in enumerate(episode.transitions):
+                lag = max(0, current_version - t.weight_version)
+                lags.append(lag)
+                factor = 1.0
+                if lag > cfg.max_staleness:
+                    if cfg.stale_policy == "drop":
+                        stats.skipped["stale_transition"] += 1
+                        continue
+                    factor = cfg.stale_decay ** (lag - cfg.max_staleness)
+                kept.append((i, factor, lag))
+            if kept:
+                chosen.append((episode, adv, kept))
+            elif episode.transitions:
+                stats.skipped["stale_episode"] += 1
+
+    samples: list[Sample] = []
+    n_eps = len(chosen)
+    for episode, adv, kept in chosen:
+        stats.replay_episodes += int(episode.source == EpisodeSource.replay)
+        tokens = sum(sum(episode.transitions[i].response_mask) for i, _, _ in kept)
+        for i, factor, _ in kept:
+            t = episode.transitions[i]
+            samples.append(
+                Sample(
+                    prompt_ids=list(t.prompt_ids),
+                    response_ids=list(t.response_ids),
+                    response_mask=list(t.response_mask),
+                    behaviour_logprobs=list(t.behaviour_logprobs),
+                    advantage=adv,
+                    token_weight=factor / (n_eps * tokens),
+                    episode_id=episode.episode_id,
+                    weight_version=t.weight_version,
+                )
+            )
+    stats.episodes_trained = n_eps
+    stats.transitions = len(samples)
+    if lags:
+        stats.staleness_mean = sum(lags) / len(lags)
+        stats.staleness_max = max(lags)
+    return TrainBatch(samples=samples, stats=stats, group_ids=[g.group_id for g in groups])
+
+
+def sft_samples(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> list[Sample]:
+    """SFT rows from (prompt_ids, response_ids) pairs, each pair weighing like one episode."""
+    n = len(pairs)
+    return [
+        Sample(
+            prompt_ids=list(p),
+            response_ids=list(r),
+            response_mask=[1] * len(r),
+            behaviour_logprobs=[0.0] * len(r),
+            advantage=0.0,
+            token_weight=1.0 / (n * max(1, len(r))),
+            episode_id=f"sft-{i}",
+        )
+        for i, (p, r) in enumerate(pairs)
+        if len(r) > 0
+    ]

@@ -1,0 +1,184 @@
+"""Intake: ``EpisodeScored`` events in, complete (or expired) GRPO groups out.
+
+Rules, in the order they apply to an arriving event:
+
+- the same ``event_id`` twice is a duplicate (``duplicate_event``);
+- an episode of a group that was already trained or dropped is skipped (``group_consumed``) — this is
+  what keeps a restarted trainer from training twice on redelivered events;
+- ``mode=val`` episodes are not training data (``not_train``);
+- malformed transitions (lengths disagree, empty response, ids outside the vocabulary, non-finite
+  logprobs) are skipped whole (``malformed:<what>``);
+- an episode marked ``superseded`` leaves its group (``superseded``): another episode replaces it;
+- a re-scored episode (same ``episode_id``) replaces the earlier score;
+- a retry (``attempt > 0``) replaces the earlier attempt of the same group member — same ``task_id``
+  and ``sample_index``, lower ``attempt`` (``superseded_attempt``) — so each member counts once, with
+  its latest attempt; a late earlier attempt after a retry is skipped (``older_attempt``).
+
+Episodes without usable transitions still count toward completing their group, and their reward still
+enters the group baseline; they just contribute no tokens. A group is ready when it has
+``group_size`` members, or when ``group_timeout_s`` has passed since its first episode: then it is
+trained on partially (``partial="train"``, with at least ``min_partial`` rewarded members) or dropped.
+Nothing here raises on bad data: every skip is counted by reason in :attr:`Intake.skipped`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from schemas import EpisodeScored, Mode
+
+
+@dataclass
+class Group:
+    group_id: str
+    group_size: int
+    first_seen: float
+    members: dict[str, EpisodeScored] = field(default_factory=dict)  # episode_id -> latest score
+    expired: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) >= self.group_size
+
+    def episodes(self) -> list[EpisodeScored]:
+        return list(self.members.values())
+
+
+def malformed_reason(event: EpisodeScored, vocab_size: int | None = None) -> str | None:
+    """Why ``event``'s transitions cannot be trained on, or None when they can."""
+    for t in event.transitions:
+        n = len(t.response_ids)
+        if n == 0:
+            return "malformed:empty_response"
+        if len(t.response_mask) != n:
+            return "malformed:mask_length"
+        if len(t.behaviour_logprobs) != n:
+            return "malformed:logprobs_length"
+        if any(m not in (0, 1) for m in t.response_mask):
+            return "malformed:mask_values"
+        if not any(t.response_mask):
+            return "malformed:empty_mask"
+        if any(not math.isfinite(lp) or lp > 1e-4 for lp in t.behaviour_logprobs):
+            return "malformed:logprobs_values"
+        if vocab_size is not None and any(i < 0 or i >= vocab_size for i in (*t.prompt_ids, *t.response_ids)):
+            return "malformed:token_out_of_vocab"
+    return None
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        group_timeout_s: float = 600.0,
+        partial: Literal["train", "drop"] = "train",
+        min_partial: int = 2,
+        vocab_size: int | None = None,
+        consumed: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        seen_capacity: int = 200_000,
+    ) -> None:
+        self.group_timeout_s = group_timeout_s
+        self.partial = partial
+        self.min_partial = min_partial
+        self.vocab_size = vocab_size
+        self.consumed: set[str] = set(consumed)
+        self.skipped: Counter[str] = Counter()
+        self.dropped_groups: Counter[str] = Counter()
+        self._clock = clock
+        self._groups: dict[str, Group] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen_capacity = seen_capacity
+
+    # ------------------------------------------------------------------ intake
+    def add(self, event: EpisodeScored) -> str | None:
+        """Buffer one event; returns the skip reason, or None when it was taken."""
+        if event.event_id in self._seen:
+            return self._skip("duplicate_event")
+        self._remember(event.event_id)
+        if event.group_id in self.consumed:
+            return self._skip("group_consumed")
+        if event.mode != Mode.train:
+            return self._skip("not_train")
+        reason = malformed_reason(event, self.vocab_size)
+        if reason is not None:
+            return self._skip(reason)
+        group = self._groups.get(event.group_id)
+        if event.superseded:
+            if group is not None:
+                group.members.pop(event.episode_id, None)
+            return self._skip("superseded")
+        if group is None:
+            group = Group(event.group_id, event.group_size, self._clock())
+            self._groups[event.group_id] = group
+        group.group_size = max(group.group_size, event.group_size)
+        if event.episode_id not in group.members:
+            same_member = [
+                e
+                for e in group.members.values()
+                if e.task_id == event.task_id
+                and e.sample_index == event.sample_index
+                and e.attempt != event.attempt
+            ]
+            if any(e.attempt > event.attempt for e in same_member):
+                return self._skip("older_attempt")
+            for old in same_member:
+                del group.members[old.episode_id]
+                self.skipped["superseded_attempt"] += 1
+        group.members[event.episode_id] = event
+        return None
+
+    def _skip(self, reason: str) -> str:
+        self.skipped[reason] += 1
+        return reason
+
+    def _remember(self, event_id: str) -> None:
+        self._seen[event_id] = None
+        if len(self._seen) > self._seen_capacity:
+            self._seen.popitem(last=False)
+
+    # ------------------------------------------------------------------ output
+    def ready(self) -> list[Group]:
+        """Pop every complete group and every group past its deadline (kept or dropped by policy)."""
+        now = self._clock()
+        out: list[Group] = []
+        for gid in list(self._groups):
+            group = self._groups[gid]
+            if group.complete:
+                out.append(self._pop(gid))
+            elif now - group.first_seen >= self.group_timeout_s:
+                group = self._pop(gid)
+                rewarded = sum(1 for e in group.episodes() if e.reward is not None)
+                if self.partial == "train" and rewarded >= self.min_partial:
+                    group.expired = True
+                    out.append(group)
+                else:
+                    self.dropped_groups["deadline"] += 1
+        return out
+
+    def _pop(self, gid: str) -> Group:
+        self.consumed.add(gid)
+        return self._groups.pop(gid)
+
+    def mark_consumed(self, group_ids: Iterable[str]) -> None:
+        for gid in group_ids:
+            self.consumed.add(gid)
+            self._groups.pop(gid, None)
+
+    @property
+    def pending_groups(self) -> int:
+        return len(self._groups)
+
+    def pending_events(self) -> list[EpisodeScored]:
+        return [e for g in self._groups.values() for e in g.members.values()]
+
+    def next_deadline_in(self) -> float | None:
+        """Seconds until the oldest pending group expires (None when nothing is pending)."""
+        if not self._groups:
+            return None
+        oldest = min(g.first_seen for g in self._groups.values())
+        return max(0.0, oldest + self.group_timeout_s - self._clock())

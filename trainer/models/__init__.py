@@ -1,0 +1,1 @@
+"""Small models built locally from configs (no model hub)."""

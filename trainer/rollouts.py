@@ -1,0 +1,80 @@
+"""Optional: the trainer asks for its own rollouts, keeping a bounded number of groups in flight.
+
+When the trainer is given tasks, it publishes ``RolloutRequested`` × ``group_size`` per group itself
+(DESIGN.md flow 1) and so controls how far generation may run ahead of training: in sync mode it asks
+for ``B`` groups and waits for them; in async mode it keeps up to ``K`` groups in flight while it trains,
+which is what bounds staleness at the source (the staleness rule in :mod:`trainer.batching` is the
+backstop). Without tasks the trainer trains on whatever ``EpisodeScored`` arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from infra.bus.base import Bus
+from schemas import AgentRef, Mode, RolloutRequested, Task, new_group_id, tasks_topic
+
+
+class RolloutPlanner:
+    def __init__(
+        self,
+        bus: Bus,
+        tasks: Iterator[Task],
+        agent: AgentRef,
+        *,
+        group_size: int,
+        model: str = "policy",
+        pool: str | None = None,
+        deadline_s: float = 300.0,
+        max_attempts: int = 1,
+    ) -> None:
+        self.bus = bus
+        self.tasks = tasks
+        self.agent = agent
+        self.group_size = group_size
+        self.model = model
+        self.pool = pool
+        self.deadline_s = deadline_s
+        self.max_attempts = max_attempts
+        self.in_flight: dict[str, int] = {}  # group_id -> weight version when requested
+        self.exhausted = False
+
+    async def submit(self, version: int) -> str | None:
+        """Request one group of the next task; None when the task iterator is exhausted."""
+        try:
+            task = next(self.tasks)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        group_id = new_group_id()
+        for i in range(self.group_size):
+            await self.bus.publish(
+                tasks_topic(self.pool),
+                RolloutRequested(
+                    task=task,
+                    agent=self.agent,
+                    group_id=group_id,
+                    group_size=self.group_size,
+                    sample_index=i,
+                    max_attempts=self.max_attempts,
+                    mode=Mode.train,
+                    model=self.model,
+                    deadline_s=self.deadline_s,
+                    pool=self.pool,
+                    producer="trainer",
+                ),
+            )
+        self.in_flight[group_id] = version
+        return group_id
+
+    async def top_up(self, limit: int, version: int) -> int:
+        """Submit groups until ``limit`` are in flight; returns how many were submitted."""
+        n = 0
+        while len(self.in_flight) < limit and not self.exhausted:
+            if await self.submit(version) is None:
+                break
+            n += 1
+        return n
+
+    def finished(self, group_id: str) -> None:
+        self.in_flight.pop(group_id, None)

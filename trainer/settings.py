@@ -1,0 +1,49 @@
+"""The trainer's settings: ``FLYWHEEL_TRAINER_*`` environment variables, built in ``main()``.
+
+The algorithm's knobs live in one nested object, ``FLYWHEEL_TRAINER_ALGO__<FIELD>`` (for example
+``FLYWHEEL_TRAINER_ALGO__LEARNING_RATE=1e-4``); see :class:`trainer.config.AlgorithmConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from infra.settings import FlywheelSettings
+from trainer.config import AlgorithmConfig
+
+
+class TrainerSettings(FlywheelSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
+
+    trainer_dir: Path | None = None  # default: <data_dir>/trainer
+    trainer_base_model: Path | None = None  # a Hugging Face model directory (config.json + weights)
+    trainer_mode: Literal["sync", "async"] = "async"
+    trainer_batch_groups: int = Field(default=8, ge=1)
+    trainer_max_in_flight: int = Field(default=16, ge=1)
+    trainer_batch_timeout_s: float | None = None
+    trainer_group_timeout_s: float = Field(default=600.0, gt=0)
+    trainer_partial_groups: Literal["train", "drop"] = "train"
+    trainer_min_partial: int = Field(default=2, ge=2)
+    trainer_sync_every: int = Field(default=1, ge=1)
+    trainer_checkpoint_every: int = Field(default=10, ge=1)
+    trainer_keep_checkpoints: int = Field(default=3, ge=1)
+    trainer_expected_gateways: int = Field(default=1, ge=0)
+    trainer_drain_timeout_s: float = Field(default=30.0, gt=0)
+    trainer_engine_url: str = ""  # an engine to load weights into over HTTP (empty: none)
+    trainer_engine_kind: Literal["flywheel", "vllm"] = "flywheel"
+    trainer_success_threshold: float = 1.0
+    trainer_tracker: Literal["none", "tensorboard", "wandb"] = "none"
+    trainer_device: str = "cpu"
+    trainer_torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
+    trainer_metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics (0: off)
+    trainer_algo: AlgorithmConfig = AlgorithmConfig()
+
+    @property
+    def trainer_root(self) -> Path:
+        return self.trainer_dir or self.data_dir / "trainer"
