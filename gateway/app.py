@@ -37,6 +37,7 @@ log = get_logger("gateway.app")
 
 
 def default_keystore(settings: GatewaySettings) -> KeyStore:
+    """Where ``flywheel keys`` keeps the hashed keys: ``<data_dir>/gateway/keys.json``."""
     return KeyStore(settings.data_dir / "gateway" / "keys.json")
 
 

@@ -81,6 +81,7 @@ class RewardService:
         group_timeout_s: float = 600.0,
         sweep_interval_s: float = 1.0,
         max_batch: int = 500,
+        batch_wait_s: float = 0.05,
         producer: str = "reward-service",
     ) -> None:
         self.bus = bus
@@ -93,6 +94,7 @@ class RewardService:
         self.group_timeout_s = group_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
         self.producer = producer
         self.stats = RewardStats()
         self.waiting_groups: dict[str, float] = {}  # rank-mode group → first finish (monotonic)

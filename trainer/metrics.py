@@ -112,6 +112,6 @@ class TrainerMetrics:
             gauge = self._gauges.get(name)
             if gauge is None:
                 safe = "".join(c if c.isalnum() else "_" for c in name)
-                gauge = Gauge(f"flywheel_trainer_{safe}", f"last step's {name}", registry=self.registry)
+                gauge = Gauge(f"flywheel_trainer_step_{safe}", f"last step's {name}", registry=self.registry)
                 self._gauges[name] = gauge
             gauge.set(value)

@@ -29,6 +29,25 @@ def _register() -> None:
 
     version_cmd.register(app)
     kafka_cmd.register(app)
+    from infra.cli import eventlog_cmd
+
+    eventlog_cmd.register(app)
+    from infra.cli import engine_cmd
+
+    engine_cmd.register(app)
+    from infra.cli import gateway_cmd
+
+    gateway_cmd.register(app)
+    from infra.cli import worker_cmd
+
+    worker_cmd.register(app)
+    from infra.cli import episodes_cmd
+
+    episodes_cmd.register(app)
+    from infra.cli import ops_cmd, replay_cmd
+
+    ops_cmd.register(app)
+    replay_cmd.register(app)
 
 
 _register()

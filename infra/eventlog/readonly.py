@@ -81,9 +81,11 @@ def check_read_only(sql: str) -> str:
         if kind != "word":
             continue
         upper = text.upper()
-        if upper in _WRITE_WORDS:
+        prev = tokens[i - 1][1] if i > 0 else ""
+        qualified = prev == "." or (i + 1 < len(tokens) and tokens[i + 1][1] == ".")  # system.parts, t.set
+        if upper in _WRITE_WORDS and not qualified:
             raise ReadOnlyQueryError(f"{upper} is not allowed in a read-only query")
         nxt = tokens[i + 1][1] if i + 1 < len(tokens) else ""
         if nxt == "(" and text.lower() in _OUTSIDE_FUNCTIONS:
             raise ReadOnlyQueryError(f"table function {text}() is not allowed in a read-only query")
-    return sql[: tokens[-1][2]]
+    return sql[: tokens[-1][2]].strip()

@@ -97,7 +97,7 @@ class GatewayHarness:
                 kind=kind,
                 logprobs_mode=LogprobsMode.processed,
                 timeout_s=self.settings.upstream_timeout_s,
-                transport=httpx.ASGITransport(app=self.fake),
+                transport=httpx.ASGITransport(app=self.fake, raise_app_exceptions=False),
             )
             for i in range(replicas)
         ]
@@ -135,3 +135,78 @@ class GatewayHarness:
     async def wait_open(self, episode_id: str) -> None:
         """Returns once the gateway has seen the episode open (its registry waits on the event)."""
         await self.gateway.episodes.training(episode_id)
+
+
+class BackgroundGateway:
+    """A harness served by uvicorn on a loopback port from its own thread and event loop.
+
+    For clients that block (the sync ``openai`` SDK, ``requests``-based schemathesis). The gateway, the
+    bus and the fake upstream all live in the background loop; ``run(coro)`` executes there.
+
+        with BackgroundGateway(tmp_path) as g:
+            base = g.episode_url(g.open_episode())
+    """
+
+    def __init__(self, data_dir: Path, **harness: Any) -> None:
+        import threading
+
+        self._harness_kwargs = harness
+        self._data_dir = data_dir
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gateway-loop", daemon=True)
+        self.url = ""
+        self.harness: GatewayHarness | None = None
+        self._server: Any = None
+
+    def run(self, coro: Any, within_s: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(within_s)
+
+    def __enter__(self) -> BackgroundGateway:
+        from gateway.server import GatewayServer
+
+        self._thread.start()
+
+        async def _up() -> str:
+            self.harness = GatewayHarness(self._data_dir, **self._harness_kwargs)
+            await self.harness.__aenter__()
+            self._server = GatewayServer(self.harness.app, port=0)
+            return await self._server.start()
+
+        self.url = self.run(_up())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def _down() -> None:
+            await self._server.stop()
+            assert self.harness is not None
+            await self.harness.__aexit__()
+
+        try:
+            self.run(_down())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    @property
+    def h(self) -> GatewayHarness:
+        assert self.harness is not None
+        return self.harness
+
+    def open_episode(self) -> str:
+        return str(self.run(self.h.open_episode()))
+
+    def episode_url(self, episode_id: str) -> str:
+        return f"{self.url}/episodes/{episode_id}/v1"
+
+    def calls(self, episode_id: str, count: int, within_s: float = 10.0) -> list[Any]:
+        """The episode's recorded calls (waits until ``count`` arrived), in call order."""
+        from schemas import LLMCallRecorded
+
+        got = self.run(
+            self.h.events.wait_for(
+                lambda e: isinstance(e, LLMCallRecorded) and e.episode_id == episode_id, within_s, count
+            ),
+            within_s + 5,
+        )
+        return sorted(got, key=lambda c: c.call_seq)

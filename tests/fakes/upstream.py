@@ -156,6 +156,11 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
 
+    @app.exception_handler(Exception)
+    async def _bad_request(_: Request, exc: Exception) -> JSONResponse:
+        # a real engine answers odd-but-valid JSON with 400, never 500
+        return JSONResponse({"error": {"message": f"bad request: {exc}", "type": "BadRequestError"}}, 400)
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Response | dict[str, Any]:
         body = json.loads(await request.body())
@@ -166,6 +171,7 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
         n = int(body.get("n") or 1)
         k = int(body.get("top_logprobs") or 0)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        limit = int(limit) if limit is not None else None
         want_ids = bool(body.get("return_token_ids"))
         want_lp = bool(body.get("logprobs"))
         want_wv = bool(body.get("return_weight_versions"))
@@ -222,7 +228,7 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
         )
         n = int(body.get("n") or 1)
         k = body.get("logprobs")
-        limit = body.get("max_tokens")
+        limit = int(body["max_tokens"]) if body.get("max_tokens") is not None else None
         want_ids = bool(body.get("return_token_ids"))
         plans = plan(body, None, n)
         cid, created = f"cmpl-fake{len(cfg.requests)}", int(time.time())
@@ -421,3 +427,38 @@ async def _completion_stream(
             yield _sse({**head, "choices": [c]})
         yield _sse({**head, "choices": [{"index": i, "text": "", "finish_reason": finish, "logprobs": None}]})
     yield b"data: [DONE]\n\n"
+
+
+class BackgroundUpstream:
+    """The fake served by uvicorn on a loopback port from its own thread (for subprocess clients).
+
+    with BackgroundUpstream(FakeUpstreamConfig()) as up:
+        up.url  # "http://127.0.0.1:PORT/v1"
+    """
+
+    def __init__(self, cfg: FakeUpstreamConfig | None = None) -> None:
+        import threading
+
+        self.config = cfg or FakeUpstreamConfig()
+        self.app = create_fake_upstream(self.config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fake-upstream", daemon=True)
+        self._server: Any = None
+        self.url = ""
+
+    def __enter__(self) -> BackgroundUpstream:
+        from gateway.server import GatewayServer
+
+        self._thread.start()
+        self._server = GatewayServer(self.app, port=0)
+        root = asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(30)
+        self.url = f"{root}/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()

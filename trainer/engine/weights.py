@@ -65,14 +65,18 @@ def check_state_dict(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> d
         raise WeightLoadError(f"unexpected tensors not in the model: {', '.join(unknown[:5])}")
     missing = sorted(set(params) - set(tensors))
     if missing:
-        raise WeightLoadError(f"missing tensors: {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else ""))
+        raise WeightLoadError(
+            f"missing tensors: {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else "")
+        )
     plan: dict[str, torch.Tensor] = {}
     for name, param in params.items():
         value = tensors[name]
         if not isinstance(value, torch.Tensor):
             raise WeightLoadError(f"{name} is not a tensor")
         if tuple(value.shape) != tuple(param.shape):
-            raise WeightLoadError(f"{name} has shape {tuple(value.shape)}, the model needs {tuple(param.shape)}")
+            raise WeightLoadError(
+                f"{name} has shape {tuple(value.shape)}, the model needs {tuple(param.shape)}"
+            )
         if not value.is_floating_point():
             raise WeightLoadError(f"{name} has dtype {value.dtype}, expected floating point")
         if not bool(torch.isfinite(value).all()):

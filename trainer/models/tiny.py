@@ -148,8 +148,12 @@ def build_model(
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     if hidden % heads or heads % kv_heads:
-        raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})")
-    eos_ids = [i for i in (tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT))]
+        raise ValueError(
+            f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
+        )
+    eos_ids = [
+        i for i in (tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT))
+    ]
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -236,5 +240,7 @@ def build_tiny(
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
-    info_path.write_text(json.dumps({"config_hash": key, "settings": settings, "parameters": n_params}, indent=2))
+    info_path.write_text(
+        json.dumps({"config_hash": key, "settings": settings, "parameters": n_params}, indent=2)
+    )
     return out

@@ -27,7 +27,9 @@ class Events:
             self._cond.notify_all()
 
     def of(self, kind: type[Any], **match: Any) -> list[Any]:
-        return [e for e in self.items if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())]
+        return [
+            e for e in self.items if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())
+        ]
 
     async def wait(self, pred: Callable[[Any], bool], count: int = 1, within_s: float = 10.0) -> list[Any]:
         async def _wait() -> list[Any]:
@@ -40,9 +42,13 @@ class Events:
 
         return await asyncio.wait_for(_wait(), within_s)
 
-    async def wait_for(self, kind: type[Any], count: int = 1, within_s: float = 10.0, **match: Any) -> list[Any]:
+    async def wait_for(
+        self, kind: type[Any], count: int = 1, within_s: float = 10.0, **match: Any
+    ) -> list[Any]:
         return await self.wait(
-            lambda e: isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()), count, within_s
+            lambda e: isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()),
+            count,
+            within_s,
         )
 
     async def stop(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import JsonValue
 
 from rollout_worker.callable_runner import CallableRunner, load_callable
 from rollout_worker.command_runner import CommandRunner, command_argv
@@ -20,7 +22,7 @@ from schemas import AgentKind, AgentRef, EpisodeStatus
 AGENTS = "examples/agents_for_tests"
 
 
-def make_run(kind: AgentKind, spec: str, deadline_s: float = 10.0, task_input: object = None) -> AgentRun:
+def make_run(kind: AgentKind, spec: str, deadline_s: float = 10.0, task_input: JsonValue = None) -> AgentRun:
     ep = "ab" * 16
     return AgentRun(
         episode_id=ep,
@@ -73,31 +75,39 @@ async def test_crashing_agent_is_an_error_with_stderr_tail() -> None:
     assert "exit code 3" in result.error and "broke on purpose" in result.error
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] == "Z"
+
+
 @pytest.mark.timeout(20)
 async def test_hanging_agent_is_killed_with_its_whole_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     runner = CommandRunner(kill_grace_s=0.5)
     t0 = time.monotonic()
-    result = await runner.run(make_run(AgentKind.command, f"python {AGENTS}/hanging_agent.py {pid_file}", 1.5))
+    result = await runner.run(
+        make_run(AgentKind.command, f"python {AGENTS}/hanging_agent.py {pid_file}", 1.5)
+    )
     assert result.status is EpisodeStatus.timeout
     assert time.monotonic() - t0 < 6
     child = int(pid_file.read_text())
     for _ in range(50):  # the child is reaped by init shortly after SIGKILL
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+        if _gone(child):
             break
-        with open(f"/proc/{child}/stat") as fh:
-            if fh.read().split()[2] == "Z":
-                break
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     else:
         pytest.fail("the agent's child process survived the deadline")
 
 
 @pytest.mark.timeout(20)
 async def test_garbage_agent_is_recorded_and_memory_bounded() -> None:
-    result = await CommandRunner(tail_chars=1000).run(make_run(AgentKind.command, f"python {AGENTS}/garbage_agent.py"))
+    result = await CommandRunner(tail_chars=1000).run(
+        make_run(AgentKind.command, f"python {AGENTS}/garbage_agent.py")
+    )
     assert result.status is EpisodeStatus.ok
     assert result.reward is None or isinstance(result.reward, float)
 

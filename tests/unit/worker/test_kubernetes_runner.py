@@ -122,7 +122,14 @@ async def test_job_succeeds_and_log_result_is_read(template_path: str) -> None:
 
 @pytest.mark.timeout(10)
 async def test_job_failure_and_deadline_exceeded(template_path: str) -> None:
-    failed = FakeBatch([{"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}])
+    failed = FakeBatch(
+        [
+            {
+                "failed": 1,
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}],
+            }
+        ]
+    )
     runner = KubernetesRunner(namespace="agents", poll_s=0.01, batch_api=failed, core_api=FakeCore("boom"))
     result = await runner.run(make_run(template_path))
     assert result.status is EpisodeStatus.error and "boom" in (result.error or "")

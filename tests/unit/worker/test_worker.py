@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -30,13 +31,13 @@ from tests.unit.worker.collect import Events
 MOD = "examples.agents_for_tests.async_callables"
 
 
-def request(fn: str, *, task_id: str = "t1", group: str = "g1", idx: int = 0, **kw: object) -> RolloutRequested:
+def request(fn: str, *, task_id: str = "t1", group: str = "g1", idx: int = 0, **kw: Any) -> RolloutRequested:
     return RolloutRequested(
-        task=Task(task_id=task_id, input=kw.pop("input", None)),  # type: ignore[arg-type]
+        task=Task(task_id=task_id, input=kw.pop("input", None)),
         agent=AgentRef(kind=AgentKind.callable, spec=f"{MOD}:{fn}"),
         group_id=group,
         sample_index=idx,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

@@ -1,0 +1,365 @@
+"""``flywheel replay``, ``flywheel export`` and ``flywheel stats``: the event log put back to work.
+
+Reads go through :func:`infra.eventlog.client.open_reader` (the chdb directory when it is free, the
+ClickHouse server, or a running process's admin API with ``--url``). Replay publishes on Kafka
+directly; on the embedded stack it asks the running ``flywheel up`` to publish on its in-process bus.
+Exit codes: 0 done (also "nothing matched"), 1 a dependency failed, 2 a malformed option, in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import typer
+
+from infra.cli.ops_common import ADMIN_URL_HELP, JSON_HELP, admin_url, fail, load_settings, print_json, usage
+
+if TYPE_CHECKING:
+    from infra.eventlog.client import EventLogReader
+    from infra.replay import ReplayFilter, ReplayReport
+
+JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+UrlOpt = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP, show_default=False)]
+SinceOpt = Annotated[
+    str | None, typer.Option("--since", help="ISO time (2026-11-30, 2026-11-30T12:00Z) or 30m/2h/7d ago.")
+]
+UntilOpt = Annotated[str | None, typer.Option("--until", help="ISO time or 30m/2h/7d ago (exclusive).")]
+TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Only this tenant's episodes.")]
+MinRewardOpt = Annotated[
+    str | None, typer.Option("--min-reward", help="Only episodes that scored at least this.")
+]
+
+
+def _time(value: str | None) -> datetime | None:
+    from infra.replay import ReplayFilterError, parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ReplayFilterError as exc:
+        usage(str(exc))
+
+
+def _float(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        usage(f"{name} must be a number, got {value!r}")
+    if number != number or number in (float("inf"), float("-inf")):
+        usage(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def _reader(url: str | None) -> EventLogReader:
+    from infra.eventlog.client import open_reader
+    from infra.eventlog.errors import EventLogError
+
+    settings = load_settings()
+    try:
+        return open_reader(
+            admin_url=admin_url(url),
+            admin_token=settings.admin_token.get_secret_value(),
+            clickhouse_url=settings.clickhouse_url,
+            chdb_path=settings.chdb_path,
+        )
+    except EventLogError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+
+
+# ----------------------------------------------------------------------------------- replay
+
+
+def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
+    if report.selected == 0:
+        described = ", ".join(
+            f"{k}={v}" for k, v in flt.model_dump(exclude_none=True, exclude={"limit"}).items()
+        )
+        typer.echo(f"no scored episodes match the filter ({described or 'no filter'}); nothing to replay")
+        return
+    skipped = sum(report.skipped.values())
+    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
+    typer.echo(f"selected: {report.selected}")
+    typer.echo(f"skipped:  {skipped}" + (f" ({reasons})" if reasons else ""))
+    verb = "would send" if report.dry_run else "sent"
+    typer.echo(f"{verb}: {report.eligible if report.dry_run else report.sent} in {report.groups} group(s)")
+    if report.flat_groups:
+        typer.echo(
+            f"note: {report.flat_groups} group(s) have one reward for every member; "
+            "group-relative advantages give them no signal"
+        )
+
+
+async def _replay_kafka(
+    flt: ReplayFilter, rate: float | None, dry_run: bool, url: str | None
+) -> ReplayReport:
+    from rich.progress import Progress
+
+    from infra.bus.base import Bus, BusError
+    from infra.bus.factory import make_bus
+    from infra.eventlog.errors import EventLogError
+    from infra.replay import replay
+
+    settings = load_settings()
+    reader = _reader(url)
+    bus: Bus | None = None
+    try:
+        if not dry_run:
+            bus = make_bus(settings)
+            await bus.start()
+        with Progress(transient=True) as progress:
+            task = progress.add_task("replaying", total=None)
+            report = await replay(
+                reader,
+                bus,
+                flt,
+                rate=rate,
+                dry_run=dry_run,
+                on_planned=lambda n: progress.update(task, total=n),
+                on_sent=lambda _: progress.advance(task),
+            )
+        return report
+    except BusError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    except EventLogError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    finally:
+        if bus is not None:
+            await bus.stop()
+        reader.close()
+
+
+async def _replay_remote(url: str, flt: ReplayFilter, rate: float | None, dry_run: bool) -> ReplayReport:
+    from collections import Counter
+
+    from infra.ops.admin import AdminClient, AdminError
+    from infra.replay import ReplayReport
+
+    token = load_settings().admin_token.get_secret_value()
+    body = {"filter": flt.model_dump(mode="json"), "rate": rate, "dry_run": dry_run}
+    try:
+        data = await AdminClient(url, token, timeout_s=600).post("/admin/ops/replay", body)
+    except AdminError as exc:
+        fail(str(exc))
+    return ReplayReport(
+        selected=data["selected"],
+        skipped=Counter(data["skipped"]),
+        sent=data["sent"],
+        groups=data["groups"],
+        flat_groups=data["flat_groups"],
+        dry_run=data["dry_run"],
+        run_id=data["run_id"],
+    )
+
+
+def replay_command(
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    tenant: TenantOpt = None,
+    min_reward: MinRewardOpt = None,
+    weight_version: Annotated[
+        str | None, typer.Option("--weight-version", help="N, A..B, ..B or A.. (version that generated it).")
+    ] = None,
+    task_filter: Annotated[
+        str | None, typer.Option("--task-filter", help="Glob on task_id, e.g. 'sql-*'.")
+    ] = None,
+    rate: Annotated[
+        str | None, typer.Option("--rate", help="At most N episodes per second: 20/s, 600/m.")
+    ] = None,
+    limit: Annotated[str, typer.Option("--limit", help="At most this many episodes.")] = "10000",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Select and check; publish nothing.")] = False,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Republish past scored episodes as EpisodeScored(source=replay) for off-policy training.
+
+    Behaviour logprobs and weight versions are kept, so the trainer's importance correction and
+    staleness rules apply. Prints how many were selected, skipped (and why) and sent.
+    """
+    from infra.replay import ReplayFilter, ReplayFilterError, parse_rate, parse_weight_versions
+
+    try:
+        lo, hi = parse_weight_versions(weight_version) if weight_version is not None else (None, None)
+        per_second = parse_rate(rate) if rate is not None else None
+        if not limit.isdigit() or int(limit) < 1:
+            raise ReplayFilterError(f"--limit must be a positive whole number, got {limit!r}")
+        flt = ReplayFilter(
+            since=_time(since),
+            until=_time(until),
+            tenant=tenant,
+            min_reward=_float(min_reward, "--min-reward"),
+            min_weight_version=lo,
+            max_weight_version=hi,
+            task_pattern=task_filter,
+            limit=int(limit),
+        )
+        flt.to_episode_filter()  # cross-field checks (since < until, ...)
+    except (ReplayFilterError, ValueError) as exc:
+        usage(_one_line(exc))
+    settings = load_settings()
+    remote = admin_url(url)
+    if remote and settings.bus != "kafka":
+        report = asyncio.run(_replay_remote(remote, flt, per_second, dry_run))
+    elif settings.bus != "kafka" and not dry_run:
+        fail(
+            "FLYWHEEL_BUS=memory: replay publishes on the running stack's in-process bus; pass --url "
+            "(the admin URL `flywheel up` prints), or use --dry-run, or FLYWHEEL_BUS=kafka"
+        )
+    else:
+        report = asyncio.run(_replay_kafka(flt, per_second, dry_run, remote))
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        _print_report(report, flt)
+
+
+def _one_line(exc: Exception) -> str:
+    from infra.replay import _first_error
+
+    return _first_error(exc) if isinstance(exc, ValueError) else str(exc)
+
+
+# ----------------------------------------------------------------------------------- export
+
+
+def export_command(
+    kind: Annotated[
+        str, typer.Option("--kind", help="sft: chat messages (TRL); rl: token ids, masks, logprobs (verl).")
+    ] = "rl",
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="File to write (default flywheel-KIND.FORMAT).")
+    ] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    tenant: TenantOpt = None,
+    min_reward: MinRewardOpt = None,
+    source: Annotated[str | None, typer.Option("--source", help="live, production or replay.")] = None,
+    limit: Annotated[str | None, typer.Option("--limit", help="At most this many rows.")] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Export recorded data for other trainers: chat SFT data or token-level RL data."""
+    from infra.eventlog.errors import EventLogError
+    from infra.export import ExportFilter, export
+
+    if kind not in ("sft", "rl"):
+        usage(f"--kind must be sft or rl, got {kind!r}")
+    if fmt not in ("jsonl", "parquet"):
+        usage(f"--format must be jsonl or parquet, got {fmt!r}")
+    if source is not None and source not in ("live", "production", "replay"):
+        usage(f"--source must be live, production or replay, got {source!r}")
+    if limit is not None and (not limit.isdigit() or int(limit) < 1):
+        usage(f"--limit must be a positive whole number, got {limit!r}")
+    flt = ExportFilter(
+        since=_time(since),
+        until=_time(until),
+        tenant=tenant,
+        min_reward=_float(min_reward, "--min-reward"),
+        source=source,
+        limit=int(limit) if limit else None,
+    )
+    if flt.since and flt.until and flt.since >= flt.until:
+        usage("--since must be before --until")
+    path = output or Path(f"flywheel-{kind}.{fmt}")
+    k: Literal["sft", "rl"] = "sft" if kind == "sft" else "rl"
+    f: Literal["jsonl", "parquet"] = "parquet" if fmt == "parquet" else "jsonl"
+    reader = _reader(url)
+    try:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"exporting {kind}", total=None)
+            report = export(reader, path, kind=k, fmt=f, flt=flt, on_rows=lambda n: progress.advance(task, n))
+    except EventLogError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+    finally:
+        reader.close()
+    if as_json:
+        print_json(report.as_dict())
+        return
+    skipped = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
+    typer.echo(f"wrote {report.rows} {kind} row(s) to {path}" + (f" (skipped {skipped})" if skipped else ""))
+
+
+# ------------------------------------------------------------------------------------ stats
+
+
+def stats_command(
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    bucket: Annotated[str, typer.Option("--bucket", help="minute, hour or day.")] = "hour",
+    success_threshold: Annotated[
+        str, typer.Option("--success-threshold", help="Reward that counts as success.")
+    ] = "1.0",
+    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the curves into this PNG.")] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reward, success rate, transitions per episode and policy versions over time."""
+    from infra.eventlog.errors import EventLogError
+
+    if bucket not in ("minute", "hour", "day"):
+        usage(f"--bucket must be minute, hour or day, got {bucket!r}")
+    threshold = _float(success_threshold, "--success-threshold")
+    lo, hi = _time(since), _time(until)
+    if plot is not None and plot.suffix.lower() != ".png":
+        usage(f"--plot writes a PNG; give a .png path, got {plot}")
+    reader = _reader(url)
+    try:
+        points = reader.stats(since=lo, until=hi, bucket=bucket, success_threshold=threshold or 0.0)  # type: ignore[arg-type]
+    except EventLogError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    finally:
+        reader.close()
+    rows = [p.model_dump(mode="json") for p in points]
+    if plot is not None:
+        from infra.ops.plots import plot_stats
+
+        try:
+            plot_stats(points, plot)
+        except OSError as exc:
+            fail(f"cannot write {plot}: {exc.strerror or exc}")
+    if as_json:
+        print_json({"bucket": bucket, "points": rows, "plot": str(plot) if plot else None})
+        return
+    _print_stats(rows, plot)
+
+
+def _print_stats(rows: list[dict[str, Any]], plot: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def num(v: Any, digits: int = 3) -> str:
+        return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+    table = Table(
+        "bucket", "episodes", "mean reward", "success", "calls/ep", "transitions/ep", "weights (mean/max)"
+    )
+    for r in rows:
+        table.add_row(
+            r["bucket"],
+            str(r["episodes"]),
+            num(r["mean_reward"]),
+            num(r["success_rate"], 2),
+            num(r["mean_calls"], 2),
+            num(r["mean_transitions"], 2),
+            f"{num(r['mean_weight_version'], 1)}/{num(r['max_weight_version'])}",
+        )
+    console = Console()
+    console.print(table if rows else "no scored episodes in this range")
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay_command)
+    app.command("export")(export_command)
+    app.command("stats")(stats_command)

@@ -1,0 +1,293 @@
+"""Off-policy replay: past scored episodes from the event log, republished as ``source=replay``.
+
+``flywheel replay`` (DESIGN.md flow 3) selects ``EpisodeScored`` events in ClickHouse by time range,
+tenant, weight version, reward and task, checks each one can still be trained on, and publishes a
+copy on ``flywheel.transitions``. The copy keeps what off-policy correction needs — the transitions
+with their behaviour logprobs and the weight version that generated them — and changes what must
+change for the trainer to take it as new data:
+
+- a new ``event_id`` (consumers deduplicate on it) and ``emitted_at``;
+- ``source=replay``;
+- a new ``group_id`` per original group (``r<run>-<original>``): the trainer skips episodes of a
+  group it already trained on, and a replayed group is compared only with the members replayed with
+  it; ``group_size`` is the number of members sent, ``sample_index`` is renumbered 0..n-1.
+
+The ``episode_id`` stays, so a replayed sample can be traced back to its recorded calls.
+
+Skipped, with the reason counted: episodes with no transitions (``no_transitions:<why>``),
+transitions without behaviour logprobs (``no_logprobs``), logprobs that do not line up with the
+response (``logprobs_length``), validation episodes (``not_train``), superseded attempts
+(``superseded``) and episodes without a reward (``no_reward``).
+
+Nothing here parses command lines or prints: :mod:`infra.cli.ops_cmd` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.bus.base import Bus
+from infra.eventlog.models import EpisodeFilter
+from schemas import TRANSITIONS, EpisodeScored, EpisodeSource, Mode, new_event_id
+
+MAX_GROUP_ID = 64
+
+
+class ReplayFilterError(ValueError):
+    """A replay filter that cannot be understood (bad date, negative rate, ...). One line."""
+
+
+class ScoredEpisodeSource(Protocol):
+    """What replay reads from: the event store (``infra.eventlog.store``), or anything shaped like it."""
+
+    def select_scored_episodes(
+        self, f: EpisodeFilter, *, latest_per_episode: bool = True
+    ) -> Iterator[EpisodeScored]: ...
+
+
+class ReplayFilter(BaseModel):
+    """Which past episodes to replay (JSON-ready: the admin API of a running stack takes it as a body)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = None
+    min_reward: float | None = None
+    min_weight_version: int | None = Field(default=None, ge=0)
+    max_weight_version: int | None = Field(default=None, ge=0)
+    task_pattern: str | None = Field(default=None, description="a glob on task_id: sql-*")
+    limit: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    def to_episode_filter(self) -> EpisodeFilter:
+        like = None
+        if self.task_pattern is not None:
+            escaped = self.task_pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            like = escaped.replace("*", "%").replace("?", "_")
+        try:
+            return EpisodeFilter(
+                since=self.since,
+                until=self.until,
+                tenant=self.tenant,
+                min_reward=self.min_reward,
+                min_weight_version=self.min_weight_version,
+                max_weight_version=self.max_weight_version,
+                task_id_like=like,
+                limit=self.limit,
+            )
+        except ValueError as exc:
+            raise ReplayFilterError(_first_error(exc)) from exc
+
+
+@dataclass
+class ReplayReport:
+    selected: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
+    groups: int = 0
+    flat_groups: int = 0  # groups whose members all have the same reward: no GRPO signal
+    dry_run: bool = False
+    run_id: str = ""
+
+    @property
+    def eligible(self) -> int:
+        return self.selected - sum(self.skipped.values())
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "dry_run": self.dry_run,
+            "selected": self.selected,
+            "eligible": self.eligible,
+            "skipped": dict(sorted(self.skipped.items())),
+            "sent": self.sent,
+            "groups": self.groups,
+            "flat_groups": self.flat_groups,
+        }
+
+
+# --------------------------------------------------------------------------------- parsing
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> datetime:
+    """``2026-11-30``, ``2026-11-30T12:00``, ``...Z``/offsets (UTC when naive), ``now``, or ``2h``/``7d`` ago."""
+    value = text.strip()
+    now = now or datetime.now(UTC)
+    if value == "now":
+        return now
+    m = _RELATIVE.match(value)
+    if m:
+        return now - timedelta(**{_UNITS[m.group(2)]: float(m.group(1))})
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ReplayFilterError(
+            f"cannot read {text!r} as a time: use ISO (2026-11-30, 2026-11-30T12:00Z), 'now', or 30m/2h/7d ago"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def parse_weight_versions(text: str) -> tuple[int | None, int | None]:
+    """``3`` → (3, 3); ``2..5`` → (2, 5); ``..5`` / ``2..`` open on one side."""
+    value = text.strip()
+    lo_text, sep, hi_text = value.partition("..")
+    try:
+        lo = int(lo_text) if lo_text else None
+        hi = (int(hi_text) if hi_text else None) if sep else lo
+    except ValueError:
+        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..") from None
+    if (lo is not None and lo < 0) or (hi is not None and hi < 0):
+        raise ReplayFilterError(f"weight versions are never negative: {text!r}")
+    if lo is None and hi is None:
+        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..")
+    if lo is not None and hi is not None and lo > hi:
+        raise ReplayFilterError(f"weight version range {text!r} is empty")
+    return lo, hi
+
+
+def parse_rate(text: str) -> float:
+    """``50``, ``50/s``, ``3000/m`` → events per second (> 0)."""
+    value = text.strip().lower()
+    per = 1.0
+    for suffix, seconds in (("/s", 1.0), ("/m", 60.0), ("/min", 60.0), ("/h", 3600.0)):
+        if value.endswith(suffix):
+            value, per = value[: -len(suffix)], seconds
+            break
+    try:
+        rate = float(value) / per
+    except ValueError:
+        raise ReplayFilterError(f"cannot read rate {text!r}: use N/s (e.g. 20/s)") from None
+    if not rate > 0 or rate == float("inf"):
+        raise ReplayFilterError(f"rate must be a positive number of events per second, got {text!r}")
+    return rate
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            msg = str(found[0].get("msg", exc))
+            return msg.removeprefix("Value error, ")
+    return str(exc).splitlines()[0]
+
+
+# ------------------------------------------------------------------------------- selection
+
+
+def skip_reason(event: EpisodeScored) -> str | None:
+    """Why ``event`` cannot be replayed into training, or None when it can."""
+    if event.mode != Mode.train:
+        return "not_train"
+    if event.superseded:
+        return "superseded"
+    if not event.transitions:
+        return f"no_transitions:{event.unusable_reason or 'unknown'}"
+    if event.reward is None:
+        return "no_reward"
+    for t in event.transitions:
+        if not t.behaviour_logprobs:
+            return "no_logprobs"
+        if len(t.behaviour_logprobs) != len(t.response_ids):
+            return "logprobs_length"
+    return None
+
+
+def replay_group_id(run_id: str, original: str) -> str:
+    return f"r{run_id}-{original}"[:MAX_GROUP_ID]
+
+
+def plan_replay(events: Iterable[EpisodeScored], *, run_id: str, report: ReplayReport) -> list[EpisodeScored]:
+    """The events to publish (copies with new ids, grouped per original group); counts skips in ``report``."""
+    by_group: dict[str, list[EpisodeScored]] = {}
+    for event in events:
+        report.selected += 1
+        reason = skip_reason(event)
+        if reason is not None:
+            report.skipped[reason] += 1
+            continue
+        by_group.setdefault(event.group_id, []).append(event)
+    now = datetime.now(UTC)
+    out: list[EpisodeScored] = []
+    for original, members in by_group.items():
+        group_id = replay_group_id(run_id, original)
+        rewards = {m.reward for m in members}
+        report.groups += 1
+        report.flat_groups += int(len(rewards) <= 1)
+        for index, member in enumerate(members):
+            out.append(
+                member.model_copy(
+                    update={
+                        "event_id": new_event_id(),
+                        "emitted_at": now,
+                        "producer": "replay",
+                        "source": EpisodeSource.replay,
+                        "group_id": group_id,
+                        "group_size": len(members),
+                        "sample_index": index,
+                        "superseded": False,
+                    }
+                )
+            )
+    return out
+
+
+class _Pacer:
+    """At most ``rate`` publishes per second (no limit when None)."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.interval = 1.0 / rate if rate else 0.0
+        self.next_at = time.monotonic()
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self.next_at > now:
+            await asyncio.sleep(self.next_at - now)
+        self.next_at = max(self.next_at, now) + self.interval
+
+
+async def replay(
+    source: ScoredEpisodeSource,
+    bus: Bus | None,
+    flt: ReplayFilter,
+    *,
+    rate: float | None = None,
+    dry_run: bool = False,
+    on_planned: Callable[[int], None] | None = None,
+    on_sent: Callable[[EpisodeScored], None] | None = None,
+) -> ReplayReport:
+    """Select, check and (unless ``dry_run``) publish. ``bus`` must be started; unused on a dry run."""
+    report = ReplayReport(dry_run=dry_run, run_id=uuid.uuid4().hex[:8])
+    episode_filter = flt.to_episode_filter()
+    # The store's reads are synchronous (chdb / clickhouse-connect): keep the event loop free.
+    events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
+    planned = plan_replay(events, run_id=report.run_id, report=report)
+    if on_planned is not None:
+        on_planned(len(planned))
+    if dry_run or not planned:
+        return report
+    if bus is None:
+        raise ValueError("a bus is needed to publish a replay")
+    pacer = _Pacer(rate)
+    for event in planned:
+        await pacer.wait()
+        await bus.publish(TRANSITIONS, event)
+        report.sent += 1
+        if on_sent is not None:
+            on_sent(event)
+    return report

@@ -1,0 +1,120 @@
+"""The gateway's CLI as a user runs it: keys, `flywheel gateway` + `episodes open|show`, `flywheel record`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.upstream import BackgroundUpstream
+
+FLYWHEEL = str(Path(sys.executable).with_name("flywheel"))
+AGENT = (
+    "import openai; c = openai.OpenAI(); "
+    "r = c.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': 'hi'}]); "
+    "print('AGENT GOT', r.choices[0].message.content)"
+)
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLYWHEEL_", "OPENAI_"))}
+    return {
+        **env,
+        "FLYWHEEL_DATA_DIR": str(tmp_path),
+        "FLYWHEEL_ADMIN_TOKEN": "cli-admin",
+        "FLYWHEEL_LOG_JSON": "1",
+        **extra,
+    }
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [FLYWHEEL, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.timeout(60)
+def test_keys_create_list_revoke(tmp_path):
+    env = _env(tmp_path)
+    created = _run(["keys", "create", "--tenant", "acme"], env)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("fw_") and key not in (tmp_path / "gateway" / "keys.json").read_text()
+    key_id = created.stderr.split("key_id:")[1].split()[0]
+    listed = _run(["keys", "list"], env)
+    assert key_id in listed.stdout and "acme" in listed.stdout and key not in listed.stdout
+    assert _run(["keys", "revoke", key_id], env).returncode == 0
+    assert "revoked" in _run(["keys", "list", "--tenant", "acme"], env).stdout
+    bad = _run(["keys", "create", "--tenant", "no spaces"], env)
+    assert bad.returncode == 1 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.timeout(90)
+def test_record_runs_an_agent_and_prints_its_calls(tmp_path):
+    with BackgroundUpstream() as up:
+        env = _env(tmp_path)
+        out = _run(["record", "--upstream", up.url, "--json", "--", sys.executable, "-c", AGENT], env)
+        assert out.returncode == 0, out.stderr
+        assert "AGENT GOT The answer is 42." in out.stdout
+        calls = json.loads(out.stdout[out.stdout.index("[") :])
+        assert len(calls) == 1 and calls[0]["token_faithful"] and calls[0]["choices"][0]["token_ids"]
+        failing = _run(
+            ["record", "--upstream", up.url, "--", sys.executable, "-c", "raise SystemExit(3)"], env
+        )
+        assert failing.returncode == 3 and "0 call(s) recorded" in failing.stdout
+        assert _run(["record", "--upstream", up.url], env).returncode == 1
+
+
+@pytest.mark.timeout(90)
+def test_gateway_command_with_episodes_open_and_show(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with BackgroundUpstream() as up:
+        env = _env(tmp_path, FLYWHEEL_GATEWAY_PORT=str(port))
+        log = (tmp_path / "gateway.log").open("w")
+        proc = subprocess.Popen([FLYWHEEL, "gateway", "--upstream", up.url], env=env, stderr=log, stdout=log)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"{base}/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+                time.sleep(0.1)  # polling a subprocess's port: no event to wait on
+            opened = _run(["episodes", "open", "--gateway", base], env)
+            assert opened.returncode == 0, opened.stderr
+            episode_url = opened.stdout.strip()
+            episode_id = episode_url.split("/episodes/")[1].split("/")[0]
+            agent = subprocess.run(
+                [sys.executable, "-c", AGENT],
+                env={**env, "OPENAI_BASE_URL": episode_url, "OPENAI_API_KEY": "x"},
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+            assert "The answer is 42." in agent.stdout
+            shown = _run(["episodes", "show", episode_id, "--gateway", base, "--json"], env)
+            data = json.loads(shown.stdout)
+            assert data["calls"][0]["choices"][0]["text"] == "The answer is 42."
+            table = _run(["episodes", "show", episode_id, "--gateway", base], env)
+            assert "1 call(s) recorded" in table.stdout
+            missing = _run(["episodes", "show", "0" * 32, "--gateway", base], env)
+            assert missing.returncode == 1 and "404" in missing.stderr
+            down = _run(["episodes", "open", "--gateway", "http://127.0.0.1:1"], env)
+            assert down.returncode == 1 and "cannot reach" in down.stderr
+        finally:
+            proc.terminate()
+            proc.wait(15)
+            log.close()

@@ -1,0 +1,165 @@
+"""The event log on real embedded ClickHouse (chdb): schema, inserts, every query, dedup, read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+import schemas as s
+from infra.eventlog.errors import EventLogQueryError, ReadOnlyQueryError
+from infra.eventlog.models import CallFilter, EpisodeFilter
+from infra.eventlog.store import ChdbStore
+from tests.fixtures.events import sample_events
+from tests.integration.eventlog.helpers import T0, history
+
+pytestmark = pytest.mark.timeout(60)
+EVENTS = history()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbStore]:
+    # chdb: one directory per process, so one store per module, closed at its end.
+    st = ChdbStore(tmp_path_factory.mktemp("eventlog") / "chdb", database="evstore")
+    try:
+        assert st.migrate() == [1]
+        st.insert(EVENTS)
+        yield st
+    finally:
+        st.close()
+
+
+def ids(rows: list) -> list[str]:  # type: ignore[type-arg]
+    return sorted(r.episode_id[-1] for r in rows)
+
+
+def test_migrations_are_idempotent(store: ChdbStore) -> None:
+    assert store.migrate() == []
+    assert store.migrate() == []
+    versions = store.query("SELECT version FROM evstore.schema_migrations FINAL").rows
+    assert versions == [[1]]
+
+
+def test_episode_events_in_order(store: ChdbStore) -> None:
+    events = store.episode_events(f"{1:032x}")
+    assert [e.type for e in events] == [
+        "episode_started", "llm_call_recorded", "llm_call_recorded", "llm_call_recorded",
+        "episode_finished", "episode_scored",
+    ]  # fmt: skip
+    assert [e.call_seq for e in events if e.type == "llm_call_recorded"] == [0, 1, 2]
+    assert s.decode_any(events[1].payload).type == "llm_call_recorded"
+    assert store.episode_events("f" * 32) == []
+
+
+def test_episode_summaries(store: ChdbStore) -> None:
+    all_eps = store.episodes(EpisodeFilter())
+    assert [e.episode_id[-1] for e in all_eps] == ["5", "4", "3", "2", "1"]  # newest first
+    first = {e.episode_id[-1]: e for e in all_eps}["1"]
+    assert (first.task_id, first.group_id, first.tenant, first.source, first.status) == ("sql-1", "g1", "acme", "live", "ok")
+    assert (first.num_calls, first.num_transitions, first.reward, first.scored) == (3, 3, 1.0, True)
+    assert (first.min_weight_version, first.max_weight_version) == (1, 1)
+    assert first.started_at == T0
+    timeout = {e.episode_id[-1]: e for e in all_eps}["5"]
+    assert (timeout.status, timeout.reward) == ("timeout", None)
+
+
+@pytest.mark.parametrize(
+    ("f", "expected"),
+    [
+        (EpisodeFilter(tenant="acme"), ["1", "2"]),
+        (EpisodeFilter(group_id="g2"), ["3", "4"]),
+        (EpisodeFilter(task_id="calc-7"), ["3", "4"]),
+        (EpisodeFilter(task_id_like="calc-%"), ["3", "4", "5"]),
+        (EpisodeFilter(since=T0 + timedelta(hours=1)), ["3", "4", "5"]),
+        (EpisodeFilter(since=T0, until=T0 + timedelta(hours=1)), ["1", "2"]),
+        (EpisodeFilter(min_reward=0.5), ["1", "3", "4"]),
+        (EpisodeFilter(min_reward=0.1, max_reward=0.9), ["3"]),
+        (EpisodeFilter(min_weight_version=2), ["3", "4", "5"]),
+        (EpisodeFilter(max_weight_version=1), ["1", "2"]),
+        (EpisodeFilter(source="production"), ["4"]),
+        (EpisodeFilter(status="timeout"), ["5"]),
+        (EpisodeFilter(tenant="acme", min_reward=1.0), ["1"]),
+        (EpisodeFilter(tenant="nobody"), []),
+        (EpisodeFilter(limit=2), ["4", "5"]),
+    ],
+)
+def test_episode_filters(store: ChdbStore, f: EpisodeFilter, expected: list[str]) -> None:
+    assert ids(store.episodes(f)) == expected
+
+
+def test_select_scored_episodes_for_replay(store: ChdbStore) -> None:
+    scored = list(store.select_scored_episodes(EpisodeFilter(min_reward=0.5)))
+    assert [e.episode_id[-1] for e in scored] == ["1", "3", "4"]  # oldest first
+    assert all(isinstance(e, s.EpisodeScored) for e in scored)
+    assert scored[0].transitions[0].behaviour_logprobs == [-0.5, -0.25]
+    assert [e.episode_id[-1] for e in store.select_scored_episodes(EpisodeFilter(min_weight_version=3))] == ["4", "5"]
+    assert list(store.select_scored_episodes(EpisodeFilter(tenant="nobody"))) == []
+    assert len(list(store.select_scored_episodes(EpisodeFilter(limit=2)))) == 2
+
+
+def test_select_calls_for_export(store: ChdbStore) -> None:
+    calls = list(store.select_calls(CallFilter(episode_ids=[f"{1:032x}", f"{4:032x}"])))
+    assert [(c.episode_id[-1], c.call_seq) for c in calls] == [("1", 0), ("1", 1), ("1", 2), *[("4", i) for i in range(4)]]
+    assert len(list(store.select_calls(CallFilter(tenant="globex", min_weight_version=3)))) == 5
+    assert len(list(store.select_calls(CallFilter(limit=3)))) == 3
+
+
+def test_stats_over_time(store: ChdbStore) -> None:
+    days = store.stats(bucket="day")
+    assert [p.bucket.day for p in days] == [29, 30]
+    assert days[0].episodes == 3
+    assert days[0].mean_reward == pytest.approx(0.5)
+    assert days[0].success_rate == pytest.approx(1 / 3)
+    assert days[0].mean_calls == pytest.approx(2.0)
+    assert days[1].ok_rate == pytest.approx(0.5)
+    hours = store.stats(since=T0, until=T0 + timedelta(hours=3), bucket="hour")
+    assert [p.episodes for p in hours] == [2, 1]
+
+
+def test_replayed_rows_change_no_count(store: ChdbStore) -> None:
+    before = store.counts()
+    before_eps = store.episodes(EpisodeFilter())
+    store.insert(EVENTS)  # the same events again, as a topic replayed from offset 0 would
+    store.insert(EVENTS[:7])
+    assert store.counts() == before
+    assert store.episodes(EpisodeFilter()) == before_eps
+    assert len(store.episode_events(f"{1:032x}")) == 6
+    assert len(list(store.select_scored_episodes(EpisodeFilter(), latest_per_episode=False))) == 5
+    assert len(list(store.select_calls(CallFilter()))) == 11
+    assert store.query("SELECT count() FROM evstore.events FINAL").rows == [[before.total]]
+
+
+def test_every_event_type_round_trips(store: ChdbStore) -> None:
+    events = sample_events()
+    store.insert(events)
+    got = store.query(
+        "SELECT payload FROM evstore.events FINAL WHERE producer = 'fixture' ORDER BY event_id"
+    ).rows
+    assert [s.decode_any(str(r[0])) for r in got] == sorted(events, key=lambda e: e.event_id)
+
+
+def test_query_is_read_only_twice_over(store: ChdbStore) -> None:
+    result = store.query("SELECT type, count() AS n FROM evstore.events GROUP BY type ORDER BY type LIMIT 2")
+    assert result.columns == ["type", "n"] and len(result.rows) == 2
+    with pytest.raises(ReadOnlyQueryError):
+        store.query("INSERT INTO evstore.events (event_id) VALUES ('x')")
+    # The engine's own readonly setting holds even if the lexical gate were bypassed.
+    for sql in (
+        "INSERT INTO evstore.events (event_id) VALUES ('x')",
+        "DROP TABLE evstore.events",
+        "SELECT * FROM file('/etc/hostname', 'LineAsString')",
+    ):
+        with pytest.raises(EventLogQueryError, match="readonly"):
+            store._select_readonly(sql, 10)
+    assert store.query("SELECT count() FROM evstore.events WHERE event_id = 'x'").rows == [[0]]
+    with pytest.raises(EventLogQueryError, match="UNKNOWN"):
+        store.query("SELECT nope FROM evstore.events")
+
+
+def test_query_rows_are_json_ready(store: ChdbStore) -> None:
+    result = store.query(
+        "SELECT emitted_at, reward, [1, 2] AS arr FROM evstore.events WHERE type = 'episode_scored' ORDER BY emitted_at LIMIT 1"
+    )
+    assert result.rows == [["2026-11-29T10:00:05+00:00", 1.0, [1, 2]]]
+    assert len(store.query("SELECT number FROM system.numbers LIMIT 50", max_rows=7).rows) == 7

@@ -1,0 +1,78 @@
+"""Events → ``events`` rows: every event type maps, identifiers land in their columns, JSON kept whole."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import schemas as s
+from infra.eventlog.ddl import EVENT_COLUMNS, MIGRATIONS, bootstrap_statements, render
+from infra.eventlog.rows import SCHEMA, Origin, to_arrow
+from infra.eventlog.timeparse import parse_when
+from tests.fixtures.events import EP, sample_events
+
+
+def test_every_fixture_event_becomes_a_row_with_its_full_json() -> None:
+    events = sample_events()
+    table = to_arrow(events)
+    assert table.schema == SCHEMA
+    assert tuple(table.column_names) == EVENT_COLUMNS
+    rows = table.to_pylist()
+    assert len(rows) == len(events)
+    for event, row in zip(events, rows, strict=True):
+        assert row["event_id"] == event.event_id
+        assert row["type"] == event.type
+        assert s.decode_any(row["payload"]) == event  # nothing lost
+        assert row["topic"] == s.topic_for(event)
+        assert row["key"] == s.key_for(event)
+
+
+def test_identifier_columns() -> None:
+    by_type = {r["type"]: r for r in to_arrow(sample_events()).to_pylist()}
+    call = by_type["llm_call_recorded"]
+    assert (call["episode_id"], call["call_seq"], call["weight_version"], call["token_faithful"]) == (EP, 0, 3, 1)
+    assert call["reward"] is None
+    scored = by_type["episode_scored"]
+    assert (scored["group_id"], scored["task_id"], scored["reward"], scored["num_transitions"]) == ("g1", "task-1", 1.0, 1)
+    assert scored["weight_version"] == 3  # the oldest version among its transitions
+    started = by_type["episode_started"]
+    assert (started["task_id"], started["group_id"], started["call_seq"], started["weight_version"]) == ("task-1", "g1", -1, -1)
+    assert by_type["weights_activated"]["weight_version"] == 4
+    assert by_type["rollout_requested"]["episode_id"] == ""
+
+
+def test_origin_and_precomputed_payload_are_used() -> None:
+    event = sample_events()[3]
+    table = to_arrow([event], [Origin("flywheel.episodes", "k", 5, 42)], ['{"x":1}'])
+    row = table.to_pylist()[0]
+    assert (row["topic"], row["key"], row["bus_partition"], row["bus_offset"], row["payload"]) == (
+        "flywheel.episodes", "k", 5, 42, '{"x":1}',
+    )  # fmt: skip
+
+
+def test_ddl_renders_for_a_database_and_refuses_bad_names() -> None:
+    text = render(MIGRATIONS[0].statements[0], "tenant_a")
+    assert "tenant_a.events" in text and "{db}" not in text
+    assert "ReplacingMergeTree" in text and "toYYYYMMDD(emitted_at)" in text
+    assert bootstrap_statements("x")[0] == "CREATE DATABASE IF NOT EXISTS x"
+    for bad in ("a-b", "x; DROP TABLE y", "", "1abc"):
+        with pytest.raises(ValueError, match="database name"):
+            render(MIGRATIONS[0].statements[0], bad)
+
+
+def test_ddl_avoids_types_a_24_8_server_lacks() -> None:
+    # One DDL for chdb (26.x) and servers ≥ 24.8: no JSON/Dynamic/Variant types (experimental before 25.3).
+    for migration in MIGRATIONS:
+        for statement in migration.statements:
+            for word in (" JSON", "Dynamic", "Variant", "Object("):
+                assert word not in statement
+
+
+def test_parse_when() -> None:
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    assert parse_when("2h", now=now) == now - timedelta(hours=2)
+    assert parse_when("2026-11-30T10:00") == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    assert parse_when("2026-11-30T10:00Z") == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    with pytest.raises(ValueError, match="not a time"):
+        parse_when("yesterday-ish")

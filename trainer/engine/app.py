@@ -1,0 +1,161 @@
+"""FastAPI app factory: vLLM's OpenAI-compatible endpoints and dev endpoints over an ``InferenceEngine``.
+
+``create_engine_app(engine)`` works in-process (``httpx.ASGITransport(app)``, no network hop) or behind
+uvicorn (``flywheel engine``). One exception handler turns every error into an OpenAI-format body:
+bad input → 400, a failed weight load → 400 (old weights keep serving), anything else → 500.
+
+Dev endpoints (as vLLM's with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep``,
+``POST /resume``, ``GET /is_paused``; plus ``POST /load_weights {"path", "version"}``, ``GET /health``,
+``GET /version``. With ``admin_token`` set, pause/resume/load_weights need ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from trainer.engine.core import EngineStepError, InferenceEngine
+from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest, LoadWeightsRequest
+from trainer.engine.sampling import InvalidRequestError
+from trainer.engine.serving import EngineServing
+from trainer.engine.weights import WeightLoadError
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class AuthError(Exception):
+    pass
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def _package_version() -> str:
+    try:
+        return version("flywheel")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def create_engine_app(
+    engine: InferenceEngine, *, tool_parser: str | None = "hermes", admin_token: str | None = None
+) -> FastAPI:
+    """The HTTP face of ``engine``; closing the app does not close the engine (its owner does)."""
+    app = FastAPI(title="Flywheel embedded inference engine", docs_url=None, redoc_url=None)
+    serving = EngineServing(engine, tool_parser=tool_parser)
+    app.state.engine = engine
+    app.state.serving = serving
+
+    def admin(request: Request) -> None:
+        if admin_token is None:
+            return
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not secrets.compare_digest(given.encode(), admin_token.encode()):
+            raise AuthError
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return _error(413, f"request body larger than {MAX_BODY_BYTES} bytes", "BadRequestError")
+        response: Response = await call_next(request)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = str(first.get("msg", "invalid request"))
+        if first.get("type") == "json_invalid":
+            where, message = (
+                "",
+                f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}",
+            )
+        return _error(400, f"{where}: {message}" if where else message, "BadRequestError", where or None)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(400, str(exc), "BadRequestError")
+
+    @app.exception_handler(WeightLoadError)
+    async def _weights(_: Request, exc: WeightLoadError) -> JSONResponse:
+        message = f"{exc}; still serving weight version {engine.weight_version}"
+        return _error(400, message, "WeightLoadError")
+
+    @app.exception_handler(AuthError)
+    async def _auth(_: Request, __: AuthError) -> JSONResponse:
+        return _error(401, "admin token required", "AuthenticationError")
+
+    @app.exception_handler(EngineStepError)
+    async def _engine(_: Request, exc: EngineStepError) -> JSONResponse:
+        return _error(500, str(exc), "InternalServerError")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
+
+    def _respond(result: dict[str, Any] | Any) -> Response:
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest) -> Response:
+        return _respond(await serving.chat(req))
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> Response:
+        return _respond(await serving.completions(req))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": engine.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "flywheel",
+            "root": engine.model_name,
+            "parent": None,
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/pause", dependencies=[Depends(admin)])
+    async def pause(mode: str = Query("abort")) -> dict[str, Any]:
+        if mode not in ("abort", "wait", "keep"):
+            raise InvalidRequestError(f"mode must be abort, wait or keep, got {mode!r}")
+        await engine.pause(mode)  # type: ignore[arg-type]
+        return {"status": "paused", "mode": mode}
+
+    @app.post("/resume", dependencies=[Depends(admin)])
+    async def resume() -> dict[str, Any]:
+        await engine.resume()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, Any]:
+        return {"is_paused": engine.is_paused}
+
+    @app.post("/load_weights", dependencies=[Depends(admin)])
+    async def load_weights(req: LoadWeightsRequest) -> dict[str, Any]:
+        await engine.load_weights(req.path, req.version)
+        return {"status": "ok", "weight_version": engine.weight_version}
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version_() -> dict[str, Any]:
+        return {"version": _package_version(), "weight_version": engine.weight_version}
+
+    return app

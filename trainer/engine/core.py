@@ -1,0 +1,511 @@
+"""The embedded inference engine: continuous batching over a hand-written KV-cache decode loop.
+
+One asyncio task schedules; every model computation runs on one dedicated worker thread (torch
+releases the GIL, so the event loop keeps serving HTTP meanwhile). Each iteration, under the step
+lock: finished sequences leave the batch, waiting requests join it (prefill + first token), and every
+running sequence decodes one token in one batched forward. A request can therefore join or leave at
+any token boundary (continuous batching), and throughput grows with concurrency.
+
+Weight updates and pauses take the same step lock, so they happen between two steps: no step ever runs
+on half-loaded weights, and every token reports the weight version that produced it.
+
+Pause modes follow vLLM: ``abort`` ends in-flight requests now (``finish_reason="abort"``), ``wait``
+returns once in-flight requests have finished, ``keep`` freezes them until ``resume()``. In every
+mode, requests arriving while paused wait in the queue and start on ``resume()``.
+
+Errors::
+
+    EngineError
+    ├── InvalidRequestError   (sampling.py; bad parameters or prompt; HTTP 400)
+    ├── WeightLoadError       (weights.py; old weights keep serving)
+    ├── UnsupportedModelError (runner.py; raised at load)
+    └── EngineStepError       (a model step failed; its requests fail, the engine keeps running)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from trainer.engine.runner import KVRunner
+from trainer.engine.sampling import InvalidRequestError, SamplingParams, sample
+from trainer.engine.weights import WeightLoadError, apply_state_dict, check_state_dict, read_state_dict
+
+PauseMode = Literal["abort", "wait", "keep"]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineStepError(RuntimeError):
+    """A model step raised; the requests in that step end with this error."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of choice ``index``."""
+
+    index: int
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+    weight_version: int
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """A finished choice: everything a response needs, ids and logprobs exactly as sampled."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    weight_versions: list[int]
+    text: str
+    finish_reason: FinishReason
+    stop_reason: str | int | None
+
+
+@dataclass
+class RequestUpdate:
+    """What one engine step produced for one request: new tokens and the choices that finished."""
+
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finished: list[ChoiceResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    choices: list[ChoiceResult]
+
+
+@dataclass(eq=False)
+class _Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    queue: asyncio.Queue[RequestUpdate | BaseException | None]
+    seqs: list[_Seq] = field(default_factory=list)
+    unfinished: int = 0
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: _Request
+    index: int
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def cached(self) -> int:
+        """Positions in the KV cache: the prompt and every token but the newest (not yet fed)."""
+        return len(self.req.prompt) + len(self.tokens) - 1
+
+
+class InferenceEngine:
+    """Serve one causal LM with continuous batching; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        model_name: str = "policy",
+        weight_version: int = 0,
+        max_num_seqs: int = 64,
+        max_model_len: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.runner = KVRunner(model, max_model_len=max_model_len)
+        self.max_model_len = self.runner.max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.eos_token_ids = frozenset(
+            eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
+        )
+        self._version = weight_version
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Seq] = []
+        self._paused = False
+        self._frozen = False
+        self._closed = False
+        self.generated_tokens = 0
+        self.steps = 0
+        self._seed_source = torch.Generator().manual_seed(int(time.time_ns() % (2**63)))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        threads: int | None = None,
+        model_name: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        **kwargs: Any,
+    ) -> InferenceEngine:
+        """Load a Hugging Face causal LM and its tokenizer from a local directory."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        hf_logging.disable_progress_bar()
+        local = Path(path)
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"{local} is not a Hugging Face model directory (no config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(local)
+        model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
+        return cls(model, tokenizer, model_name=model_name or local.name, **kwargs)
+
+    # ------------------------------------------------------------------------------ public API
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self._running if not s.done)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[RequestUpdate]:
+        """Stream updates for one request; closing the iterator early cancels the request."""
+        req = self._make_request(prompt_ids, params, request_id)
+        self._ensure_started()
+        self._waiting.append(req)
+        self._wake.set()
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if req.unfinished:
+                req.cancelled = True
+                if self._loop is not None and not self._closed:
+                    self._wake.set()
+
+    async def complete(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationResult:
+        """Run one request to the end."""
+        choices: list[ChoiceResult] = []
+        rid = request_id or uuid.uuid4().hex
+        async for update in self.generate(prompt_ids, params, request_id=rid):
+            choices.extend(update.finished)
+        return GenerationResult(rid, list(prompt_ids), sorted(choices, key=lambda c: c.index))
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        """Stop admitting requests; ``abort``/``wait``/``keep`` decide what happens to running ones."""
+        if mode not in ("abort", "wait", "keep"):
+            raise InvalidRequestError(f"pause mode must be abort, wait or keep, got {mode!r}")
+        self._ensure_started()
+        self._paused = True
+        if mode == "keep":
+            self._frozen = True
+            async with self._step_lock:  # returns once the step in progress (if any) is over
+                pass
+        elif mode == "abort":
+            async with self._step_lock:
+                updates: dict[_Request, RequestUpdate] = {}
+                for seq in self._running:
+                    if not seq.done:
+                        self._finish(seq, "abort", None, updates)
+                self._dispatch(updates)
+        else:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.num_running == 0)
+
+    async def resume(self) -> None:
+        self._ensure_started()
+        self._paused = False
+        self._frozen = False
+        self._wake.set()
+
+    async def load_weights(self, source: Mapping[str, torch.Tensor] | str | Path, version: int) -> None:
+        """Load new weights between two decoding steps; on any error the old weights keep serving.
+
+        ``source`` is a state dict (tensors are copied; do not mutate them until this returns) or a path
+        to a ``save_pretrained`` directory or a single ``.safetensors``/``.bin``/``.pt`` file.
+        """
+        self._ensure_started()
+        loop = asyncio.get_running_loop()
+        where = str(source) if isinstance(source, str | Path) else "state dict"
+        try:
+            tensors = (
+                await loop.run_in_executor(None, read_state_dict, source)
+                if isinstance(source, str | Path)
+                else dict(source)
+            )
+            plan = await loop.run_in_executor(None, check_state_dict, self.model, tensors)
+        except WeightLoadError as exc:
+            exc.version, exc.source = version, where
+            raise
+        except Exception as exc:
+            raise WeightLoadError(
+                f"cannot load weights from {where}: {exc}", version=version, source=where
+            ) from exc
+        async with self._step_lock:
+            try:
+                await loop.run_in_executor(self._executor, apply_state_dict, self.model, plan)
+            except Exception as exc:  # copy_ of checked same-shape tensors does not fail in practice
+                raise WeightLoadError(
+                    f"applying weights failed: {exc}", version=version, source=where
+                ) from exc
+            self._version = version
+
+    async def close(self) -> None:
+        """Fail waiting and running requests, stop the scheduler and the worker thread."""
+        self._closed = True
+        if self._task is not None and self._loop is asyncio.get_running_loop():
+            self._wake.set()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        error = EngineStepError("engine closed")
+        for req in list(self._waiting) + list({s.req: None for s in self._running}):
+            req.queue.put_nowait(error)
+        self._waiting.clear()
+        self._running = []
+        self._executor.shutdown(wait=True)
+
+    # --------------------------------------------------------------------------- scheduling
+    def check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """Validate a request without running it; returns its effective ``max_tokens``."""
+        if self._closed:
+            raise EngineStepError("engine closed")
+        params.validate(self.runner.vocab_size)
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.runner.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt token id {bad} is outside the vocabulary (size {vocab})")
+        room = self.max_model_len - len(prompt_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if room < 1 or max_tokens > room:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        return max_tokens
+
+    def _make_request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
+    ) -> _Request:
+        prompt = [int(t) for t in prompt_ids]
+        max_tokens = self.check_prompt(prompt, params)
+        return _Request(request_id or uuid.uuid4().hex, prompt, params, max_tokens, asyncio.Queue())
+
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._task is not None and not self._task.done():
+            return
+        if self._closed:
+            raise EngineStepError("engine closed")
+        # First use, or a new event loop (the old one is gone with its task): start fresh.
+        self._loop = loop
+        self._waiting.clear()
+        self._running = []
+        self._wake = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self._task = loop.create_task(self._schedule(), name="flywheel-engine")
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._wake.clear()  # cleared before looking, so a request added meanwhile is never missed
+            async with self._step_lock:
+                self._drop_cancelled()
+                admits = self._admissions()
+                decode = not self._frozen and any(not s.done for s in self._running)
+                if admits or decode:
+                    running = list(self._running)
+                    try:
+                        updates = await loop.run_in_executor(
+                            self._executor, self._step, admits, running, decode
+                        )
+                    except Exception as exc:
+                        self._fail_all(admits, EngineStepError(f"model step failed: {exc}"))
+                    else:
+                        self._dispatch(updates)
+            async with self._changed:
+                self._changed.notify_all()
+            if not admits and not decode:
+                if self.num_running == 0:
+                    self._running = []
+                await self._wake.wait()
+
+    def _admissions(self) -> list[_Request]:
+        if self._paused:
+            return []
+        live = self.num_running
+        admits: list[_Request] = []
+        while self._waiting:
+            req = self._waiting[0]
+            if live and live + req.params.n > self.max_num_seqs:
+                break
+            self._waiting.popleft()
+            admits.append(req)
+            live += req.params.n
+        return admits
+
+    def _drop_cancelled(self) -> None:
+        if any(r.cancelled for r in self._waiting):
+            self._waiting = deque(r for r in self._waiting if not r.cancelled)
+        for seq in self._running:
+            if seq.req.cancelled and not seq.done:
+                seq.done = True
+                seq.req.unfinished -= 1
+
+    def _fail_all(self, admits: list[_Request], error: BaseException) -> None:
+        reqs = {s.req: None for s in self._running} | dict.fromkeys(admits)
+        for req in reqs:
+            req.unfinished = 0
+            req.queue.put_nowait(error)
+        self._running = []
+        self.runner.release()
+
+    def _dispatch(self, updates: dict[_Request, RequestUpdate]) -> None:
+        for req, update in updates.items():
+            req.queue.put_nowait(update)
+            if req.unfinished == 0:
+                req.queue.put_nowait(None)
+
+    # ------------------------------------------------------------- the step (worker thread)
+    def _step(
+        self, admits: list[_Request], running: list[_Seq], decode: bool
+    ) -> dict[_Request, RequestUpdate]:
+        runner = self.runner
+        updates: dict[_Request, RequestUpdate] = {}
+        # 1. compact: live sequences move down into the slots of finished ones (ascending, so safe)
+        live: list[_Seq] = []
+        for slot, seq in enumerate(running):
+            if seq.done:
+                continue
+            if slot != len(live):
+                runner.move_slot(slot, len(live), seq.cached)
+            live.append(seq)
+        # 2. decode one token for every live sequence (before admitting, so rows are 0..B-1)
+        if decode and live:
+            logits = runner.decode([s.tokens[-1] for s in live], [s.cached for s in live])
+            self._take(live, logits, updates)
+        # 3. admit: prefill into the next free slot, copy the cache for n > 1, sample first tokens
+        for req in admits:
+            first = len(live)
+            need_len = len(req.prompt) + req.max_tokens
+            runner.reserve(first + req.params.n, need_len)
+            logits = runner.prefill(req.prompt, first)
+            if req.params.n > 1:
+                runner.copy_slot(first, range(first + 1, first + req.params.n), len(req.prompt))
+            seeds = (
+                [(req.params.seed + i) % 2**63 for i in range(req.params.n)]
+                if req.params.seed is not None
+                else [
+                    int(torch.randint(0, 2**62, (), generator=self._seed_source)) for _ in range(req.params.n)
+                ]
+            )
+            seqs = [_Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
+            req.seqs, req.unfinished = seqs, len(seqs)
+            self._take(seqs, logits.unsqueeze(0).expand(len(seqs), -1), updates)
+            live.extend(seqs)
+        self._running = live  # finished ones are compacted away at the start of the next step
+        self.steps += 1
+        return updates
+
+    def _take(self, seqs: list[_Seq], logits: torch.Tensor, updates: dict[_Request, RequestUpdate]) -> None:
+        result = sample(logits, [s.req.params for s in seqs], [s.generator for s in seqs])
+        version = self._version
+        for row, seq in enumerate(seqs):
+            token, lp, top = result.token_ids[row], result.logprobs[row], result.top[row]
+            seq.tokens.append(token)
+            seq.logprobs.append(lp)
+            seq.tops.append(top)
+            seq.versions.append(version)
+            self.generated_tokens += 1
+            update = updates.setdefault(seq.req, RequestUpdate())
+            update.tokens.append(TokenEvent(seq.index, token, lp, top, version))
+            self._check_stop(seq, token, updates)
+
+    def _check_stop(self, seq: _Seq, token: int, updates: dict[_Request, RequestUpdate]) -> None:
+        params = seq.req.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            self._finish(seq, "stop", None, updates)
+        elif token in params.stop_token_ids:
+            self._finish(seq, "stop", token, updates)
+        elif params.stop and (hit := self._stop_string(seq)) is not None:
+            self._finish(seq, "stop", hit, updates)
+        elif len(seq.tokens) >= seq.req.max_tokens or seq.cached + 1 >= self.max_model_len:
+            self._finish(seq, "length", None, updates)
+
+    def _stop_string(self, seq: _Seq) -> str | None:
+        params = seq.req.params
+        # A stop string of c characters spans at most 4c byte-level tokens: decode only that tail.
+        window = 4 * max(len(s) for s in params.stop) + 4
+        tail = self.tokenizer.decode(seq.tokens[-window:], skip_special_tokens=params.skip_special_tokens)
+        return next((s for s in params.stop if s in tail), None)
+
+    def _finish(
+        self, seq: _Seq, reason: FinishReason, stop: str | int | None, updates: dict[_Request, RequestUpdate]
+    ) -> None:
+        params = seq.req.params
+        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=params.skip_special_tokens)
+        if isinstance(stop, str):
+            at = text.find(stop)
+            if at >= 0:
+                text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
+        seq.done = True
+        seq.req.unfinished -= 1
+        choice = ChoiceResult(seq.index, seq.tokens, seq.logprobs, seq.tops, seq.versions, text, reason, stop)
+        updates.setdefault(seq.req, RequestUpdate()).finished.append(choice)
+
+
+def _eos_ids(model: nn.Module, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (
+        getattr(generation_config, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(i) for i in source)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

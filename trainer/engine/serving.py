@@ -1,0 +1,451 @@
+"""Turn OpenAI/vLLM requests into engine calls and engine results into vLLM-shaped JSON.
+
+No FastAPI here (app.py is the thin router), so this logic is testable without HTTP. Response shapes
+follow vLLM: with ``return_token_ids`` chat responses carry top-level ``prompt_token_ids`` and
+``choices[i].token_ids`` (streaming: prompt ids in the first chunk, ``token_ids`` deltas per chunk);
+completions carry ``choices[i].prompt_token_ids`` and ``choices[i].token_ids``. With
+``return_weight_versions`` each choice carries ``weight_versions``, one per generated token (deltas
+when streaming). Logprobs are the sampling distribution's (vLLM ``processed_logprobs``); ``-inf``
+is reported as -9999.0 as vLLM does.
+
+Tool calls: when a chat request lists ``tools`` and the serving was created with
+``tool_parser="hermes"`` (the default), a non-streaming answer made of ``<tool_call>{json}</tool_call>``
+blocks (what the Qwen template asks for) is returned as ``message.tool_calls`` with
+``finish_reason="tool_calls"``. Streaming responses always carry the raw text as ``content``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate, TokenEvent
+from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest
+from trainer.engine.sampling import InvalidRequestError, SamplingParams
+
+JSON = dict[str, Any]
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _lp(value: float) -> float:
+    return value if math.isfinite(value) else -9999.0
+
+
+def sse(payload: JSON | str) -> str:
+    body = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {body}\n\n"
+
+
+class EngineServing:
+    """The OpenAI-compatible endpoints' logic over one ``InferenceEngine``."""
+
+    def __init__(self, engine: InferenceEngine, *, tool_parser: str | None = "hermes") -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.tool_parser = tool_parser
+        self._token_text: dict[int, str] = {}
+
+    # ------------------------------------------------------------------------------- prompts
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        kwargs = dict(req.chat_template_kwargs or {})
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                req.messages,
+                tools=req.tools,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
+        except Exception as exc:  # template errors are the caller's malformed messages
+            raise InvalidRequestError(f"cannot apply the chat template to these messages: {exc}") from exc
+        return [int(i) for i in ids]
+
+    def completion_prompt(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return [int(i) for i in self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)]
+        return prompt
+
+    # --------------------------------------------------------------------------- formatting
+    def token_text(self, token_id: int, as_id: bool = False) -> str:
+        if as_id:
+            return f"token_id:{token_id}"
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
+
+    def _chat_logprob_entries(
+        self,
+        token_ids: Sequence[int],
+        lps: Sequence[float],
+        tops: Sequence[Sequence[tuple[int, float]]],
+        as_id: bool,
+    ) -> list[JSON]:
+        entries = []
+        for tid, lp, top in zip(token_ids, lps, tops, strict=True):
+            text = self.token_text(tid, as_id)
+            entries.append(
+                {
+                    "token": text,
+                    "logprob": _lp(lp),
+                    "bytes": list(text.encode("utf-8")),
+                    "top_logprobs": [
+                        {
+                            "token": (t := self.token_text(alt, as_id)),
+                            "logprob": _lp(alt_lp),
+                            "bytes": list(t.encode("utf-8")),
+                        }
+                        for alt, alt_lp in top
+                    ],
+                }
+            )
+        return entries
+
+    def _completion_logprobs(self, choice: ChoiceResult, as_id: bool, offset: int = 0) -> JSON:
+        tokens = [self.token_text(t, as_id) for t in choice.token_ids]
+        offsets, pos = [], offset
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        top = []
+        for tid, lp, alts in zip(choice.token_ids, choice.logprobs, choice.top_logprobs, strict=True):
+            entry = {self.token_text(a, as_id): _lp(alp) for a, alp in alts}
+            entry.setdefault(self.token_text(tid, as_id), _lp(lp))
+            top.append(entry)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [_lp(x) for x in choice.logprobs],
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
+
+    def _parse_tools(self, text: str) -> tuple[str | None, list[JSON]]:
+        calls: list[JSON] = []
+        for match in _TOOL_CALL.finditer(text):
+            try:
+                body = json.loads(match.group(1))
+                name = body["name"]
+                args = body.get("arguments", {})
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                return text, []  # not a well-formed call: hand the text back untouched
+            calls.append(
+                {
+                    "id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {
+                        "name": str(name),
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
+        if not calls:
+            return text, []
+        content = text[: text.find("<tool_call>")].strip()
+        return (content or None), calls
+
+    # --------------------------------------------------------------------------------- chat
+    async def chat(self, req: ChatCompletionRequest) -> JSON | AsyncIterator[str]:
+        params = req.to_sampling_params()
+        prompt = self.chat_prompt(req)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        model = req.model or self.engine.model_name
+        if req.stream:
+            stream = self.engine.generate(prompt, params, request_id=request_id)
+            first = await _prime(stream)
+            return self._chat_stream(req, params, prompt, request_id, model, first, stream)
+        result = await self.engine.complete(prompt, params, request_id=request_id)
+        as_id = req.return_tokens_as_token_ids
+        choices = []
+        for c in result.choices:
+            content: str | None = c.text
+            tool_calls: list[JSON] = []
+            finish: str = c.finish_reason
+            if req.tools and self.tool_parser == "hermes" and c.finish_reason == "stop":
+                content, tool_calls = self._parse_tools(c.text)
+                if tool_calls:
+                    finish = "tool_calls"
+            choice: JSON = {
+                "index": c.index,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": tool_calls,
+                    "reasoning_content": None,
+                },
+                "logprobs": {
+                    "content": self._chat_logprob_entries(c.token_ids, c.logprobs, c.top_logprobs, as_id)
+                }
+                if params.logprobs is not None
+                else None,
+                "finish_reason": finish,
+                "stop_reason": c.stop_reason,
+            }
+            if req.return_token_ids:
+                choice["token_ids"] = c.token_ids
+            if req.return_weight_versions:
+                choice["weight_versions"] = c.weight_versions
+            choices.append(choice)
+        completion_tokens = sum(len(c.token_ids) for c in result.choices)
+        body: JSON = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": _usage(len(prompt), completion_tokens),
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if req.return_token_ids else None,
+        }
+        return body
+
+    async def _chat_stream(
+        self,
+        req: ChatCompletionRequest,
+        params: SamplingParams,
+        prompt: list[int],
+        request_id: str,
+        model: str,
+        first: RequestUpdate | None,
+        stream: AsyncIterator[RequestUpdate],
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        deltas = {i: _TextDelta(self.tokenizer, params) for i in range(params.n)}
+        completion_tokens = 0
+        for i in range(params.n):
+            chunk: JSON = {
+                **base,
+                "choices": [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if req.return_token_ids and i == 0:
+                chunk["prompt_token_ids"] = prompt
+            yield sse(chunk)
+        async for update in _chain(first, stream):
+            for index, tokens, done in _by_choice(update):
+                completion_tokens += len(tokens)
+                text = deltas[index].push([t.token_id for t in tokens], done)
+                choice: JSON = {
+                    "index": index,
+                    "delta": {"content": text},
+                    "logprobs": {
+                        "content": self._chat_logprob_entries(
+                            [t.token_id for t in tokens],
+                            [t.logprob for t in tokens],
+                            [t.top_logprobs for t in tokens],
+                            req.return_tokens_as_token_ids,
+                        )
+                    }
+                    if params.logprobs is not None
+                    else None,
+                    "finish_reason": done.finish_reason if done else None,
+                }
+                if done:
+                    choice["stop_reason"] = done.stop_reason
+                if req.return_token_ids:
+                    choice["token_ids"] = [t.token_id for t in tokens]
+                if req.return_weight_versions:
+                    choice["weight_versions"] = [t.weight_version for t in tokens]
+                yield sse({**base, "choices": [choice]})
+        if req.include_usage:
+            yield sse({**base, "choices": [], "usage": _usage(len(prompt), completion_tokens)})
+        yield sse("[DONE]")
+
+    # -------------------------------------------------------------------------- completions
+    async def completions(self, req: CompletionRequest) -> JSON | AsyncIterator[str]:
+        params = req.to_sampling_params()
+        prompts = [self.completion_prompt(p, req.add_special_tokens) for p in req.prompts()]
+        for p in prompts:
+            self.engine.check_prompt(p, params)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        model = req.model or self.engine.model_name
+        if req.stream:
+            streams = [
+                self.engine.generate(p, params, request_id=f"{request_id}-{i}") for i, p in enumerate(prompts)
+            ]
+            return self._completion_stream(req, params, prompts, request_id, model, streams)
+        results = await asyncio.gather(*(self.engine.complete(p, params) for p in prompts))
+        choices = []
+        for pi, result in enumerate(results):
+            for c in result.choices:
+                choice: JSON = {
+                    "index": pi * params.n + c.index,
+                    "text": c.text,
+                    "logprobs": self._completion_logprobs(c, req.return_tokens_as_token_ids)
+                    if params.logprobs is not None
+                    else None,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                    "prompt_logprobs": None,
+                }
+                if req.return_token_ids:
+                    choice["prompt_token_ids"] = result.prompt_token_ids
+                    choice["token_ids"] = c.token_ids
+                if req.return_weight_versions:
+                    choice["weight_versions"] = c.weight_versions
+                choices.append(choice)
+        usage = _usage(
+            sum(len(p) for p in prompts), sum(len(c.token_ids) for r in results for c in r.choices)
+        )
+        return {
+            "id": request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    async def _completion_stream(
+        self,
+        req: CompletionRequest,
+        params: SamplingParams,
+        prompts: list[list[int]],
+        request_id: str,
+        model: str,
+        streams: list[AsyncIterator[RequestUpdate]],
+    ) -> AsyncIterator[str]:
+        base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+        deltas = {
+            (pi, i): _TextDelta(self.tokenizer, params) for pi in range(len(prompts)) for i in range(params.n)
+        }
+        sent_prompt: set[int] = set()
+        completion_tokens = 0
+        async for pi, update in _merge(streams):
+            for index, tokens, done in _by_choice(update):
+                completion_tokens += len(tokens)
+                ids = [t.token_id for t in tokens]
+                text = deltas[(pi, index)].push(ids, done)
+                choice: JSON = {
+                    "index": pi * params.n + index,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason if done else None,
+                    "stop_reason": done.stop_reason if done else None,
+                }
+                if params.logprobs is not None:
+                    partial = ChoiceResult(
+                        index,
+                        ids,
+                        [t.logprob for t in tokens],
+                        [t.top_logprobs for t in tokens],
+                        [],
+                        "",
+                        "stop",
+                        None,
+                    )
+                    choice["logprobs"] = self._completion_logprobs(partial, req.return_tokens_as_token_ids)
+                if req.return_token_ids:
+                    if pi not in sent_prompt:
+                        choice["prompt_token_ids"] = prompts[pi]
+                        sent_prompt.add(pi)
+                    choice["token_ids"] = ids
+                if req.return_weight_versions:
+                    choice["weight_versions"] = [t.weight_version for t in tokens]
+                yield sse({**base, "choices": [choice]})
+        if req.include_usage:
+            yield sse(
+                {**base, "choices": [], "usage": _usage(sum(len(p) for p in prompts), completion_tokens)}
+            )
+        yield sse("[DONE]")
+
+
+class _TextDelta:
+    """Incremental detokenisation for streaming: never sends text a later stop string would cut off."""
+
+    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.skip = params.skip_special_tokens
+        self.hold = max((len(s) for s in params.stop), default=1) - 1
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, ids: list[int], done: ChoiceResult | None) -> str:
+        self.ids.extend(ids)
+        if done is not None:
+            text = done.text  # the engine's final text, already cut at the stop string
+        else:
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next byte
+            text = text[: max(len(text) - self.hold, 0)]
+        delta = text[self.sent :]
+        self.sent = max(self.sent, len(text))
+        return delta
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> JSON:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def _by_choice(update: RequestUpdate) -> list[tuple[int, list[TokenEvent], ChoiceResult | None]]:
+    by: dict[int, list[TokenEvent]] = {}
+    for t in update.tokens:
+        by.setdefault(t.index, []).append(t)
+    done = {c.index: c for c in update.finished}
+    return [(i, by.get(i, []), done.get(i)) for i in sorted(set(by) | set(done))]
+
+
+async def _prime(stream: AsyncIterator[RequestUpdate]) -> RequestUpdate | None:
+    """Pull the first update before the HTTP response starts, so engine errors become a 4xx/5xx."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+async def _chain(
+    first: RequestUpdate | None, rest: AsyncIterator[RequestUpdate]
+) -> AsyncIterator[RequestUpdate]:
+    if first is not None:
+        yield first
+    async for update in rest:
+        yield update
+
+
+async def _merge(streams: list[AsyncIterator[RequestUpdate]]) -> AsyncIterator[tuple[int, RequestUpdate]]:
+    """Interleave several request streams as their updates arrive (a completions batch)."""
+    queue: asyncio.Queue[tuple[int, RequestUpdate | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[RequestUpdate]) -> None:
+        try:
+            async for update in stream:
+                queue.put_nowait((i, update))
+        except BaseException as exc:  # forwarded to the consumer, which re-raises it
+            queue.put_nowait((i, exc))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
