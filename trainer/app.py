@@ -47,14 +47,16 @@ def load_backend(
 def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
     if not settings.trainer_engine_url:
         return []
+    token = settings.trainer_engine_token.get_secret_value() if settings.trainer_engine_token else None
     if settings.trainer_engine_kind == "vllm":
-        return [VllmReloadSink(settings.trainer_engine_url)]
-    return [HttpSink(settings.trainer_engine_url)]
+        return [VllmReloadSink(settings.trainer_engine_url, token=token)]
+    return [HttpSink(settings.trainer_engine_url, token=token)]
 
 
 def loop_config(settings: TrainerSettings) -> LoopConfig:
     return LoopConfig(
         mode=settings.trainer_mode,
+        objective=settings.trainer_objective,
         batch_groups=settings.trainer_batch_groups,
         max_in_flight=settings.trainer_max_in_flight,
         batch_timeout_s=settings.trainer_batch_timeout_s,
@@ -135,6 +137,7 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
         "trainer_started",
         version=backend.version,
         mode=settings.trainer_mode,
+        objective=settings.trainer_objective,
         root=str(settings.trainer_root),
     )
     runner = asyncio.create_task(service.run(max_steps))

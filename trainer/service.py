@@ -55,6 +55,7 @@ STATUS_FILE = "status.json"
 @dataclass(frozen=True)
 class LoopConfig:
     mode: Literal["sync", "async"] = "async"
+    objective: Literal["rl", "sft"] = "rl"  # sft: cross-entropy on episodes with reward ≥ threshold
     batch_groups: int = 8  # B: groups per training step
     max_in_flight: int = 16  # K: groups requested ahead (async; sync requests exactly B)
     batch_timeout_s: float | None = None  # train on fewer than B ready groups after this long
@@ -284,7 +285,10 @@ class TrainerService:
         if self.loop.mode == "sync" and update_now:
             _, missing, drain_ms = await self.weights.drain(next_version)
         try:
-            train_metrics = await asyncio.to_thread(self.backend.train_step, batch)
+            if self.loop.objective == "sft":
+                train_metrics = await asyncio.to_thread(self.backend.sft_step, batch.samples)
+            else:
+                train_metrics = await asyncio.to_thread(self.backend.train_step, batch)
         except (BackendError, RuntimeError, ValueError) as exc:
             log.error("train_step_failed", error=str(exc), groups=len(batch.group_ids))
             if self.loop.mode == "sync" and update_now:

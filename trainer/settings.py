@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import FlywheelSettings
@@ -24,6 +24,7 @@ class TrainerSettings(FlywheelSettings):
     trainer_dir: Path | None = None  # default: <data_dir>/trainer
     trainer_base_model: Path | None = None  # a Hugging Face model directory (config.json + weights)
     trainer_mode: Literal["sync", "async"] = "async"
+    trainer_objective: Literal["rl", "sft"] = "rl"
     trainer_batch_groups: int = Field(default=8, ge=1)
     trainer_max_in_flight: int = Field(default=16, ge=1)
     trainer_batch_timeout_s: float | None = None
@@ -37,6 +38,7 @@ class TrainerSettings(FlywheelSettings):
     trainer_drain_timeout_s: float = Field(default=30.0, gt=0)
     trainer_engine_url: str = ""  # an engine to load weights into over HTTP (empty: none)
     trainer_engine_kind: Literal["flywheel", "vllm"] = "flywheel"
+    trainer_engine_token: SecretStr | None = None  # bearer token for the engine's /load_weights
     trainer_success_threshold: float = 1.0
     trainer_tracker: Literal["none", "tensorboard", "wandb"] = "none"
     trainer_device: str = "cpu"

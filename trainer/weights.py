@@ -107,8 +107,10 @@ class HttpSink:
         client: httpx.AsyncClient | None = None,
         timeout_s: float = 120.0,
         route: str = "/load_weights",
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.name = f"http:{self.url}"
         self._client = client
         self._timeout = timeout_s
@@ -122,7 +124,9 @@ class HttpSink:
             raise WeightLoadError(self.name, update.version, "no checkpoint path to hand over")
         client = self._client or httpx.AsyncClient(timeout=self._timeout)
         try:
-            resp = await client.post(self.url + self._route, json=self.body(update), timeout=self._timeout)
+            resp = await client.post(
+                self.url + self._route, json=self.body(update), headers=self._headers, timeout=self._timeout
+            )
         except httpx.HTTPError as exc:
             raise WeightLoadError(self.name, update.version, f"{type(exc).__name__}: {exc}") from exc
         finally:

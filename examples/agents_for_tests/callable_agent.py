@@ -1,11 +1,12 @@
 """Callable agents: ``examples.agents_for_tests.callable_agent:run`` (async) and ``:run_sync``.
 
 ``llm`` is anything with ``base_url``, ``api_key`` and ``model`` attributes; the agent uses the real
-``openai`` SDK and imports nothing of Flywheel. Task input as in ``chat_agent.py``.
+``openai`` SDK and imports nothing of Flywheel. Task input as in ``chat_agent.py`` (``pause``: async only).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from openai import AsyncOpenAI, OpenAI
@@ -29,6 +30,8 @@ async def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
     reply = ""
     async with AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=30.0) as client:
         for turn in range(calls):
+            if turn:
+                await asyncio.sleep(float(spec.get("pause", 0)))
             resp = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=32)
             reply = resp.choices[0].message.content or ""
             messages.append({"role": "assistant", "content": reply})

@@ -1,9 +1,9 @@
 """A command agent: reads its task from stdin, talks to the model with the real ``openai`` SDK (configured
 only by ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``), and prints one final JSON line.
 
-Task input (all optional): ``{"question": str, "calls": int, "reward": float}``. The agent makes
-``calls`` chat calls in one growing conversation, answers with the last reply, and reports ``reward``
-when the task carries one.
+Task input (all optional): ``{"question": str, "calls": int, "reward": float, "pause": float}``. The
+agent makes ``calls`` chat calls in one growing conversation (``pause`` seconds apart), answers with the
+last reply, and reports ``reward`` when the task carries one.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from openai import OpenAI
@@ -23,6 +24,8 @@ def run(task: dict[str, Any], client: OpenAI, model: str) -> dict[str, Any]:
     messages: list[Any] = [{"role": "user", "content": question}]
     reply = ""
     for turn in range(calls):
+        if turn:
+            time.sleep(float(spec.get("pause", 0)))
         resp = client.chat.completions.create(model=model, messages=messages, max_tokens=32)
         reply = resp.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": reply})

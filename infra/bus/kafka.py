@@ -59,6 +59,7 @@ class KafkaBus:
         retry_backoff_s: float = 0.05,
         session_timeout_ms: int = 10_000,
         assignment_timeout_s: float = 30.0,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.prefix = prefix
@@ -67,6 +68,7 @@ class KafkaBus:
         self.retry_backoff_s = retry_backoff_s
         self.session_timeout_ms = session_timeout_ms
         self.assignment_timeout_s = assignment_timeout_s
+        self.stop_grace_s = stop_grace_s  # how long stop() lets in-flight handlers finish
         self._linger_ms = linger_ms
         self._max_batch_bytes = max_batch_bytes
         self._producer: AIOKafkaProducer | None = None
@@ -192,7 +194,8 @@ class KafkaBus:
             probe = await self._probe_consumer()
             if physical not in await probe.topics():
                 return 0
-            tps = [TopicPartition(physical, p) for p in sorted(probe.partitions_for_topic(physical) or ())]
+            parts = await self._running_producer().partitions_for(physical)
+            tps = [TopicPartition(physical, p) for p in sorted(parts)]
             committed = await admin.list_consumer_group_offsets(self.physical(group), partitions=tps)
             ends = await probe.end_offsets(tps)
             starts = await probe.beginning_offsets(tps)

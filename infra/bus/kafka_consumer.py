@@ -108,8 +108,11 @@ class KafkaSubscription:
         self._stopping = True
         task = self._task
         if task is not None and task is not asyncio.current_task():
-            if self.idle.is_set():
-                task.cancel()
+            if not self.idle.is_set():
+                done, _ = await asyncio.wait({task}, timeout=self._bus.stop_grace_s)
+                if not done:
+                    log.warning("bus.stop_timeout", topic=self.topic, group=self.group)
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         consumer, self._consumer = self._consumer, None

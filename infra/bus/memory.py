@@ -16,8 +16,8 @@
   ``flywheel.deadletter`` and the partition moves on. Raw bytes that do not decode are stored as
   they are and dead-lettered by each group that reaches them, as on Kafka.
 - History is bounded: records every group has committed are trimmed down to ``retain`` per partition,
-  and no partition keeps more than ``max_retained`` records (a group further behind resumes at the
-  oldest record kept, like Kafka's ``auto.offset.reset=earliest``).
+  and no partition keeps much more than ``max_retained`` records (checked every ``retain`` appends);
+  a group further behind resumes at the oldest record kept, like ``auto.offset.reset=earliest``.
 
 Events are stored as the frozen, already-validated objects that were published: nothing is
 re-serialised on the way through.
@@ -42,31 +42,35 @@ log = get_logger(__name__)
 _IN_CONSUMER: ContextVar[bool] = ContextVar("flywheel_memory_bus_consumer", default=False)
 
 
-class _Record:
-    __slots__ = ("error", "event", "key", "raw")
+class _Bad:
+    """A raw message that did not decode, kept in the log where the event would be."""
 
-    def __init__(
-        self, key: str, event: AnyEvent | None, raw: bytes | None = None, error: str | None = None
-    ) -> None:
-        self.key = key
-        self.event = event
+    __slots__ = ("error", "raw")
+
+    def __init__(self, raw: bytes, error: str) -> None:
         self.raw = raw
         self.error = error
 
 
+# The log of a partition is two parallel lists (keys, items): no per-record container object, which
+# keeps allocations (and the garbage collector's work) off the hot path.
+Item = AnyEvent | _Bad
+
+
 class _Partition:
-    __slots__ = ("base", "index", "next_trim", "records", "waiters")
+    __slots__ = ("base", "index", "items", "keys", "next_trim", "waiters")
 
     def __init__(self, index: int, retain: int) -> None:
         self.index = index
-        self.records: list[_Record] = []
-        self.base = 0  # offset of records[0]
+        self.keys: list[str] = []
+        self.items: list[Item] = []
+        self.base = 0  # offset of items[0]
         self.waiters: set[asyncio.Future[None]] = set()
         self.next_trim = 2 * retain
 
     @property
     def end(self) -> int:
-        return self.base + len(self.records)
+        return self.base + len(self.items)
 
     def notify(self) -> None:
         if self.waiters:
@@ -123,12 +127,15 @@ class _Member:
 MemorySubscription = _Member
 
 
-async def _stop_task(task: asyncio.Task[None], busy: bool) -> None:
-    """Cancel a consumer task that is waiting for data; let a busy one finish its message."""
+async def _stop_task(task: asyncio.Task[None], busy: bool, grace_s: float) -> None:
+    """Cancel a consumer task that waits for data; give a busy one ``grace_s`` to finish its message."""
     if task is asyncio.current_task():
         return  # a handler stopping its own subscription: the task returns after this message
-    if not busy:
-        task.cancel()
+    if busy:
+        done, _ = await asyncio.wait({task}, timeout=grace_s)
+        if not done:
+            log.warning("bus.stop_timeout", task=task.get_name(), grace_s=grace_s)
+    task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
 
@@ -174,7 +181,7 @@ class _Group:
         self.members.remove(member)
         self._wake_rebalanced()
         if member.task is not None:
-            await _stop_task(member.task, member.busy)
+            await _stop_task(member.task, member.busy, self.bus.stop_grace_s)
         if not self.members:
             self.generation += 1
             self.topic.active.remove(self)
@@ -182,10 +189,10 @@ class _Group:
                 self._release_space(p, force=True)
             workers, self.workers = self.workers, []
             for p, task in enumerate(workers):
-                await _stop_task(task, self.busy[p])
+                await _stop_task(task, self.busy[p], self.bus.stop_grace_s)
         elif member.inflight and asyncio.current_task() is not member.task:
             member.drained = asyncio.get_running_loop().create_future()
-            await member.drained
+            await asyncio.wait({member.drained}, timeout=self.bus.stop_grace_s)
 
     def _wake_rebalanced(self) -> None:
         for fut in self.rebalanced:
@@ -232,36 +239,37 @@ class _Group:
             offset = self.committed[p]
             if offset < part.base:
                 offset = part.base
-            if offset >= part.base + len(part.records):
+            if offset >= part.base + len(part.items):
                 fut: asyncio.Future[None] = loop.create_future()
                 part.waiters.add(fut)
                 await fut
                 continue
             member = members[p % len(members)]
-            record = part.records[offset - part.base]
+            i = offset - part.base
+            item, key = part.items[i], part.keys[i]
             self.busy[p] = True
             member.inflight += 1
             try:
                 handler = member.handler
-                if handler is not None and record.event is not None:
+                if handler is not None and not isinstance(item, _Bad):
                     try:  # the hot path: one call, no retry bookkeeping
-                        await handler(Message(record.event, topic, p, offset, record.key))
+                        await handler(Message(item, topic, p, offset, key))
                     except Exception:
-                        await self._deliver(member, p, offset, record, first_failed=True)
+                        await self._deliver(member, p, offset, key, item, first_failed=True)
                 else:
-                    await self._deliver(member, p, offset, record)
+                    await self._deliver(member, p, offset, key, item)
                 self._commit(p, offset)
             finally:
                 self.busy[p] = False
                 member.done_one()
 
     async def _deliver(
-        self, member: _Member, p: int, offset: int, record: _Record, first_failed: bool = False
+        self, member: _Member, p: int, offset: int, key: str, item: Item, first_failed: bool = False
     ) -> None:
-        if record.event is None:
-            await self.bus.dead_letter(self, p, offset, record, record.error or "undecodable", 1)
+        if isinstance(item, _Bad):
+            await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
             return
-        message = Message(record.event, self.topic.name, p, offset, record.key)
+        message = Message(item, self.topic.name, p, offset, key)
         attempts = 0
         if first_failed:
             attempts = 1
@@ -277,7 +285,7 @@ class _Group:
                 return
             except Exception as exc:
                 if attempts > member.max_retries:
-                    await self.bus.dead_letter(self, p, offset, record, exc, attempts)
+                    await self.bus.dead_letter(self, p, offset, key, item, exc, attempts)
                     return
                 await asyncio.sleep(self.bus.retry_backoff(attempts))
 
@@ -285,7 +293,7 @@ class _Group:
         _IN_CONSUMER.set(True)
         loop = asyncio.get_running_loop()
         while member in self.members:
-            taken: dict[int, list[tuple[int, _Record]]] = {}
+            taken: dict[int, list[tuple[int, str, Item]]] = {}
             try:
                 deadline: float | None = None
                 while True:
@@ -310,7 +318,7 @@ class _Group:
                     member.busy = False
                     member.done_one()
 
-    def _take(self, member: _Member, taken: dict[int, list[tuple[int, _Record]]]) -> None:
+    def _take(self, member: _Member, taken: dict[int, list[tuple[int, str, Item]]]) -> None:
         """Add available records of this member's partitions to ``taken`` (claiming those partitions)."""
         room = member.max_batch - sum(len(v) for v in taken.values())
         for p in list(taken) + self._assigned(member):
@@ -324,7 +332,8 @@ class _Group:
                 if got is None:
                     got = taken[p] = []
                     self.claimed.add(p)
-                got.extend((o, part.records[o - part.base]) for o in range(start, stop))
+                b = part.base
+                got.extend((o, part.keys[o - b], part.items[o - b]) for o in range(start, stop))
                 room -= stop - start
 
     async def _wait_data(self, member: _Member, partitions: list[int], wait_s: float | None) -> None:
@@ -341,17 +350,15 @@ class _Group:
             self.rebalanced.discard(fut)
             fut.cancel()
 
-    async def _deliver_batch(self, member: _Member, taken: dict[int, list[tuple[int, _Record]]]) -> None:
+    async def _deliver_batch(self, member: _Member, taken: dict[int, list[tuple[int, str, Item]]]) -> None:
         assert member.batch_handler is not None
         good: list[Message] = []
-        records: dict[tuple[int, int], _Record] = {}
-        for p, items in taken.items():
-            for offset, record in items:
-                if record.event is None:
-                    await self.bus.dead_letter(self, p, offset, record, record.error or "undecodable", 1)
+        for p, entries in taken.items():
+            for offset, key, item in entries:
+                if isinstance(item, _Bad):
+                    await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
                 else:
-                    good.append(Message(record.event, self.topic.name, p, offset, record.key))
-                    records[p, offset] = record
+                    good.append(Message(item, self.topic.name, p, offset, key))
         attempts = 0
         while good:
             attempts += 1
@@ -362,11 +369,11 @@ class _Group:
                 if attempts > member.max_retries:
                     # Find the poison messages: each one alone, with its own retries.
                     for m in good:
-                        await self._deliver(member, m.partition, m.offset, records[m.partition, m.offset])
+                        await self._deliver(member, m.partition, m.offset, m.key, m.event)
                     break
                 await asyncio.sleep(self.bus.retry_backoff(attempts))
-        for p, items in taken.items():
-            self._commit(p, items[-1][0])
+        for p, entries in taken.items():
+            self._commit(p, entries[-1][0])
 
 
 class MemoryBus:
@@ -380,12 +387,14 @@ class MemoryBus:
         retain: int = 10_000,
         max_retained: int = 200_000,
         retry_backoff_s: float = 0.01,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self.prefix = prefix  # one MemoryBus is one namespace; the prefix is kept for parity and logs
         self.max_backlog = max_backlog
         self._retain = retain
         self._max_retained = max(max_retained, retain)
         self._retry_backoff_s = retry_backoff_s
+        self.stop_grace_s = stop_grace_s  # how long stop() lets an in-flight handler finish
         self._topics: dict[str, _Topic] = {}
         self._running = False
 
@@ -441,34 +450,35 @@ class MemoryBus:
             return 0
         g = t.groups.get(group)
         if g is None:
-            return sum(len(p.records) for p in t.partitions)
+            return sum(len(p.items) for p in t.partitions)
         return sum(g.backlog(p) for p in range(len(t.partitions)))
 
     # publishing ---------------------------------------------------------------------------------------
 
     async def publish(self, topic: str, event: AnyEvent, *, key: str | None = None) -> None:
-        self._check_running()
-        t = self._topic(topic)
+        if not self._running:
+            self._check_running()
+        t = self._topics.get(topic) or self._topic(topic)
         if type(event) not in t.spec.event_types:
             raise BusError(f"{type(event).__name__} does not belong on topic {topic}")
         if key is None:
             key = key_for(event)
-        await self._append(t, _Record(key, event))
+        await self._append(t, key, event)
 
     async def publish_raw(self, topic: str, data: bytes, *, key: str) -> None:
         self._check_running()
         t = self._topic(topic)
         try:
-            record = _Record(key, decode(topic, data))
+            item: Item = decode(topic, data)
         except EventDecodeError as exc:
-            record = _Record(key, None, raw=bytes(data), error=str(exc))
-        await self._append(t, record)
+            item = _Bad(bytes(data), str(exc))
+        await self._append(t, key, item)
 
-    async def _append(self, topic: _Topic, record: _Record) -> None:
-        p = partition_for(record.key, len(topic.partitions))
+    async def _append(self, topic: _Topic, key: str, item: Item) -> None:
+        p = partition_for(key, len(topic.partitions))
         part = topic.partitions[p]
         if topic.active and not _IN_CONSUMER.get():
-            full = part.base + len(part.records) - self.max_backlog
+            full = part.base + len(part.items) - self.max_backlog
             for group in tuple(topic.active):
                 if group.committed[p] > full:
                     continue  # the common case: room in this group's queue
@@ -476,9 +486,11 @@ class MemoryBus:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     group.space[p].append(fut)
                     await fut
-        part.records.append(record)
-        part.notify()
-        if len(part.records) >= part.next_trim:
+        part.keys.append(key)
+        part.items.append(item)
+        if part.waiters:
+            part.notify()
+        if len(part.items) >= part.next_trim:
             self._trim(topic, part)
 
     def _trim(self, topic: _Topic, part: _Partition) -> None:
@@ -486,12 +498,20 @@ class MemoryBus:
         floor = min((g.committed[p] for g in topic.groups.values()), default=part.end)
         cut = max(min(floor, part.end - self._retain), part.end - self._max_retained) - part.base
         if cut > 0:
-            del part.records[:cut]
+            del part.keys[:cut]
+            del part.items[:cut]
             part.base += cut
-        part.next_trim = len(part.records) + self._retain
+        part.next_trim = len(part.items) + self._retain
 
     async def dead_letter(
-        self, group: _Group, p: int, offset: int, record: _Record, error: BaseException | str, attempts: int
+        self,
+        group: _Group,
+        p: int,
+        offset: int,
+        key: str,
+        item: Item,
+        error: BaseException | str,
+        attempts: int,
     ) -> None:
         topic = group.topic.name
         log.warning(
@@ -509,14 +529,14 @@ class MemoryBus:
             topic=topic,
             partition=p,
             offset=offset,
-            key=record.key,
+            key=key,
             group=group.name,
             error=error,
             attempts=attempts,
-            event=record.event,
-            raw=record.raw,
+            event=None if isinstance(item, _Bad) else item,
+            raw=item.raw if isinstance(item, _Bad) else None,
         )
-        await self._append(self._topic(DEADLETTER), _Record(record.key, letter))
+        await self._append(self._topic(DEADLETTER), key, letter)
 
     # subscribing --------------------------------------------------------------------------------------
 

@@ -3,37 +3,47 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
+
+Model = Annotated[
+    Path,
+    typer.Option("--model", help="Local Hugging Face model directory (config.json, weights, tokenizer)."),
+]
+Host = Annotated[str, typer.Option("--host")]
+Port = Annotated[int, typer.Option("--port")]
+Threads = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: all cores).")]
+ServedName = Annotated[
+    str | None, typer.Option("--served-model-name", help="Name in /v1/models (default: the directory name).")
+]
+MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", help="Most sequences decoded in one batch.")]
+MaxLen = Annotated[int | None, typer.Option("--max-model-len", help="Context length (default: the model's).")]
+Version = Annotated[int, typer.Option("--weight-version", help="Version reported for the initial weights.")]
+AdminToken = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-token",
+        envvar="FLYWHEEL_ENGINE_ADMIN_TOKEN",
+        help="Require this bearer token on /pause, /resume and /load_weights.",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
     @app.command("engine")
     def engine_command(
-        model: Path = typer.Option(
-            ..., "--model", help="Local Hugging Face model directory (config.json, weights, tokenizer)."
-        ),
-        host: str = typer.Option("127.0.0.1", "--host"),
-        port: int = typer.Option(8100, "--port"),
-        threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: all cores)."),
-        served_model_name: str | None = typer.Option(
-            None, "--served-model-name", help="Name in /v1/models (default: the directory name)."
-        ),
-        max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Most sequences decoded in one batch."),
-        max_model_len: int | None = typer.Option(
-            None, "--max-model-len", help="Context length (default: the model's)."
-        ),
-        weight_version: int = typer.Option(
-            0, "--weight-version", help="Version reported for the initial weights."
-        ),
-        admin_token: str | None = typer.Option(
-            None,
-            "--admin-token",
-            envvar="FLYWHEEL_ENGINE_ADMIN_TOKEN",
-            help="Require this bearer token on /pause, /resume, /load_weights.",
-        ),
+        model: Model,
+        host: Host = "127.0.0.1",
+        port: Port = 8100,
+        threads: Threads = None,
+        served_model_name: ServedName = None,
+        max_num_seqs: MaxSeqs = 64,
+        max_model_len: MaxLen = None,
+        weight_version: Version = 0,
+        admin_token: AdminToken = None,
     ) -> None:
-        """Serve MODEL alone over HTTP (chat, completions, streaming, pause/resume, load_weights)."""
+        """Serve a model alone over HTTP (chat, completions, streaming, pause/resume, load_weights)."""
         import os
 
         if not (model / "config.json").is_file():

@@ -94,7 +94,9 @@ def _print_table(columns: list[str], rows: list[list[Any]], title: str | None = 
 
 
 def query_command(
-    sql: Annotated[str, typer.Argument(help="one read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN")],
+    sql: Annotated[
+        str, typer.Argument(help="one read-only statement: SELECT, WITH, SHOW, DESCRIBE, EXPLAIN")
+    ],
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, max=1_000_000)] = 10_000,
@@ -140,13 +142,17 @@ def migrate_command(as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps({"applied": applied, "version": latest, "where": where}))
     elif applied:
-        typer.echo(f"applied migration(s) {', '.join(map(str, applied))} to {where}; schema at version {latest}")
+        typer.echo(
+            f"applied migration(s) {', '.join(map(str, applied))} to {where}; schema at version {latest}"
+        )
     else:
         typer.echo(f"{where}: schema up to date (version {latest})")
 
 
 def recorder_command(
-    port: Annotated[int | None, typer.Option("--port", help="admin API port (0: off); default FLYWHEEL_RECORDER_PORT")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="admin API port (0: off); default FLYWHEEL_RECORDER_PORT")
+    ] = None,
 ) -> None:
     """Run the recorder alone: every topic → the event log, with the event-log admin API."""
     import asyncio
@@ -185,7 +191,9 @@ def episodes_ls(
     status: Annotated[str | None, typer.Option(help="ok | error | timeout | cancelled")] = None,
     min_reward: Annotated[float | None, typer.Option("--min-reward")] = None,
     max_reward: Annotated[float | None, typer.Option("--max-reward")] = None,
-    weight_version: Annotated[int | None, typer.Option("--weight-version", help="served entirely by this version")] = None,
+    weight_version: Annotated[
+        int | None, typer.Option("--weight-version", help="served entirely by this version")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1_000_000)] = 50,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
@@ -217,7 +225,18 @@ def episodes_ls(
     if as_json:
         typer.echo(json.dumps([e.model_dump(mode="json") for e in episodes]))
         return
-    columns = ["episode_id", "task", "group", "tenant", "source", "status", "started", "calls", "reward", "versions"]
+    columns = [
+        "episode_id",
+        "task",
+        "group",
+        "tenant",
+        "source",
+        "status",
+        "started",
+        "calls",
+        "reward",
+        "versions",
+    ]
     rows = [
         [
             e.episode_id, e.task_id, e.group_id[:12], e.tenant, e.source, e.status,

@@ -48,6 +48,12 @@ def _register() -> None:
 
     ops_cmd.register(app)
     replay_cmd.register(app)
+    from infra.cli import trainer_cmd
+
+    trainer_cmd.register(app)
+    from infra.cli import demo_cmd
+
+    demo_cmd.register(app)
 
 
 _register()

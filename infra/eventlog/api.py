@@ -90,9 +90,13 @@ class _EventLogRoute(APIRoute):
             except RequestValidationError as exc:
                 first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
                 where = ".".join(str(p) for p in first.get("loc", ()))
-                return _error_response(400, "invalid_request_error", "invalid_request", f"{first['msg']} at {where}")
+                return _error_response(
+                    400, "invalid_request_error", "invalid_request", f"{first['msg']} at {where}"
+                )
             except ValidationError as exc:
-                return _error_response(400, "invalid_request_error", "invalid_filter", str(exc.errors()[0]["msg"]))
+                return _error_response(
+                    400, "invalid_request_error", "invalid_filter", str(exc.errors()[0]["msg"])
+                )
             except EventLogError as exc:
                 log.warning("eventlog.api_error", error=str(exc))
                 return _error_response(503, "server_error", "eventlog_unavailable", str(exc))
@@ -121,10 +125,21 @@ def create_eventlog_router(store: EventStore, admin_token: str) -> APIRouter:
     def require_admin(request: Request) -> None:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if not expected or scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise ApiError(401, "authentication_error", "invalid_admin_token", "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)")
+        if (
+            not expected
+            or scheme.lower() != "bearer"
+            or not hmac.compare_digest(token.strip().encode(), expected)
+        ):
+            raise ApiError(
+                401,
+                "authentication_error",
+                "invalid_admin_token",
+                "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)",
+            )
 
-    router = APIRouter(prefix=PREFIX, route_class=_EventLogRoute, dependencies=[Depends(require_admin)], tags=["eventlog"])
+    router = APIRouter(
+        prefix=PREFIX, route_class=_EventLogRoute, dependencies=[Depends(require_admin)], tags=["eventlog"]
+    )
 
     @router.post("/query", response_model=QueryResult)
     def query(body: QueryRequest) -> QueryResult:
@@ -137,7 +152,9 @@ def create_eventlog_router(store: EventStore, admin_token: str) -> APIRouter:
     @router.get("/episodes/{episode_id}/events", response_model=list[EventRecord])
     def episode_events(episode_id: str) -> list[EventRecord]:
         if not 0 < len(episode_id) <= 64:
-            raise ApiError(400, "invalid_request_error", "invalid_episode_id", "episode id must be 1-64 characters")
+            raise ApiError(
+                400, "invalid_request_error", "invalid_episode_id", "episode id must be 1-64 characters"
+            )
         return store.episode_events(episode_id)
 
     @router.get("/stats", response_model=list[StatsPoint])

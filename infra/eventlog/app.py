@@ -40,7 +40,11 @@ async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = 
     try:
         await bus.start()
         recorder = Recorder(
-            bus, store, topics=ALL_TOPICS, max_batch=settings.recorder_max_batch, max_wait_s=settings.recorder_max_wait_s
+            bus,
+            store,
+            topics=ALL_TOPICS,
+            max_batch=settings.recorder_max_batch,
+            max_wait_s=settings.recorder_max_wait_s,
         )
         await recorder.start()
         if settings.recorder_port:
@@ -57,11 +61,15 @@ async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = 
                 return {"ok": True, "events": recorder.stats.events, "last_error": recorder.stats.last_error}
 
             config = uvicorn.Config(
-                app, host=settings.recorder_host, port=settings.recorder_port, log_level="warning", lifespan="off"
+                app,
+                host=settings.recorder_host,
+                port=settings.recorder_port,
+                log_level="warning",
+                lifespan="off",
             )
             server = uvicorn.Server(config)
-            server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-            server_task = asyncio.create_task(server.serve())
+            # serve() would install its own SIGINT/SIGTERM handlers; this process's ``stop`` owns them.
+            server_task = asyncio.create_task(server._serve())
             log.info("recorder.api", url=f"http://{settings.recorder_host}:{settings.recorder_port}")
         await stop.wait()
         await recorder.stop()

@@ -81,6 +81,7 @@ class HttpEventLogReader:
     ) -> None:
         """``client`` (e.g. a Starlette ``TestClient``) replaces the HTTP client built for ``url``."""
         self.url = url.rstrip("/")
+        self._owns_client = client is None
         self._client = client or httpx.Client(base_url=self.url, timeout=timeout_s)
         self._headers = {"Authorization": f"Bearer {admin_token}"}
 
@@ -93,7 +94,9 @@ class HttpEventLogReader:
         except Exception:
             message, code = response.text[:300] or response.reason_phrase, ""
         if response.status_code == 401:
-            raise EventLogError(f"{self.url} refused the admin token; set FLYWHEEL_ADMIN_TOKEN to the token of that process")
+            raise EventLogError(
+                f"{self.url} refused the admin token; set FLYWHEEL_ADMIN_TOKEN to the token of that process"
+            )
         if response.status_code == 404:
             raise EventLogUnavailableError(f"{self.url} serves no event log API ({PREFIX} not found)")
         if code == "read_only":
@@ -106,7 +109,9 @@ class HttpEventLogReader:
         try:
             response = self._client.request(method, PREFIX + path, headers=self._headers, **kwargs)
         except httpx.HTTPError as exc:
-            raise EventLogUnavailableError(f"cannot reach the Flywheel admin API at {self.url}: {exc}") from exc
+            raise EventLogUnavailableError(
+                f"cannot reach the Flywheel admin API at {self.url}: {exc}"
+            ) from exc
         self._raise_for(response)
         return response
 
@@ -121,14 +126,18 @@ class HttpEventLogReader:
                     if line.strip():
                         yield line
         except httpx.HTTPError as exc:
-            raise EventLogUnavailableError(f"cannot reach the Flywheel admin API at {self.url}: {exc}") from exc
+            raise EventLogUnavailableError(
+                f"cannot reach the Flywheel admin API at {self.url}: {exc}"
+            ) from exc
 
     def query(self, sql: str, *, max_rows: int = 10_000) -> QueryResult:
         response = self._request("POST", "/query", json={"sql": sql, "max_rows": max_rows})
         return QueryResult.model_validate_json(response.content)
 
     def episodes(self, f: EpisodeFilter) -> list[EpisodeSummary]:
-        return _EPISODES.validate_json(self._request("POST", "/episodes", json=f.model_dump(mode="json")).content)
+        return _EPISODES.validate_json(
+            self._request("POST", "/episodes", json=f.model_dump(mode="json")).content
+        )
 
     def episode_events(self, episode_id: str) -> list[EventRecord]:
         return _EVENTS.validate_json(self._request("GET", f"/episodes/{episode_id}/events").content)
@@ -162,12 +171,15 @@ class HttpEventLogReader:
             yield LLMCallRecorded.model_validate_json(line)
 
     def close(self) -> None:
-        self._client.close()
+        if self._owns_client:
+            self._client.close()
 
     def __enter__(self) -> HttpEventLogReader:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -143,6 +143,7 @@ def _generic_fields(
     task = get("task")
     version = get("weight_version", get("version"))
     reward = get("reward")
+    call_seq, attempt = get("call_seq"), get("attempt")
     return (
         _str(get("episode_id")),
         _str(get("task_id") or getattr(task, "task_id", None)),
@@ -152,8 +153,8 @@ def _generic_fields(
         _str(get("mode")),
         _str(get("model")),
         _str(get("status")),
-        get("call_seq") if isinstance(get("call_seq"), int) else -1,
-        get("attempt") if isinstance(get("attempt"), int) else -1,
+        call_seq if isinstance(call_seq, int) else -1,
+        attempt if isinstance(attempt, int) else -1,
         version if isinstance(version, int) else -1,
         float(reward) if isinstance(reward, int | float) else None,
     )

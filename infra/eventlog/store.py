@@ -248,7 +248,9 @@ class _SqlStore:
         bucket: Bucket = "hour",
         success_threshold: float = 1.0,
     ) -> list[StatsPoint]:
-        columns, _, rows = self._select(*queries.stats(self.database, since, until, bucket, success_threshold))
+        columns, _, rows = self._select(
+            *queries.stats(self.database, since, until, bucket, success_threshold)
+        )
         points = []
         for r in rows:
             d = dict(zip(columns, r, strict=True))
@@ -274,7 +276,9 @@ def _chdb_param(value: Any) -> str:
     if isinstance(value, datetime):
         return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     if isinstance(value, list | tuple):
-        return "[" + ",".join("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in value) + "]"
+        return (
+            "[" + ",".join("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in value) + "]"
+        )
     return str(value)
 
 
@@ -355,7 +359,9 @@ class ServerStore(_SqlStore):
 
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EventLogError(f"FLYWHEEL_CLICKHOUSE_URL must look like http://user:pw@host:8123/db, got {parts.scheme}://…")
+            raise EventLogError(
+                f"FLYWHEEL_CLICKHOUSE_URL must look like http://user:pw@host:8123/db, got {parts.scheme}://…"
+            )
         self.database = check_identifier(parts.path.strip("/") or DEFAULT_DATABASE)
         self.url_for_humans = f"{parts.scheme}://{parts.hostname}:{parts.port or 8123}/{self.database}"
         try:
@@ -369,10 +375,14 @@ class ServerStore(_SqlStore):
                 send_receive_timeout=300,
             )
         except Exception as exc:
-            raise EventLogUnavailableError(f"cannot reach ClickHouse at {self.url_for_humans}: {exc}") from exc
+            raise EventLogUnavailableError(
+                f"cannot reach ClickHouse at {self.url_for_humans}: {exc}"
+            ) from exc
         self._lock = threading.Lock()
 
-    def _result(self, sql: str, params: dict[str, Any], settings: dict[str, Any]) -> tuple[list[str], list[str], Rows]:
+    def _result(
+        self, sql: str, params: dict[str, Any], settings: dict[str, Any]
+    ) -> tuple[list[str], list[str], Rows]:
         try:
             with self._lock:
                 result = self._client.query(sql, parameters=params or None, settings=settings or None)
@@ -386,7 +396,9 @@ class ServerStore(_SqlStore):
 
     def _select_readonly(self, sql: str, max_rows: int) -> tuple[list[str], list[str], Rows]:
         # readonly=2 forbids writes but lets the client send its own per-query settings.
-        return self._result(sql, {}, {"readonly": 2, "max_result_rows": max_rows, "result_overflow_mode": "break"})
+        return self._result(
+            sql, {}, {"readonly": 2, "max_result_rows": max_rows, "result_overflow_mode": "break"}
+        )
 
     def _command(self, sql: str) -> None:
         try:
@@ -407,7 +419,11 @@ class ServerStore(_SqlStore):
 
 
 def open_store(
-    *, clickhouse_url: str = "", chdb_path: Path | None = None, database: str = DEFAULT_DATABASE, migrate: bool = True
+    *,
+    clickhouse_url: str = "",
+    chdb_path: Path | None = None,
+    database: str = DEFAULT_DATABASE,
+    migrate: bool = True,
 ) -> ChdbStore | ServerStore:
     """The configured store: a server when ``clickhouse_url`` is set, else embedded chdb at ``chdb_path``."""
     store: ChdbStore | ServerStore

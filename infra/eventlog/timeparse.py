@@ -17,5 +17,7 @@ def parse_when(value: str, *, now: datetime | None = None) -> datetime:
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"not a time: {value!r} (use ISO 8601 like 2026-11-30T12:00 or 30m, 6h, 2d)") from None
+        raise ValueError(
+            f"not a time: {value!r} (use ISO 8601 like 2026-11-30T12:00 or 30m, 6h, 2d)"
+        ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -56,7 +56,9 @@ def make_call_events(n: int, calls_per_episode: int = 8) -> list[s.LLMCallRecord
                 call_seq=i % calls_per_episode,
                 call_id=f"call-{i}",
                 model="policy",
-                request='{"model":"policy","messages":[{"role":"user","content":"' + "what is 47+38? " * 12 + '"}]}',
+                request='{"model":"policy","messages":[{"role":"user","content":"'
+                + "what is 47+38? " * 12
+                + '"}]}',
                 response='{"id":"cmpl","object":"chat.completion"}',
                 upstream=s.UpstreamKind.embedded,
                 token_faithful=True,
@@ -139,7 +141,9 @@ def main() -> None:
     if args.json:
         print(json.dumps({"figures": figures, "goals": goals}))
         return
-    print(f"recorder benchmark: {args.events} LLMCallRecorded events, ~{figures['event_json_bytes']:.0f} B JSON each")
+    print(
+        f"recorder benchmark: {args.events} LLMCallRecorded events, ~{figures['event_json_bytes']:.0f} B JSON each"
+    )
     print(f"{'figure':38} {'value':>12}  {'vs baseline':>11}  goal")
     base = figures["baseline_arrow_insert_rows_per_s"]
     for name, unit in (

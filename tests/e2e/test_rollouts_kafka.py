@@ -35,7 +35,16 @@ async def submit(stack: RolloutStack, tasks: list[dict[str, object]], agent: str
     path = tmp / f"tasks-{agent.split()[-1].replace('/', '_')}.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     proc = await asyncio.create_subprocess_exec(
-        FLYWHEEL, "tasks", "submit", str(path), "--agent", agent, "--n", str(n), "--deadline", "60",
+        FLYWHEEL,
+        "tasks",
+        "submit",
+        str(path),
+        "--agent",
+        agent,
+        "--n",
+        str(n),
+        "--deadline",
+        "60",
         env={**os.environ, **stack.env()},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -55,7 +64,10 @@ def expected_ids(question: str, calls: int) -> tuple[list[int], list[int], list[
     for turn in range(calls):
         response += reply
         mask += [1] * len(reply)
-        messages += [{"role": "assistant", "content": REPLY}, {"role": "user", "content": f"Check step {turn + 1}."}]
+        messages += [
+            {"role": "assistant", "content": REPLY},
+            {"role": "user", "content": f"Check step {turn + 1}."},
+        ]
         if turn + 1 < calls:
             nxt = render_prompt(messages)
             observation = nxt[len(prompt) + len(response) :]

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -213,7 +214,7 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
         }
         if want_ids:
             resp["prompt_token_ids"] = prompt
-        return resp
+        return Response(orjson.dumps(resp), media_type="application/json")
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response | dict[str, Any]:
@@ -254,7 +255,7 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
                 c["token_ids"] = ids
             choices.append(c)
         total = sum(len(ids) for _, ids, _ in choice_data)
-        return {
+        resp = {
             "id": cid,
             "object": "text_completion",
             "created": created,
@@ -266,6 +267,7 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
                 "total_tokens": len(prompt) + total,
             },
         }
+        return Response(orjson.dumps(resp), media_type="application/json")
 
     return app
 

@@ -29,7 +29,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,7 +171,7 @@ class InferenceEngine:
 
         if threads is not None:
             torch.set_num_threads(threads)
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         local = Path(path)
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"{local} is not a Hugging Face model directory (no config.json)")
@@ -204,6 +204,8 @@ class InferenceEngine:
         self._ensure_started()
         self._waiting.append(req)
         self._wake.set()
+        async with self._changed:
+            self._changed.notify_all()
         try:
             while True:
                 item = await req.queue.get()
@@ -248,6 +250,12 @@ class InferenceEngine:
         else:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.num_running == 0)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` holds; checked whenever a request is queued or a step ends."""
+        self._ensure_started()
+        async with self._changed:
+            await self._changed.wait_for(predicate)
 
     async def resume(self) -> None:
         self._ensure_started()

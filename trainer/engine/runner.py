@@ -48,7 +48,8 @@ class _Layer:
 
 def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-    weight: torch.Tensor = norm.weight
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -64,7 +65,7 @@ class KVRunner:
     """Prefill and batched decode over a slotted KV cache; not thread-safe (one engine thread owns it)."""
 
     def __init__(self, model: nn.Module, *, max_model_len: int | None = None) -> None:
-        config = model.config
+        config: Any = model.config
         model_type = str(getattr(config, "model_type", ""))
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
@@ -79,7 +80,7 @@ class KVRunner:
         inner: Any = model.model
         self.embed: nn.Embedding = inner.embed_tokens
         self.final_norm: nn.Module = inner.norm
-        self.lm_head: nn.Linear = model.lm_head
+        self.lm_head: Any = model.lm_head
         self.layers = [
             _Layer(
                 in_norm=layer.input_layernorm,
@@ -172,7 +173,8 @@ class KVRunner:
             h = _rms(layer.post_norm, x)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
         last = _rms(self.final_norm, x[0, -1:])
-        return self.lm_head(last)[0].float()
+        logits: torch.Tensor = self.lm_head(last)[0].float()
+        return logits
 
     @torch.no_grad()
     def decode(self, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
@@ -203,4 +205,5 @@ class KVRunner:
             x = x + layer.o(att.reshape(b, self.n_heads * self.head_dim))
             h = _rms(layer.post_norm, x)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-        return self.lm_head(_rms(self.final_norm, x)).float()
+        logits: torch.Tensor = self.lm_head(_rms(self.final_norm, x)).float()
+        return logits

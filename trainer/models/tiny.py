@@ -118,7 +118,7 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD,
@@ -162,15 +162,16 @@ def build_model(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
-        rope_theta=rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_ids[0],
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).float().eval()
-    model.generation_config = GenerationConfig(
+    model = Qwen2ForCausalLM(config)
+    model.float().eval()  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
     return model

@@ -258,3 +258,16 @@ async def test_lag_counts_uncommitted(bus: Bus) -> None:
     release.set()
     await got.wait(4)
     await wait_until_async(lambda: _lag_is(bus, "slow", 0), what="lag 0")
+
+
+async def test_subscribers_of_one_group_share_the_work(bus: Bus) -> None:
+    a, b = Collector(), Collector()
+    await bus.subscribe(s.EPISODES, "workers", a)
+    await bus.subscribe(s.EPISODES, "workers", b)
+    keys = [_ep() for _ in range(30)]
+    for key in keys:
+        await bus.publish(s.EPISODES, call_event(key, 0, size=300))
+    await wait_until(lambda: len(a.messages) + len(b.messages) >= 30, 30, "30 deliveries")
+    delivered = [m.key for m in a.messages + b.messages]
+    assert sorted(delivered) == sorted(keys)  # each event once in the group
+    assert not {m.partition for m in a.messages} & {m.partition for m in b.messages}

@@ -27,7 +27,9 @@ def episode(
     task = s.Task(task_id=task_id, input={"q": index})
     tick = iter(at + timedelta(seconds=i) for i in range(100))
     events: list[s.AnyEvent] = [
-        s.EpisodeStarted(episode_id=ep, emitted_at=next(tick), task=task, group_id=group_id, tenant=tenant, source=source)
+        s.EpisodeStarted(
+            episode_id=ep, emitted_at=next(tick), task=task, group_id=group_id, tenant=tenant, source=source
+        )
     ]
     for seq in range(calls):
         events.append(

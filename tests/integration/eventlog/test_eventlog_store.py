@@ -56,7 +56,13 @@ def test_episode_summaries(store: ChdbStore) -> None:
     all_eps = store.episodes(EpisodeFilter())
     assert [e.episode_id[-1] for e in all_eps] == ["5", "4", "3", "2", "1"]  # newest first
     first = {e.episode_id[-1]: e for e in all_eps}["1"]
-    assert (first.task_id, first.group_id, first.tenant, first.source, first.status) == ("sql-1", "g1", "acme", "live", "ok")
+    assert (first.task_id, first.group_id, first.tenant, first.source, first.status) == (
+        "sql-1",
+        "g1",
+        "acme",
+        "live",
+        "ok",
+    )
     assert (first.num_calls, first.num_transitions, first.reward, first.scored) == (3, 3, 1.0, True)
     assert (first.min_weight_version, first.max_weight_version) == (1, 1)
     assert first.started_at == T0
@@ -93,14 +99,22 @@ def test_select_scored_episodes_for_replay(store: ChdbStore) -> None:
     assert [e.episode_id[-1] for e in scored] == ["1", "3", "4"]  # oldest first
     assert all(isinstance(e, s.EpisodeScored) for e in scored)
     assert scored[0].transitions[0].behaviour_logprobs == [-0.5, -0.25]
-    assert [e.episode_id[-1] for e in store.select_scored_episodes(EpisodeFilter(min_weight_version=3))] == ["4", "5"]
+    assert [e.episode_id[-1] for e in store.select_scored_episodes(EpisodeFilter(min_weight_version=3))] == [
+        "4",
+        "5",
+    ]
     assert list(store.select_scored_episodes(EpisodeFilter(tenant="nobody"))) == []
     assert len(list(store.select_scored_episodes(EpisodeFilter(limit=2)))) == 2
 
 
 def test_select_calls_for_export(store: ChdbStore) -> None:
     calls = list(store.select_calls(CallFilter(episode_ids=[f"{1:032x}", f"{4:032x}"])))
-    assert [(c.episode_id[-1], c.call_seq) for c in calls] == [("1", 0), ("1", 1), ("1", 2), *[("4", i) for i in range(4)]]
+    assert [(c.episode_id[-1], c.call_seq) for c in calls] == [
+        ("1", 0),
+        ("1", 1),
+        ("1", 2),
+        *[("4", i) for i in range(4)],
+    ]
     assert len(list(store.select_calls(CallFilter(tenant="globex", min_weight_version=3)))) == 5
     assert len(list(store.select_calls(CallFilter(limit=3)))) == 3
 

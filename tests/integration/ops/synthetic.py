@@ -49,7 +49,9 @@ def _call(episode_id: str, seq: int, version: int, at: datetime, rng: random.Ran
         token_faithful=True,
         prompt_token_ids=prompt,
         choices=[
-            s.CallChoice(index=0, message=answer, token_ids=response, logprobs=logprobs, weight_versions=[version] * 4)
+            s.CallChoice(
+                index=0, message=answer, token_ids=response, logprobs=logprobs, weight_versions=[version] * 4
+            )
         ],
         weight_version=version,
     )
@@ -69,13 +71,20 @@ def synthetic_run(groups: int = 2, size: int = 4, seed: int = 7, tenant: str = "
             task = s.Task(task_id=f"calc-{g}", input={"q": g})
             run.events.append(
                 s.EpisodeStarted(
-                    emitted_at=at, episode_id=episode_id, task=task, group_id=group_id, group_size=size, tenant=tenant
+                    emitted_at=at,
+                    episode_id=episode_id,
+                    task=task,
+                    group_id=group_id,
+                    group_size=size,
+                    tenant=tenant,
                 )
             )
             calls = [_call(episode_id, seq, version, at, rng) for seq in range(2)]
             run.calls.extend(calls)
             run.events.extend(calls)
-            run.events.append(s.EpisodeFinished(emitted_at=at, episode_id=episode_id, status=s.EpisodeStatus.ok))
+            run.events.append(
+                s.EpisodeFinished(emitted_at=at, episode_id=episode_id, status=s.EpisodeStatus.ok)
+            )
             transitions = [
                 s.Transition(
                     prompt_ids=c.prompt_token_ids or [],

@@ -32,7 +32,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def cli(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("FLYWHEEL_BUS", "FLYWHEEL_ADMIN_URL", "FLYWHEEL_CLICKHOUSE_URL", "FLYWHEEL_ENV", "FLYWHEEL_UPSTREAM_URLS"):
+    for name in (
+        "FLYWHEEL_BUS",
+        "FLYWHEEL_ADMIN_URL",
+        "FLYWHEEL_CLICKHOUSE_URL",
+        "FLYWHEEL_ENV",
+        "FLYWHEEL_UPSTREAM_URLS",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(data_dir))
     return CliRunner()
@@ -94,7 +100,9 @@ def test_export_and_stats_from_the_cli(cli: CliRunner, tmp_path: Path) -> None:
     out = tmp_path / "rl.parquet"
     result = cli.invoke(app, ["export", "--kind", "rl", "--format", "parquet", "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["rows"] == pq.read_table(out).num_rows == 16 + 2  # + the val episode's two
+    assert (
+        json.loads(result.output)["rows"] == pq.read_table(out).num_rows == 16 + 2
+    )  # + the val episode's two
     result = cli.invoke(app, ["stats", "--bucket", "day", "--plot", str(tmp_path / "s.png"), "--json"])
     assert result.exit_code == 0, result.output
     points = json.loads(result.output)["points"]
@@ -121,7 +129,9 @@ def test_doctor_names_an_unreachable_dependency(cli: CliRunner, monkeypatch: pyt
     assert "Traceback" not in result.output
 
 
-def test_doctor_refuses_a_placeholder_token_in_production(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_refuses_a_placeholder_token_in_production(
+    cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLYWHEEL_ENV", "production")
     monkeypatch.delenv("FLYWHEEL_ADMIN_TOKEN", raising=False)
     result = cli.invoke(app, ["doctor", "--json"])
@@ -146,3 +156,91 @@ def test_completion_is_installable(cli: CliRunner) -> None:
     result = cli.invoke(app, ["--show-completion", "bash"], env={"SHELL": "/bin/bash"})
     assert result.exit_code == 0, result.output
     assert "complete" in result.output and "flywheel" in result.output.lower()
+
+
+# ------------------------------------------------------------------- against a running stack's admin API
+
+
+@pytest.fixture
+def running_stack(data_dir: Path) -> Iterator[str]:
+    """A stand-in for `flywheel up`'s admin server: in-process bus + event log + the ops router, in a thread."""
+    import socket
+    import threading
+    from contextlib import asynccontextmanager
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from infra.bus.memory import MemoryBus
+    from infra.ops.api import OpsContext, create_ops_router
+
+    store = ChdbStore(data_dir / "chdb")
+    ctx = OpsContext(
+        bus=MemoryBus(),
+        reader=store,
+        admin_token="s3cret-admin-token-for-tests",
+        services=lambda: {"trainer": {"up": True}},
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        await ctx.bus.start()
+        await ctx.watch_control()
+        yield
+        await ctx.stop()
+        await ctx.bus.stop()
+
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(create_ops_router(ctx))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            thread.join(0.05)
+        assert server.started, "the admin server did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        store.close()
+
+
+def test_status_and_replay_through_the_running_stack(
+    cli: CliRunner, running_stack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "s3cret-admin-token-for-tests")
+    result = cli.invoke(app, ["replay", "--since", "1d", "--url", running_stack, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["sent"] == 8
+    result = cli.invoke(app, ["status", "--url", running_stack, "--json"])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.output)
+    assert status["runtime"] == "embedded" and status["services"]["trainer"]["up"] is True
+    assert status["topics"]["flywheel.transitions"]["trainer"] == 8  # replayed, not yet consumed
+    result = cli.invoke(app, ["status", "--url", running_stack])
+    assert result.exit_code == 0 and "flywheel.transitions" in result.output and "trainer=8" in result.output
+
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "not-the-right-token-at-all")
+    result = cli.invoke(app, ["status", "--url", running_stack])
+    assert result.exit_code == 1
+    assert "401" in _one_line_error(result)
+
+
+def test_replay_api_rejects_a_bad_filter(running_stack: str) -> None:
+    import httpx
+
+    headers = {"Authorization": "Bearer s3cret-admin-token-for-tests"}
+    bad = {"filter": {"since": "2026-12-01T00:00:00Z", "until": "2026-11-01T00:00:00Z"}}
+    response = httpx.post(f"{running_stack}/admin/ops/replay", json=bad, headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert "since must be before until" in response.json()["error"]["message"]
+    response = httpx.post(f"{running_stack}/admin/ops/replay", json={"rate": -1}, headers=headers, timeout=30)
+    assert response.status_code == 400
+    response = httpx.post(f"{running_stack}/admin/ops/replay", json={}, timeout=30)
+    assert response.status_code == 401

@@ -32,7 +32,8 @@ async def _record(store: ChdbStore, run: Run) -> None:
     for event in run.events:
         await bus.publish(s.topic_for(event), event)
     async with asyncio.timeout(30):
-        while recorder.stats.events < len(run.events):
+        # The recorder exposes no "written" event: poll its counter under a deadline.
+        while recorder.stats.events < len(run.events):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     await recorder.stop()
     await bus.stop()
@@ -104,7 +105,10 @@ async def test_replay_filters(recorded: tuple[ChdbStore, Run]) -> None:
     assert good.selected == 4 + 3 and good.eligible == 4  # 4 rewarded + the three odd ones (reward 1)
     assert good.flat_groups == 2  # every member has reward 1: no GRPO signal, and the report says so
     versions = await replay(
-        store, None, WINDOW.model_copy(update={"min_weight_version": 3, "max_weight_version": 3}), dry_run=True
+        store,
+        None,
+        WINDOW.model_copy(update={"min_weight_version": 3, "max_weight_version": 3}),
+        dry_run=True,
     )
     assert 0 < versions.selected < 8
     by_task = await replay(store, None, WINDOW.model_copy(update={"task_pattern": "calc-1*"}), dry_run=True)
@@ -181,7 +185,9 @@ def test_export_rl_parquet_reads_back_token_level(recorded: tuple[ChdbStore, Run
     assert jsonl.rows == 3 == len((tmp_path / "rl.jsonl").read_text().splitlines())
 
 
-def test_export_of_nothing_writes_an_empty_readable_file(recorded: tuple[ChdbStore, Run], tmp_path: Path) -> None:
+def test_export_of_nothing_writes_an_empty_readable_file(
+    recorded: tuple[ChdbStore, Run], tmp_path: Path
+) -> None:
     store, _ = recorded
     flt = ExportFilter(since=datetime.now(UTC) + timedelta(days=1))
     report = export(store, tmp_path / "none.parquet", kind="rl", fmt="parquet", flt=flt)

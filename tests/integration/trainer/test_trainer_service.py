@@ -19,7 +19,17 @@ from schemas import (
 )
 from trainer.weights import InProcessSink
 
-from .trainer_harness import Collector, FakeEngine, FakeGateway, MemoryBus, group_events, make_trainer, publish, run_steps
+from .trainer_harness import (
+    Collector,
+    FakeEngine,
+    FakeGateway,
+    MemoryBus,
+    group_events,
+    make_trainer,
+    publish,
+    run_steps,
+    until,
+)
 
 
 @pytest.mark.timeout(60)
@@ -44,8 +54,19 @@ async def test_trains_groups_and_runs_the_weight_protocol(tmp_path: Path) -> Non
         # g2's member without transitions still counts toward the group and its baseline
         assert sorted(backend.trained, key=len) == [{"g2-e1-a0"}, {"g1-e0-a0", "g1-e1-a0"}]
         m = steps[-1].metrics
-        for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "clip_fraction",
-                    "tokens_per_s", "gen_seconds", "train_seconds", "drain_ms", "load_ms"):
+        for key in (
+            "reward",
+            "success",
+            "transitions_per_episode",
+            "staleness_mean",
+            "kl",
+            "clip_fraction",
+            "tokens_per_s",
+            "gen_seconds",
+            "train_seconds",
+            "drain_ms",
+            "load_ms",
+        ):
             assert key in m, key
         assert gw.version == 2 and not gw.paused
         status = (tmp_path / "trainer" / "status.json").read_text()
@@ -128,11 +149,7 @@ async def test_pause_and_resume_through_control_events(tmp_path: Path) -> None:
         await service.start()
         await bus.publish(CONTROL, TrainerPauseRequested(reason="test"))
         await events.wait_for(lambda e: isinstance(e, TrainerPauseRequested))
-        for _ in range(100):
-            if service.paused:
-                break
-            await asyncio.sleep(0.01)
-        assert service.paused
+        await until(lambda: service.paused)
         await publish(bus, group_events("g1", [1.0, 0.0]))
         runner = asyncio.create_task(service.run(max_steps=1))
         await asyncio.sleep(0.5)

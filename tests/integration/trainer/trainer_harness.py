@@ -120,6 +120,15 @@ def make_trainer(
     return service, backend
 
 
+async def until(pred: Any, within_s: float = 10.0) -> None:
+    """Poll a condition of in-process state (no event exists for it) with a deadline."""
+    for _ in range(int(within_s / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("condition not reached")
+
+
 async def run_steps(service: TrainerService, n: int, within_s: float = 30.0) -> None:
     await asyncio.wait_for(service.run(max_steps=n), within_s)
 
@@ -134,4 +143,5 @@ __all__ = [
     "make_trainer",
     "publish",
     "run_steps",
+    "until",
 ]

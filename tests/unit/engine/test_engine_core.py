@@ -154,8 +154,7 @@ async def test_pause_keep_freezes_and_resume_continues(engine: InferenceEngine, 
     assert engine.is_paused
     steps = engine.steps
     late = asyncio.create_task(engine.complete(chat_ids, SamplingParams(max_tokens=5, ignore_eos=True)))
-    while engine.num_waiting == 0:  # the late request is queued, not started
-        await asyncio.sleep(0)
+    await engine.wait_until(lambda: engine.num_waiting == 1)  # the late request is queued, not started
     for _ in range(20):
         await asyncio.sleep(0.005)
     assert engine.steps == steps and engine.num_waiting == 1 and not late.done()
@@ -178,8 +177,7 @@ async def test_pause_abort_ends_inflight_and_wait_lets_them_finish(
     await engine.resume()
 
     running = asyncio.create_task(engine.complete(chat_ids, SamplingParams(max_tokens=30, ignore_eos=True)))
-    while engine.num_running == 0:
-        await asyncio.sleep(0)
+    await engine.wait_until(lambda: engine.num_running == 1)
     await engine.pause("wait")
     assert running.done() and running.result().choices[0].finish_reason == "length"
     await engine.resume()

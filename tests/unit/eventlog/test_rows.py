@@ -31,13 +31,28 @@ def test_every_fixture_event_becomes_a_row_with_its_full_json() -> None:
 def test_identifier_columns() -> None:
     by_type = {r["type"]: r for r in to_arrow(sample_events()).to_pylist()}
     call = by_type["llm_call_recorded"]
-    assert (call["episode_id"], call["call_seq"], call["weight_version"], call["token_faithful"]) == (EP, 0, 3, 1)
+    assert (call["episode_id"], call["call_seq"], call["weight_version"], call["token_faithful"]) == (
+        EP,
+        0,
+        3,
+        1,
+    )
     assert call["reward"] is None
     scored = by_type["episode_scored"]
-    assert (scored["group_id"], scored["task_id"], scored["reward"], scored["num_transitions"]) == ("g1", "task-1", 1.0, 1)
+    assert (scored["group_id"], scored["task_id"], scored["reward"], scored["num_transitions"]) == (
+        "g1",
+        "task-1",
+        1.0,
+        1,
+    )
     assert scored["weight_version"] == 3  # the oldest version among its transitions
     started = by_type["episode_started"]
-    assert (started["task_id"], started["group_id"], started["call_seq"], started["weight_version"]) == ("task-1", "g1", -1, -1)
+    assert (started["task_id"], started["group_id"], started["call_seq"], started["weight_version"]) == (
+        "task-1",
+        "g1",
+        -1,
+        -1,
+    )
     assert by_type["weights_activated"]["weight_version"] == 4
     assert by_type["rollout_requested"]["episode_id"] == ""
 

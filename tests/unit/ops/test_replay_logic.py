@@ -63,7 +63,11 @@ def test_filter_cross_checks_are_one_line_errors() -> None:
 
 def _scored(group: str, reward: float | None = 1.0, **kw: object) -> s.EpisodeScored:
     t = s.Transition(
-        prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], behaviour_logprobs=[-0.5, -0.1], weight_version=2
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 1],
+        behaviour_logprobs=[-0.5, -0.1],
+        weight_version=2,
     )
     fields: dict[str, object] = {"transitions": [t], "reward": reward, **kw}
     return s.EpisodeScored(episode_id=s.new_episode_id(), group_id=group, group_size=4, **fields)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ def tiny_model(seed: int = 0, vocab: int = VOCAB):  # type: ignore[no-untyped-de
         max_position_embeddings=128,
         tie_word_embeddings=True,
     )
-    return Qwen2ForCausalLM(config).float()
+    return Qwen2ForCausalLM(config).float()  # type: ignore[no-untyped-call]
 
 
 def transition(
@@ -70,5 +70,5 @@ def episode(
         status=status,
         transitions=transitions if transitions is not None else [transition(reward=reward or 0.0)],
         num_calls=len(transitions) if transitions is not None else 1,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )

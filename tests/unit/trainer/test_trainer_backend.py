@@ -78,7 +78,7 @@ def test_microbatching_gives_the_same_gradient() -> None:
     for budget in (16, 4096):
         backend = TorchBackend(tiny_model(seed=3), AlgorithmConfig(token_budget=budget, max_grad_norm=1e9))
         assert (len(backend._microbatches(samples)) > 1) == (budget == 16)
-        backend.optimizer.step = lambda: None  # type: ignore[method-assign]
+        backend.optimizer.step = lambda *a, **k: None  # type: ignore[method-assign]
         backend.train_step(TrainBatch(samples, BatchStats(), []))
         grads.append(torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)

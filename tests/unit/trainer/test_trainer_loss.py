@@ -46,7 +46,7 @@ def test_observation_tokens_are_masked_out() -> None:
     logp = torch.zeros(1, 4, requires_grad=True)
     weights = torch.tensor([[0.25, 0.0, 0.0, 0.25]])
     parts = policy_loss(logp, logp.detach(), torch.zeros(1, 4), torch.ones(1, 4), weights, AlgorithmConfig())
-    parts.loss.backward()
+    parts.loss.backward()  # type: ignore[no-untyped-call]
     assert logp.grad is not None
     assert logp.grad[0, 1] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
     assert parts.tokens == 2
@@ -64,7 +64,7 @@ def test_truncated_importance_weights_and_clipping() -> None:
     assert parts.tis_capped_tokens == 1
     assert parts.tis_sum == pytest.approx(1 + 2 + 0.5)
     assert parts.clipped_tokens == 1  # ratio 1.5 > 1.2 with positive advantage
-    parts.loss.backward()
+    parts.loss.backward()  # type: ignore[no-untyped-call]
     assert logp.grad is not None
     assert logp.grad[0, 1] == 0  # clipped: no gradient
     assert logp.grad[0, 0] == pytest.approx(-1.0)  # -A * ratio * IS

@@ -1,0 +1,174 @@
+"""``flywheel demo``: the embedded stack trains a calculator agent on the CPU and shows it getting better."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _aggregate(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    parts = [r[key] for r in runs if r.get(key)]
+    if not parts:
+        return None
+    return {
+        field: round(_mean([float(p[field]) for p in parts]), 4)
+        for field in ("success", "reward", "transitions_per_episode", "calls_per_episode")
+    }
+
+
+def demo(
+    out: Annotated[Path, typer.Option(help="where report.json and training.png go")] = Path(".flywheel/demo"),
+    seed: Annotated[int, typer.Option(help="the first seed")] = 0,
+    seeds: Annotated[int, typer.Option(min=1, max=10, help="how many seeds to run (seed, seed+1, ...)")] = 1,
+    minutes: Annotated[
+        float, typer.Option(min=1, help="wall-clock budget per seed, sets the RL time")
+    ] = 10.0,
+    rl_seconds: Annotated[
+        float | None, typer.Option(help="RL wall-clock seconds (default: from --minutes)")
+    ] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(min=1, help="stop RL after this many trainer steps")
+    ] = None,
+    batch_groups: Annotated[int, typer.Option(min=1, help="B: tasks per training step")] = 8,
+    group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
+    lr: Annotated[float, typer.Option(help="RL learning rate")] = 1e-4,
+    eval_tasks: Annotated[int, typer.Option(min=1, help="held-out tasks per evaluation")] = 128,
+    baseline: Annotated[bool, typer.Option(help="also run the equal-time SFT-only baseline")] = True,
+    threads: Annotated[int, typer.Option(min=0, help="torch threads (0: torch's default)")] = 0,
+    tiny: Annotated[bool, typer.Option(help="a minute-long smoke run with a toy model (tests)")] = False,
+    cache: Annotated[Path | None, typer.Option(help="model cache (default ~/.cache/flywheel/demo)")] = None,
+) -> None:
+    """Warm-start a tiny model, then train the calculator agent with async GRPO through the whole pipeline."""
+    import asyncio
+    import logging
+    import sys
+    import time
+
+    from rich.console import Console
+
+    from infra.logging import configure_logging
+
+    repo = Path(__file__).resolve().parents[2]
+    if str(repo) not in sys.path:  # the agent lives in the repository's examples/ (not installed)
+        sys.path.insert(0, str(repo))
+    configure_logging("WARNING", None)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    from infra.demo.live import LiveDisplay
+    from infra.demo.report import plot, write_json
+    from infra.demo.run import TARGET_POINTS, DemoConfig, run_seed
+    from infra.demo.warmstart import DEFAULT_CACHE, WarmStartConfig
+
+    console = Console(stderr=False)
+    rl = (
+        rl_seconds
+        if rl_seconds is not None
+        else max(30.0, (minutes * 60.0 - 150.0) / (2.4 if baseline else 1.3))
+    )
+    warm = WarmStartConfig()
+    if tiny:
+        warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
+        rl = rl_seconds if rl_seconds is not None else 90.0
+        max_steps = max_steps or 2
+        batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
+    runs: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for s in range(seed, seed + seeds):
+        cfg = DemoConfig(
+            out=out,
+            seed=s,
+            rl_seconds=rl,
+            max_steps=max_steps,
+            batch_groups=batch_groups,
+            group_size=group_size,
+            max_in_flight=batch_groups + max(2, batch_groups // 2),
+            learning_rate=lr,
+            eval_tasks=eval_tasks,
+            baseline=baseline,
+            threads=threads,
+            cache=cache or DEFAULT_CACHE,
+            warm=warm,
+        )
+        display = LiveDisplay(console)
+        display.title = f"flywheel demo, seed {s}: async GRPO through gateway → bus → reward → trainer"
+        try:
+            with display:
+                result = asyncio.run(run_seed(cfg, display.say, display.step))
+        except KeyboardInterrupt:
+            console.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            console.print(f"[red]demo failed for seed {s}: {type(exc).__name__}: {exc}[/red]")
+            raise typer.Exit(1) from exc
+        runs.append(result)
+        write_json(out / f"seed-{s}" / "report.json", _jsonable(result))
+    report: dict[str, Any] = {
+        **{k: v for k, v in _jsonable(runs[0]).items() if k != "steps"},
+        "wall_seconds": round(time.perf_counter() - t0, 1) if seeds > 1 else runs[0]["wall_seconds"],
+        "target": {"success_points": TARGET_POINTS, "transitions_per_episode": "falls"},
+    }
+    if seeds > 1:
+        report["per_seed"] = [_jsonable(r) for r in runs]
+        report["mean"] = {k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")}
+        report["met_target_all_seeds"] = all(r["met_target"] for r in runs)
+    write_json(out / "report.json", report)
+    plot(out / "training.png", runs)
+    _summary(console, runs)
+    console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
+
+
+def _jsonable(run: dict[str, Any]) -> dict[str, Any]:
+    data = {k: v for k, v in run.items() if k != "points"}
+    data["steps"] = [
+        {
+            "step": p.step,
+            "version": p.version,
+            "t": round(p.elapsed_s, 2),
+            **{k: round(v, 5) for k, v in p.metrics.items()},
+        }
+        for p in run.get("points", [])
+    ]
+    return data
+
+
+def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="held-out success on unseen tasks (transitions per episode)")
+    for col in (
+        "seed",
+        "warm start",
+        "after RL",
+        "SFT-only (equal time)",
+        "Δ points",
+        "RL steps",
+        "wall s",
+        "target",
+    ):
+        table.add_column(col, justify="right")
+
+    def cell(r: dict[str, Any] | None) -> str:
+        return "-" if not r else f"{100 * r['success']:.1f}% ({r['transitions_per_episode']:.2f})"
+
+    for run in runs:
+        table.add_row(
+            str(run["seed"]),
+            cell(run.get("before")),
+            cell(run.get("after")),
+            cell(run.get("sft_only_baseline")),
+            f"{run['delta']['success_points']:+.1f}",
+            str(run["rl_steps"]),
+            f"{run['wall_seconds']:.0f}",
+            "met" if run["met_target"] else "not met",
+        )
+    console.print(table)

@@ -1,0 +1,227 @@
+"""``flywheel trainer run|pause|resume|status`` and ``flywheel weights ls``.
+
+Pause and resume work in both runtimes: the command writes (or removes) ``<trainer dir>/PAUSED``, which
+a trainer sharing the directory checks before every step (the embedded stack), and with
+``FLYWHEEL_BUS=kafka`` it also publishes ``TrainerPauseRequested`` / ``TrainerResumeRequested`` on
+``flywheel.control`` for trainers elsewhere. A paused trainer finishes its step in progress, keeps
+buffering episodes, and takes no step until resumed. ``status`` reads ``status.json`` (written by the
+trainer every step and while paused) and, on Kafka, the latest ``TrainerStepCompleted``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from trainer.settings import TrainerSettings
+
+Dir = Annotated[
+    Path | None, typer.Option("--dir", help="Trainer directory (default: FLYWHEEL_DATA_DIR/trainer).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+def _settings(directory: Path | None) -> TrainerSettings:
+    from trainer.settings import TrainerSettings
+
+    settings = TrainerSettings()
+    if directory is not None:
+        settings = settings.model_copy(update={"trainer_dir": directory})
+    return settings
+
+
+def _publish_control(settings: TrainerSettings, pause: bool, reason: str) -> bool:
+    """Publish the control event on Kafka; returns False (and says why) when it could not."""
+    import asyncio
+
+    from infra.bus.base import BusError
+    from infra.bus.factory import make_bus
+    from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested
+
+    async def _go() -> None:
+        bus = make_bus(settings)
+        await bus.start()
+        try:
+            event = (
+                TrainerPauseRequested(model=settings.model, reason=reason, producer="cli")
+                if pause
+                else TrainerResumeRequested(model=settings.model, producer="cli")
+            )
+            await asyncio.wait_for(bus.publish(CONTROL, event), 15)
+        finally:
+            await bus.stop()
+
+    try:
+        asyncio.run(_go())
+    except (BusError, OSError, TimeoutError) as exc:
+        typer.echo(f"warning: could not publish on the bus ({type(exc).__name__}: {exc})", err=True)
+        return False
+    return True
+
+
+def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[str, Any] | None:
+    import asyncio
+    import uuid
+
+    from infra.bus.base import BusError, Message
+    from infra.bus.factory import make_bus
+    from schemas import CONTROL, TrainerStepCompleted
+
+    latest: list[TrainerStepCompleted] = []
+
+    async def _go() -> None:
+        bus = make_bus(settings)
+        await bus.start()
+
+        async def on(msg: Message) -> None:
+            if isinstance(msg.event, TrainerStepCompleted) and msg.event.model == settings.model:
+                latest[:] = [msg.event]
+
+        try:
+            sub = await bus.subscribe(CONTROL, f"cli-status-{uuid.uuid4().hex[:8]}", on, from_beginning=True)
+            await asyncio.sleep(wait_s)  # read what the topic holds; there is no "end of topic" event
+            await sub.stop()
+        finally:
+            await bus.stop()
+
+    try:
+        asyncio.run(_go())
+    except (BusError, OSError) as exc:
+        typer.echo(f"warning: could not read the bus ({type(exc).__name__}: {exc})", err=True)
+        return None
+    if not latest:
+        return None
+    e = latest[0]
+    return {"step": e.step, "version": e.version, "metrics": e.metrics, "at": e.emitted_at.isoformat()}
+
+
+def register(app: typer.Typer) -> None:
+    trainer = typer.Typer(help="Run and control the trainer.", no_args_is_help=True)
+    weights = typer.Typer(help="Weight versions (checkpoints).", no_args_is_help=True)
+    app.add_typer(trainer, name="trainer")
+    app.add_typer(weights, name="weights")
+
+    @trainer.command("run")
+    def run_command(
+        model: Annotated[
+            Path | None, typer.Option("--model", help="Hugging Face model directory to train.")
+        ] = None,
+        mode: Annotated[str | None, typer.Option("--mode", help="sync | async")] = None,
+        max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
+        directory: Dir = None,
+    ) -> None:
+        """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
+        import asyncio
+
+        from infra.logging import configure_logging
+        from trainer.app import serve
+
+        settings = _settings(directory)
+        update: dict[str, Any] = {}
+        if model is not None:
+            update["trainer_base_model"] = model
+        if mode is not None:
+            if mode not in ("sync", "async"):
+                typer.echo("error: --mode must be sync or async", err=True)
+                raise typer.Exit(2)
+            update["trainer_mode"] = mode
+        settings = settings.model_copy(update=update)
+        if settings.trainer_base_model is None or not (settings.trainer_base_model / "config.json").is_file():
+            typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
+            raise typer.Exit(2)
+        configure_logging(settings.log_level, settings.log_json)
+        asyncio.run(serve(settings, max_steps))
+
+    @trainer.command("pause")
+    def pause_command(
+        reason: Annotated[str, typer.Option("--reason")] = "operator", directory: Dir = None
+    ) -> None:
+        """Stop taking training steps after the one in progress."""
+        from trainer.service import PAUSE_FILE
+
+        settings = _settings(directory)
+        settings.trainer_root.mkdir(parents=True, exist_ok=True)
+        (settings.trainer_root / PAUSE_FILE).write_text(reason + "\n")
+        if settings.bus == "kafka":
+            _publish_control(settings, pause=True, reason=reason)
+        typer.echo(f"trainer pause requested ({settings.trainer_root / PAUSE_FILE})")
+
+    @trainer.command("resume")
+    def resume_command(directory: Dir = None) -> None:
+        """Take training steps again."""
+        from trainer.service import PAUSE_FILE
+
+        settings = _settings(directory)
+        (settings.trainer_root / PAUSE_FILE).unlink(missing_ok=True)
+        if settings.bus == "kafka":
+            _publish_control(settings, pause=False, reason="")
+        typer.echo("trainer resume requested")
+
+    @trainer.command("status")
+    def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
+        """Step, version, paused, and the last step's metrics."""
+        from trainer.service import PAUSE_FILE, STATUS_FILE
+
+        settings = _settings(directory)
+        path = settings.trainer_root / STATUS_FILE
+        status: dict[str, Any] = {}
+        if path.exists():
+            try:
+                status = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                typer.echo(f"error: cannot read {path}: {exc}", err=True)
+                raise typer.Exit(1) from exc
+        status["pause_requested"] = (settings.trainer_root / PAUSE_FILE).exists()
+        if settings.bus == "kafka":
+            status["last_step_on_bus"] = _latest_step_on_bus(settings)
+        if not path.exists() and not status.get("last_step_on_bus"):
+            typer.echo(f"no trainer status yet ({path} missing and no TrainerStepCompleted seen)", err=True)
+            raise typer.Exit(1)
+        if as_json:
+            typer.echo(json.dumps(status, default=str))
+            return
+        metrics = status.get("metrics") or {}
+        typer.echo(
+            f"step {status.get('step', '?')}  version {status.get('version', '?')}  "
+            f"serving {status.get('serving_version', '?')}  mode {status.get('mode', '?')}  "
+            f"paused {status.get('paused', False) or status['pause_requested']}"
+        )
+        for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
+            if key in metrics:
+                typer.echo(f"  {key:<24} {metrics[key]:.4g}")
+
+    @weights.command("ls")
+    def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:
+        """List saved weight versions (newest last)."""
+        from trainer.checkpoints import CheckpointStore
+
+        store = CheckpointStore(_settings(directory).trainer_root)
+        infos = store.all()
+        latest = store.latest()
+        rows = [
+            {
+                "version": i.meta.version,
+                "step": i.meta.step,
+                "created_at": i.meta.created_at,
+                "path": str(i.path),
+                "latest": latest is not None and latest.path == i.path,
+                "reward": i.meta.metrics.get("reward"),
+            }
+            for i in infos
+        ]
+        if as_json:
+            typer.echo(json.dumps(rows))
+            return
+        if not rows:
+            typer.echo(f"no checkpoints under {store.dir}")
+            return
+        for r in rows:
+            mark = "*" if r["latest"] else " "
+            reward = "" if r["reward"] is None else f"  reward {r['reward']:.3f}"
+            typer.echo(
+                f"{mark} v{r['version']:<6} step {r['step']:<6} {r['created_at']}  {r['path']}{reward}"
+            )

@@ -1,0 +1,183 @@
+"""What the demo asks of the running stack: evaluations and training progress, all through the bus.
+
+An evaluation publishes one ``RolloutRequested(mode=val)`` per held-out task (a group of one) and
+waits for the reward service's ``EpisodeScored`` of each: the same worker → agent → gateway → engine
+→ reward path as training, and the trainer skips ``val`` episodes. Training progress is read from the
+trainer's ``TrainerStepCompleted`` events on ``flywheel.control``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.bus.base import Bus, Message
+from schemas import (
+    CONTROL,
+    TRANSITIONS,
+    AgentRef,
+    EpisodeScored,
+    EpisodeStatus,
+    Mode,
+    RolloutRequested,
+    Task,
+    TrainerStepCompleted,
+    new_group_id,
+    tasks_topic,
+)
+
+
+class EvaluationTimeout(TimeoutError):
+    def __init__(self, got: int, wanted: int, seconds: float) -> None:
+        super().__init__(f"evaluation: {got} of {wanted} episodes scored after {seconds:.0f}s")
+        self.got = got
+        self.wanted = wanted
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    success: float  # share of episodes with reward ≥ 1
+    reward: float
+    transitions_per_episode: float  # transitions the reward service built (calls, or merged trajectories)
+    calls_per_episode: float
+    episodes: int
+    errors: int  # episodes whose agent failed (error/timeout)
+    seconds: float
+    weight_versions: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "success": round(self.success, 4),
+            "reward": round(self.reward, 4),
+            "transitions_per_episode": round(self.transitions_per_episode, 4),
+            "calls_per_episode": round(self.calls_per_episode, 4),
+            "episodes": self.episodes,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 2),
+            "weight_versions": self.weight_versions,
+        }
+
+
+def summarise(scored: Sequence[EpisodeScored], seconds: float) -> EvalResult:
+    n = max(1, len(scored))
+    versions = sorted({t.weight_version for e in scored for t in e.transitions})
+    return EvalResult(
+        success=sum(1 for e in scored if (e.reward or 0.0) >= 1.0) / n,
+        reward=sum(e.reward or 0.0 for e in scored) / n,
+        transitions_per_episode=sum(len(e.transitions) for e in scored) / n,
+        calls_per_episode=sum(e.num_calls for e in scored) / n,
+        episodes=len(scored),
+        errors=sum(1 for e in scored if e.status is not EpisodeStatus.ok),
+        seconds=seconds,
+        weight_versions=versions,
+    )
+
+
+async def evaluate(
+    bus: Bus,
+    tasks: Sequence[Task],
+    agent: AgentRef,
+    *,
+    model: str = "policy",
+    deadline_s: float = 120.0,
+    timeout_s: float = 600.0,
+) -> EvalResult:
+    """Run ``agent`` once on every task in ``mode=val`` and summarise the scored episodes."""
+    wanted: dict[str, Task] = {new_group_id(): task for task in tasks}
+    got: dict[str, EpisodeScored] = {}
+    done = asyncio.Event()
+
+    async def on_scored(msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, EpisodeScored) and event.group_id in wanted:
+            got[event.group_id] = event
+            if len(got) == len(wanted):
+                done.set()
+
+    t0 = time.perf_counter()
+    sub = await bus.subscribe(
+        TRANSITIONS, f"demo-eval-{uuid.uuid4().hex[:12]}", on_scored, from_beginning=False
+    )
+    try:
+        for group_id, task in wanted.items():
+            await bus.publish(
+                tasks_topic(None),
+                RolloutRequested(
+                    task=task,
+                    agent=agent,
+                    group_id=group_id,
+                    group_size=1,
+                    mode=Mode.val,
+                    model=model,
+                    deadline_s=deadline_s,
+                    producer="demo",
+                ),
+            )
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        except TimeoutError as exc:
+            raise EvaluationTimeout(len(got), len(wanted), time.perf_counter() - t0) from exc
+    finally:
+        await sub.stop()
+    return summarise(list(got.values()), time.perf_counter() - t0)
+
+
+@dataclass
+class StepPoint:
+    step: int
+    version: int
+    elapsed_s: float
+    metrics: dict[str, float]
+
+
+class TrainingMonitor:
+    """Collects ``TrainerStepCompleted`` events (for the live display and the plot)."""
+
+    def __init__(
+        self, bus: Bus, model: str = "policy", on_step: Callable[[StepPoint], None] | None = None
+    ) -> None:
+        self.bus = bus
+        self.model = model
+        self.on_step = on_step
+        self.points: list[StepPoint] = []
+        self.t0 = time.perf_counter()
+        self._sub: Any = None
+        self._new = asyncio.Event()
+
+    async def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self._sub = await self.bus.subscribe(
+            CONTROL, f"demo-monitor-{uuid.uuid4().hex[:12]}", self._on_control, from_beginning=False
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.stop()
+            self._sub = None
+
+    async def _on_control(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, TrainerStepCompleted) and event.model == self.model:
+            point = StepPoint(event.step, event.version, time.perf_counter() - self.t0, dict(event.metrics))
+            self.points.append(point)
+            self._new.set()
+            if self.on_step is not None:
+                self.on_step(point)
+
+    async def wait_steps(self, n: int, timeout_s: float) -> bool:
+        """Wait until ``n`` steps were seen (True) or ``timeout_s`` passed (False)."""
+        deadline = time.perf_counter() + timeout_s
+        while len(self.points) < n:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            self._new.clear()
+            try:
+                await asyncio.wait_for(self._new.wait(), left)
+            except TimeoutError:
+                return False
+        return True

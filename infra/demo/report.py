@@ -1,0 +1,73 @@
+"""The demo's outputs: ``report.json`` and ``training.png`` (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from infra.demo.pipeline import StepPoint
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=False))
+    tmp.replace(path)
+
+
+def _series(points: Sequence[StepPoint], name: str) -> tuple[list[int], list[float]]:
+    xs = [p.step for p in points if name in p.metrics]
+    return xs, [p.metrics[name] for p in points if name in p.metrics]
+
+
+def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
+    """One row per seed: training reward, transitions/episode vs step; held-out bars before/after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 3, figsize=(14, 3.6 * len(runs)), squeeze=False)
+    for row, run in zip(axes, runs, strict=True):
+        points: list[StepPoint] = run["points"]
+        seed = run["seed"]
+        xs, reward = _series(points, "reward_mean")
+        row[0].plot(xs, reward, color="tab:blue", label="reward (train batch)")
+        xs, success = _series(points, "success_rate")
+        if success:
+            row[0].plot(xs, success, color="tab:green", alpha=0.6, label="success (train batch)")
+        row[0].set_title(f"seed {seed}: reward per step")
+        row[0].set_xlabel("trainer step")
+        row[0].set_ylim(-0.05, 1.05)
+        row[0].legend(loc="lower right", fontsize=8)
+        xs, tpe = _series(points, "transitions_per_episode")
+        row[1].plot(xs, tpe, color="tab:orange", label="transitions / episode")
+        xs, calls = _series(points, "calls_per_episode")
+        if calls:
+            row[1].plot(xs, calls, color="tab:red", alpha=0.6, label="calls / episode")
+        row[1].set_title(f"seed {seed}: transitions per episode")
+        row[1].set_xlabel("trainer step")
+        row[1].legend(loc="upper right", fontsize=8)
+        labels, values, colors = [], [], []
+        for key, label, color in (
+            ("before", "warm start", "tab:gray"),
+            ("after", "after RL", "tab:green"),
+            ("sft_only_baseline", "SFT only\n(equal time)", "tab:purple"),
+        ):
+            if run.get(key):
+                labels.append(label)
+                values.append(100.0 * run[key]["success"])
+                colors.append(color)
+        bars = row[2].bar(labels, values, color=colors)
+        for bar, value in zip(bars, values, strict=True):
+            row[2].text(
+                bar.get_x() + bar.get_width() / 2, value + 1, f"{value:.0f}%", ha="center", fontsize=9
+            )
+        row[2].set_ylim(0, 105)
+        row[2].set_title(f"seed {seed}: held-out success (unseen tasks)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,190 @@
+"""``flywheel demo``, one seed top-down: warm start → held-out eval → async GRPO → eval → SFT-only baseline.
+
+Everything after the warm start runs through the embedded stack (``infra.stack.EmbeddedStack``): the
+calculator agent of ``examples/calc_agent`` (plain ``openai`` code) is run by the rollout worker, its
+calls go through the gateway to the embedded engine and onto the bus, the reward service scores the
+episodes, the trainer consumes the groups it asked for and pushes every new weight version into the
+engine with the weight-update protocol. The held-out tasks share no problem with the SFT or RL tasks.
+
+The SFT-only baseline gets the same wall-clock seconds as the RL phase, spent on more SFT over the same
+teacher demonstrations, and is served and evaluated through the same pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from examples.calc_agent import tasks as calc_tasks
+from infra.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
+from infra.demo.warmstart import DEFAULT_CACHE, WarmStartConfig, sft_only_baseline, warm_start
+from infra.stack import EmbeddedStack, StackSettings
+from schemas import AgentKind, AgentRef, Task
+from trainer.config import AlgorithmConfig
+
+AGENT = AgentRef(kind=AgentKind.callable, spec="examples.calc_agent.agent:run")
+TARGET_POINTS = 25.0
+
+
+@dataclass
+class DemoConfig:
+    out: Path
+    seed: int = 0
+    rl_seconds: float = 240.0
+    max_steps: int | None = None
+    batch_groups: int = 8  # B tasks per step
+    group_size: int = 8  # G episodes per task
+    max_in_flight: int = 12  # K groups requested ahead (async)
+    learning_rate: float = 1e-4
+    eval_tasks: int = 128
+    baseline: bool = True
+    threads: int = 0
+    cache: Path = DEFAULT_CACHE
+    warm: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+Say = Callable[[str], None]
+
+
+def _task_models(split: str, seed: int) -> Iterator[Task]:
+    for raw in calc_tasks.tasks(split, seed):
+        yield Task.model_validate(raw)
+
+
+def stack_settings(cfg: DemoConfig, data_dir: Path, trainer_dir: Path) -> StackSettings:
+    algo = AlgorithmConfig(learning_rate=cfg.learning_rate, max_staleness=4, stale_policy="drop")
+    return StackSettings(
+        data_dir=data_dir,
+        trainer_dir=trainer_dir,
+        trainer_mode="async",
+        trainer_batch_groups=cfg.batch_groups,
+        trainer_max_in_flight=max(cfg.max_in_flight, cfg.batch_groups),
+        trainer_checkpoint_every=1_000_000,  # the demo keeps nothing but its report
+        trainer_group_timeout_s=300.0,
+        trainer_algo=algo,
+        concurrency=max(64, cfg.batch_groups * cfg.group_size),
+        engine_max_num_seqs=max(64, cfg.batch_groups * cfg.group_size),
+        engine_threads=cfg.threads,
+    )
+
+
+def _delta(before: EvalResult, after: EvalResult) -> dict[str, float]:
+    return {
+        "success_points": round(100.0 * (after.success - before.success), 2),
+        "transitions_per_episode": round(after.transitions_per_episode - before.transitions_per_episode, 4),
+        "calls_per_episode": round(after.calls_per_episode - before.calls_per_episode, 4),
+    }
+
+
+async def run_seed(
+    cfg: DemoConfig, say: Say, on_step: Callable[[StepPoint], None] | None = None
+) -> dict[str, Any]:
+    """One full demo for ``cfg.seed``; returns its report (points under ``"points"``, not JSON)."""
+    t0 = time.perf_counter()
+    seed_dir = cfg.out / f"seed-{cfg.seed}"
+    trainer_dir = seed_dir / "trainer"
+    shutil.rmtree(trainer_dir, ignore_errors=True)  # a demo starts fresh, never resumes an old run
+    warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
+    say(f"[seed {cfg.seed}] warm start (cache {cfg.cache / warm_cfg.key()})")
+    warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say)
+    say(f"[seed {cfg.seed}] warm start ready in {warm_s:.0f}s: {warm_dir}")
+    heldout = [
+        Task.model_validate(t) for t in calc_tasks.sample("heldout", 10_000 + cfg.seed, cfg.eval_tasks)
+    ]
+    # One event-log directory per process (chdb's rule): every seed of this run records into it.
+    settings = stack_settings(cfg, cfg.out / "data", trainer_dir)
+    stack = EmbeddedStack(
+        settings,
+        model_dir=warm_dir,
+        tasks=_task_models("rl", cfg.seed),
+        agent=AGENT,
+        group_size=cfg.group_size,
+    )
+    await stack.start()
+    assert stack.bus is not None and stack.trainer is not None
+    report: dict[str, Any] = {"seed": cfg.seed}
+    try:
+        say(
+            f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out tasks"
+        )
+        before = await evaluate(stack.bus, heldout, AGENT)
+        say(f"[seed {cfg.seed}] before: {_fmt(before)}")
+        monitor = TrainingMonitor(stack.bus, on_step=on_step)
+        await monitor.start()
+        t_rl = time.perf_counter()
+        training = stack.start_training(cfg.max_steps)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(training), cfg.rl_seconds)
+        await stack.stop_training()
+        rl_seconds = time.perf_counter() - t_rl
+        await monitor.stop()
+        cancelled = stack.cancel_rollouts()
+        say(
+            f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s ({cancelled} rollouts cancelled)"
+        )
+        after = await evaluate(stack.bus, heldout, AGENT)
+        say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
+        baseline: EvalResult | None = None
+        baseline_steps = 0
+        if cfg.baseline:
+            say(f"[seed {cfg.seed}] SFT-only baseline: {rl_seconds:.0f}s of SFT from the warm start")
+            base_dir, baseline_steps = await asyncio.to_thread(
+                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", rl_seconds, say
+            )
+            await _serve(stack, base_dir)
+            baseline = await evaluate(stack.bus, heldout, AGENT)
+            say(f"[seed {cfg.seed}] SFT-only baseline: {_fmt(baseline)}")
+        report.update(
+            {
+                "before": before.as_dict(),
+                "after": after.as_dict(),
+                "sft_only_baseline": baseline.as_dict() if baseline else None,
+                "delta": _delta(before, after),
+                "rl_seconds": round(rl_seconds, 1),
+                "rl_steps": len(monitor.points),
+                "baseline_sft_steps": baseline_steps,
+                "warm_start_seconds": round(warm_s, 1),
+                "warm_start_dir": str(warm_dir),
+                "heldout_tasks": len(heldout),
+                "recorded_events": stack.recorder.stats.events if stack.recorder else 0,
+                "points": monitor.points,
+            }
+        )
+        report["met_target"] = bool(
+            100.0 * (after.success - before.success) >= TARGET_POINTS
+            and after.transitions_per_episode < before.transitions_per_episode
+        )
+    finally:
+        await stack.stop()
+    report["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+async def _serve(stack: EmbeddedStack, model_dir: Path) -> None:
+    """Serve ``model_dir``'s weights as the next version, through the weight-update protocol."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trainer.weights import WeightUpdate
+
+    assert stack.trainer is not None
+    state: dict[str, torch.Tensor] = load_file(str(model_dir / "model.safetensors"))
+    if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    version = stack.trainer.weights.serving_version + 1
+    result = await stack.trainer.weights.update(WeightUpdate(version, lambda: state, None))
+    if not result.activated:
+        raise RuntimeError(f"could not serve the SFT-only baseline (version {version})")
+
+
+def _fmt(r: EvalResult) -> str:
+    return (
+        f"success {100 * r.success:.1f}%  transitions/episode {r.transitions_per_episode:.2f}  "
+        f"calls/episode {r.calls_per_episode:.2f}  ({r.episodes} episodes, {r.errors} errors, {r.seconds:.0f}s)"
+    )

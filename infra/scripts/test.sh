@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): install everything, start a Kafka broker for this run, then
+# ruff, ruff format --check, mypy and pytest; the broker is always stopped. Extra arguments go to pytest.
+#
+# The broker listens on free ports (never 9092: a development broker may run there) with a fresh data
+# dir, and FLYWHEEL_KAFKA_BOOTSTRAP points the tests at it. With CI=true a broker that cannot be
+# started fails the run; otherwise the kafka-marked tests are skipped with the reason.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+export UV_PROJECT_ENVIRONMENT="${UV_PROJECT_ENVIRONMENT:-$HOME/.cache/flywheel/venv}"
+if ! command -v uv >/dev/null 2>&1; then
+    python3 -m pip install -q uv || python3 -m pip install -q --user uv
+    export PATH="$HOME/.local/bin:$PATH"
+fi
+uv sync --all-extras --frozen -q
+BIN="$UV_PROJECT_ENVIRONMENT/bin"
+
+if [ -f infra/scripts/ensure_tools.sh ]; then
+    bash infra/scripts/ensure_tools.sh || echo "test.sh: warning: ensure_tools.sh failed" >&2
+    export PATH="${FLYWHEEL_TOOLS_BIN:-$HOME/.cache/flywheel/bin}:$PATH"
+fi
+
+free_port() {
+    "$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+PORT="$(free_port)"
+CONTROLLER_PORT="$(free_port)"
+while [ "$CONTROLLER_PORT" = "$PORT" ]; do CONTROLLER_PORT="$(free_port)"; done
+KAFKA_DIR="$(mktemp -d "${TMPDIR:-/tmp}/flywheel-test-kafka.XXXXXX")"
+
+stop_kafka() {
+    "$BIN/flywheel" kafka stop --port "$PORT" --data-dir "$KAFKA_DIR" >/dev/null 2>&1 || true
+    rm -rf "$KAFKA_DIR"
+}
+trap stop_kafka EXIT
+trap 'exit 130' INT TERM
+
+if "$BIN/flywheel" kafka start --port "$PORT" --controller-port "$CONTROLLER_PORT" --data-dir "$KAFKA_DIR"; then
+    export FLYWHEEL_KAFKA_BOOTSTRAP="127.0.0.1:$PORT"
+elif [ "${CI:-}" = "true" ]; then
+    echo "test.sh: the Kafka broker could not be started (CI=true: failing)" >&2
+    tail -n 20 "$KAFKA_DIR/kafka.log" 2>/dev/null >&2 || true
+    exit 1
+else
+    echo "test.sh: warning: the Kafka broker could not be started; kafka tests will be skipped" >&2
+    export FLYWHEEL_KAFKA_BOOTSTRAP="127.0.0.1:$PORT"
+fi
+
+failed=()
+"$BIN/ruff" check . || failed+=("ruff check")
+"$BIN/ruff" format --check . || failed+=("ruff format --check")
+"$BIN/mypy" || failed+=("mypy")
+rc=0
+"$BIN/pytest" -p no:cacheprovider "$@" || rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests" >&2
+fi
+[ "$rc" -ne 0 ] && failed+=("pytest (exit $rc)")
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "test.sh: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "test.sh: all checks passed"

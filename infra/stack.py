@@ -1,0 +1,336 @@
+"""The embedded stack: every Flywheel service in one process, wired through the in-process bus.
+
+    stack = EmbeddedStack(StackSettings(data_dir=...), model_dir=path)
+    await stack.start()          # bus, event log, engine, gateway (loopback HTTP), worker, reward, trainer
+    stack.gateway_url            # agents reach the gateway here: {gateway_url}/episodes/{id}/v1
+    stack.start_training()       # the trainer's loop as a background task (optional)
+    await stack.stop()
+
+This is the one place (with ``infra/cli``) that imports services; they never import each other and
+talk only through the bus, exactly as in the distributed runtime:
+
+    worker ──RolloutRequested── flywheel.tasks ◄── trainer (its RolloutPlanner) / ``submit``
+    agent ──HTTP──► gateway ──ASGI──► embedded engine            (no network hop to the engine)
+    gateway ──LLMCallRecorded──► flywheel.episodes ◄── worker (EpisodeStarted/Finished)
+    reward service: flywheel.episodes → EpisodeScored → flywheel.transitions → trainer
+    trainer ⇄ gateway: WeightUpdateRequested / InferenceDrained / WeightsActivated on flywheel.control,
+                       weights loaded into the engine in-process (``InProcessSink``)
+    recorder: every topic → chdb (``<data_dir>/chdb``), readable at ``{gateway_url}/admin/eventlog/...``
+
+The gateway is served by uvicorn on a loopback port because agents (callables, subprocesses) speak
+real HTTP through the ``openai`` client; the engine sits behind an ``httpx.ASGITransport``.
+
+Exceptions: ``StackError`` when a part cannot start (the parts started so far are stopped again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from gateway.settings import GatewaySettings
+from infra.eventlog.settings import EventLogSettings
+from infra.logging import get_logger
+from reward_service.settings import RewardSettings
+from rollout_worker.settings import WorkerSettings
+from schemas import TOPICS, AgentRef, Task
+from trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from gateway.server import GatewayServer
+    from infra.bus.memory import MemoryBus
+    from infra.eventlog.recorder import Recorder
+    from infra.eventlog.store import ChdbStore, ServerStore
+    from reward_service.service import RewardService
+    from rollout_worker.app import RolloutWorker
+    from trainer.engine.core import InferenceEngine
+    from trainer.service import TrainerService
+
+log = get_logger(__name__)
+
+
+class StackError(RuntimeError):
+    pass
+
+
+class StackSettings(GatewaySettings, WorkerSettings, RewardSettings, TrainerSettings, EventLogSettings):
+    """Every service's settings in one flat object (``FLYWHEEL_*``), plus the stack's own knobs.
+
+    It *is* each service's settings class, so every service is built from the same object.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLYWHEEL_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
+
+    gateway_port: int = 0  # 0: a free loopback port
+    engine_max_num_seqs: int = Field(default=64, ge=1)
+    engine_threads: int = Field(default=0, ge=0)  # torch threads for engine and trainer (0: torch's default)
+    record_events: bool = True  # the recorder writes every event to the event log (chdb or server)
+    run_trainer: bool = True
+
+
+class EmbeddedStack:
+    """All services in this process. ``model_dir`` is a Hugging Face model directory (the policy)."""
+
+    def __init__(
+        self,
+        settings: StackSettings,
+        *,
+        model_dir: Path,
+        tasks: Iterator[Task] | None = None,
+        agent: AgentRef | None = None,
+        group_size: int = 8,
+        deadline_s: float = 120.0,
+    ) -> None:
+        if (tasks is None) != (agent is None):
+            raise ValueError(
+                "give both tasks and agent (the trainer then requests its own rollouts) or neither"
+            )
+        self.settings = settings
+        self.model_dir = model_dir
+        self._tasks = tasks
+        self._agent = agent
+        self._group_size = group_size
+        self._deadline_s = deadline_s
+        self.bus: MemoryBus | None = None
+        self.store: ChdbStore | ServerStore | None = None
+        self.recorder: Recorder | None = None
+        self.engine: InferenceEngine | None = None
+        self.gateway_app: FastAPI | None = None
+        self.worker: RolloutWorker | None = None
+        self.reward: RewardService | None = None
+        self.trainer: TrainerService | None = None
+        self._server: GatewayServer | None = None
+        self._training: asyncio.Task[None] | None = None
+        self._stoppers: list[Any] = []
+        self.gateway_url = ""
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except Exception as exc:
+            await self.stop()
+            raise StackError(f"the embedded stack could not start: {type(exc).__name__}: {exc}") from exc
+
+    async def _start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        await self._start_bus()
+        if s.record_events:
+            await self._start_recorder()
+        await self._start_engine()
+        await self._start_gateway()
+        await self._start_worker()
+        await self._start_reward()
+        if s.run_trainer:
+            await self._start_trainer()
+        log.info(
+            "stack_started", gateway=self.gateway_url, data_dir=str(s.data_dir), model=str(self.model_dir)
+        )
+
+    async def stop(self) -> None:
+        """Stop everything that started, newest first; safe to call twice."""
+        if self._training is not None:
+            await self.stop_training()
+        while self._stoppers:
+            name, stop = self._stoppers.pop()
+            try:
+                await stop()
+            except Exception as exc:  # keep stopping the rest
+                log.warning("stack_stop_failed", part=name, error=f"{type(exc).__name__}: {exc}")
+
+    async def __aenter__(self) -> EmbeddedStack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ parts
+    async def _start_bus(self) -> None:
+        from infra.bus.memory import MemoryBus
+
+        bus = MemoryBus(prefix=self.settings.topic_prefix)
+        await bus.start()
+        self._stoppers.append(("bus", bus.stop))
+        await bus.ensure_topics(list(TOPICS))
+        self.bus = bus
+
+    async def _start_recorder(self) -> None:
+        from infra.eventlog.recorder import ALL_TOPICS, Recorder
+        from infra.eventlog.store import open_store
+
+        s = self.settings
+        store = await asyncio.to_thread(
+            open_store, clickhouse_url=s.clickhouse_url, chdb_path=s.chdb_path, database=s.clickhouse_database
+        )
+
+        async def close_store() -> None:
+            await asyncio.to_thread(store.close)
+
+        self._stoppers.append(("eventlog", close_store))
+        self.store = store
+        recorder = Recorder(
+            self._bus,
+            store,
+            topics=ALL_TOPICS,
+            max_batch=s.recorder_max_batch,
+            max_wait_s=s.recorder_max_wait_s,
+        )
+        await recorder.start()
+        self._stoppers.append(("recorder", recorder.stop))
+        self.recorder = recorder
+
+    async def _start_engine(self) -> None:
+        from trainer.engine.core import InferenceEngine
+
+        s = self.settings
+        threads = s.engine_threads or None
+        engine = await asyncio.to_thread(
+            InferenceEngine.from_pretrained,
+            self.model_dir,
+            threads=threads,
+            model_name=s.model,
+            max_num_seqs=s.engine_max_num_seqs,
+        )
+        self._stoppers.append(("engine", engine.close))
+        self.engine = engine
+
+    async def _start_gateway(self) -> None:
+        import httpx
+
+        from gateway.app import create_app
+        from gateway.server import GatewayServer
+        from gateway.upstream import make_upstream
+        from schemas import UpstreamKind
+        from trainer.engine.app import create_engine_app
+
+        s = self.settings
+        engine_app = create_engine_app(self._engine)
+        upstream = make_upstream(
+            "http://embedded-engine/v1",
+            kind=UpstreamKind.embedded,
+            logprobs_mode=s.logprobs_mode,
+            timeout_s=s.upstream_timeout_s,
+            transport=httpx.ASGITransport(app=engine_app),
+        )
+        app = create_app(s, self._bus, [upstream])
+        if self.store is not None:
+            from infra.eventlog.api import create_eventlog_router
+
+            app.include_router(create_eventlog_router(self.store, s.admin_token.get_secret_value()))
+        server = GatewayServer(app, host=s.gateway_host, port=s.gateway_port)
+        self.gateway_url = await server.start()
+        self._stoppers.append(("gateway", server.stop))
+        self._stoppers.append(("upstream", upstream.client.aclose))
+        self._server = server
+        self.gateway_app = app
+
+    async def _start_worker(self) -> None:
+        from rollout_worker.app import RolloutWorker
+
+        settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
+        worker = RolloutWorker(self._bus, settings)
+        await worker.start()
+        self._stoppers.append(("worker", worker.stop))
+        self.worker = worker
+
+    async def _start_reward(self) -> None:
+        from reward_service.app import build_service
+
+        settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
+        reward = build_service(self._bus, settings)
+        await reward.start()
+        self._stoppers.append(("reward", reward.stop))
+        self.reward = reward
+
+    async def _start_trainer(self) -> None:
+        from trainer.app import build_service, load_backend
+        from trainer.rollouts import RolloutPlanner
+        from trainer.weights import InProcessSink
+
+        s = self.settings
+        backend = await asyncio.to_thread(
+            load_backend,
+            self.model_dir,
+            s.trainer_algo,
+            device=s.trainer_device,
+            torch_threads=s.engine_threads,
+        )
+        planner = None
+        if self._tasks is not None and self._agent is not None:
+            planner = RolloutPlanner(
+                self._bus,
+                self._tasks,
+                self._agent,
+                group_size=self._group_size,
+                model=s.model,
+                deadline_s=self._deadline_s,
+            )
+        engine = self._engine
+        service = build_service(
+            s,
+            self._bus,
+            backend,
+            [InProcessSink(engine.load_weights, name="embedded-engine")],
+            planner=planner,
+        )
+        await service.start()
+        self._stoppers.append(("trainer", service.stop))
+        self.trainer = service
+
+    # ------------------------------------------------------------------ training
+    def start_training(self, max_steps: int | None = None) -> asyncio.Task[None]:
+        """Run the trainer's loop in the background until ``max_steps`` or :meth:`stop_training`."""
+        if self.trainer is None:
+            raise StackError("the stack runs no trainer (run_trainer=False)")
+        if self._training is not None and not self._training.done():
+            raise StackError("training is already running")
+        self._training = asyncio.create_task(self.trainer.run(max_steps), name="trainer-loop")
+        return self._training
+
+    async def stop_training(self) -> None:
+        """Let the step in progress finish, then return (the trainer keeps its subscriptions)."""
+        task, self._training = self._training, None
+        if task is None or self.trainer is None:
+            return
+        self.trainer.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def cancel_rollouts(self) -> int:
+        """Cancel the groups the trainer requested but has not trained on (after training stopped)."""
+        if self.trainer is None or self.trainer.planner is None or self.worker is None:
+            return 0
+        hit = 0
+        for group_id in list(self.trainer.planner.in_flight):
+            hit += self.worker.rollouts.cancel_group(group_id, None)
+            self.trainer.planner.finished(group_id)
+        return hit
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def _bus(self) -> MemoryBus:
+        if self.bus is None:
+            raise StackError("the stack is not started")
+        return self.bus
+
+    @property
+    def _engine(self) -> InferenceEngine:
+        if self.engine is None:
+            raise StackError("the engine is not started")
+        return self.engine
+
+    def episode_url(self, episode_id: str) -> str:
+        """The OpenAI base URL an agent uses for one training episode."""
+        return f"{self.gateway_url}/episodes/{episode_id}/v1"

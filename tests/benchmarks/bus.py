@@ -1,0 +1,227 @@
+"""Bus throughput: the in-process bus, the Kafka publish path, and the recorder into embedded chdb.
+
+Figures (each with a baseline measured in the same run):
+- ``memory_bus_events_per_s``: ~2 KB ``LLMCallRecorded`` events (built and validated by pydantic
+  beforehand, as a publisher holds them) from ``publish`` to the handler, one group, 16 partitions.
+  Baseline: the same objects through one bare ``asyncio.Queue`` (no partitions, offsets, groups).
+- ``memory_bus_with_validation_events_per_s``: the same, but each event is validated from a dict
+  inside the timed loop (``LLMCallRecorded.model_validate``), i.e. the cost of building the event too.
+- ``kafka_publish_ratio``: ``KafkaBus.publish`` (idempotent, acks=all, awaits each ack; encodes the
+  event) events/s divided by raw aiokafka ``send_and_wait`` with the same producer settings, the same
+  events encoded the same way, and the same number of publishes in flight.
+- ``recorder_events_per_s``: ``tests/benchmarks/recorder.py``'s ``run_recorder_benchmark``.
+
+    python tests/benchmarks/bus.py [--json] [--events N] [--kafka-events N] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import schemas as s
+from infra.bus import Message
+from infra.bus.memory import MemoryBus
+from tests.integration.bus.helpers import call_event
+
+GOALS = {
+    "memory_bus_events_per_s": "≥ 50000",
+    "kafka_publish_ratio": "≥ 0.7",
+    "recorder_events_per_s": "≥ 30000",
+}
+
+
+def _events(n: int, episodes: int = 1000) -> list[s.LLMCallRecorded]:
+    template = call_event(uuid.uuid4().hex, 0)
+    eps = [uuid.uuid4().hex for _ in range(episodes)]
+    return [
+        template.model_copy(
+            update={"episode_id": eps[i % episodes], "call_seq": i // episodes, "event_id": uuid.uuid4().hex}
+        )
+        for i in range(n)
+    ]
+
+
+async def _memory_bus(events: list[s.LLMCallRecorded], validate: bool) -> float:
+    bus = MemoryBus()
+    await bus.start()
+    n = len(events)
+    done = asyncio.Event()
+    count = 0
+
+    async def handler(message: Message) -> None:
+        nonlocal count
+        count += 1
+        if count == n:
+            done.set()
+
+    await bus.subscribe(s.EPISODES, "bench", handler)
+    dicts = [e.model_dump() for e in events] if validate else []
+    start = time.perf_counter()
+    if validate:
+        for d in dicts:
+            await bus.publish(s.EPISODES, s.LLMCallRecorded.model_validate(d))
+    else:
+        for event in events:
+            await bus.publish(s.EPISODES, event)
+    await done.wait()
+    elapsed = time.perf_counter() - start
+    await bus.stop()
+    return n / elapsed
+
+
+async def _queue_baseline(events: list[s.LLMCallRecorded]) -> float:
+    queue: asyncio.Queue[s.LLMCallRecorded] = asyncio.Queue(maxsize=10_000)
+    n = len(events)
+    count = 0
+
+    async def consume() -> None:
+        nonlocal count
+        while count < n:
+            await queue.get()
+            count += 1
+
+    consumer = asyncio.create_task(consume())
+    start = time.perf_counter()
+    for event in events:
+        await queue.put(event)
+    await consumer
+    return n / (time.perf_counter() - start)
+
+
+async def _kafka(bootstrap: str, events: list[s.LLMCallRecorded], in_flight: int) -> dict[str, float]:
+    from aiokafka import AIOKafkaProducer
+
+    from infra.bus.kafka import KafkaBus
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}."
+    bus = KafkaBus(bootstrap, prefix=prefix)
+    await bus.start()
+    await bus.ensure_topics([s.EPISODES])
+    raw_topic = prefix + s.EPISODES  # the same 16-partition topic
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=1024 * 1024,
+    )
+    await producer.start()
+
+    async def raw_send(event: s.LLMCallRecorded) -> None:
+        await producer.send_and_wait(raw_topic, s.encode(event), key=event.episode_id.encode())
+
+    async def bus_send(event: s.LLMCallRecorded) -> None:
+        await bus.publish(s.EPISODES, event)
+
+    async def run(send: Any) -> float:
+        it = iter(events)
+
+        async def worker() -> None:
+            for event in it:
+                await send(event)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return len(events) / (time.perf_counter() - start)
+
+    try:
+        await run(raw_send)  # warm both paths (metadata, connections, JIT-less but caches)
+        raw = max(await run(raw_send), await run(raw_send))
+        via_bus = max(await run(bus_send), await run(bus_send))
+    finally:
+        await producer.stop()
+        await bus.stop()
+    return {"kafka_raw_aiokafka_events_per_s": raw, "kafka_bus_events_per_s": via_bus}
+
+
+def _kafka_reachable(bootstrap: str) -> bool:
+    import socket
+
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def measure(n_events: int, kafka_events: int, bootstrap: str, recorder_events: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    notes: list[str] = []
+    events = _events(n_events)
+    figures["event_json_bytes"] = len(s.encode(events[0]))
+    figures["queue_baseline_events_per_s"] = asyncio.run(_queue_baseline(events))
+    figures["memory_bus_events_per_s"] = max(asyncio.run(_memory_bus(events, False)) for _ in range(2))
+    figures["memory_bus_ratio_to_queue"] = (
+        figures["memory_bus_events_per_s"] / figures["queue_baseline_events_per_s"]
+    )
+    figures["memory_bus_with_validation_events_per_s"] = asyncio.run(
+        _memory_bus(events[: n_events // 2], True)
+    )
+    if _kafka_reachable(bootstrap):
+        k = asyncio.run(_kafka(bootstrap, _events(kafka_events, 500), in_flight=256))
+        figures.update(k)
+        figures["kafka_publish_ratio"] = k["kafka_bus_events_per_s"] / k["kafka_raw_aiokafka_events_per_s"]
+    else:
+        figures["kafka_publish_ratio"] = None
+        notes.append(f"Kafka at {bootstrap} unreachable: start one with `flywheel kafka start`")
+    try:
+        from tests.benchmarks.recorder import run_recorder_benchmark
+    except ImportError as exc:
+        figures["recorder_events_per_s"] = None
+        notes.append(f"recorder benchmark missing ({exc})")
+    else:
+        figures["recorder_events_per_s"] = run_recorder_benchmark(recorder_events)
+    if notes:
+        figures["notes"] = "; ".join(notes)
+    return figures
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--kafka-events", type=int, default=10_000)
+    parser.add_argument("--recorder-events", type=int, default=100_000)
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
+    args = parser.parse_args()
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    from infra.logging import configure_logging
+
+    configure_logging("ERROR")
+    figures = measure(args.events, args.kafka_events, args.bootstrap, args.recorder_events)
+    if args.json:
+        print(json.dumps({"figures": figures, "goals": GOALS}))
+        return
+    print(f"{'figure':<42} {'value':>14}  goal")
+    for name, value in figures.items():
+        if name != "notes":
+            print(f"{name:<42} {_fmt(value):>14}  {GOALS.get(name, '')}")
+    if "notes" in figures:
+        print(f"notes: {figures['notes']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Gateway overhead: added latency, throughput and streaming TTFT against an instant fake upstream.
+
+    python tests/benchmarks/gateway.py [--json] [--requests 1600] [--concurrency 32]
+
+Every server runs in its own process on loopback (the fake vLLM-compatible upstream from
+tests/fakes/upstream.py; a bare httpx pass-through proxy written here, the floor; the Flywheel gateway
+via `flywheel gateway` on the in-process bus and on real Kafka with acks=all; LiteLLM's proxy, if it can
+be found, as the peer a user would otherwise pick). The load generator drives `--concurrency` clients
+with one pooled httpx client and measures per-request latency.
+
+Added latency = (p50/p99 through a proxy) − (p50/p99 calling the upstream directly), both measured in
+this run at the same concurrency. Serial (1 client) figures are printed too: they are the overhead
+without queueing. LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
+~/.cache/flywheel/litellm-venv/bin/litellm) because its pins conflict with Flywheel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from statistics import quantiles
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+FLYWHEEL = str(Path(PY).with_name("flywheel"))
+LITELLM = os.environ.get("FLYWHEEL_LITELLM", str(Path.home() / ".cache/flywheel/litellm-venv/bin/litellm"))
+KAFKA = os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+ADMIN = "bench-admin"
+MASTER_KEY = "sk-" + uuid.uuid4().hex + uuid.uuid4().hex  # LiteLLM refuses weak keys; others ignore it
+BODY = {"model": "policy", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 16}
+
+FAKE = textwrap.dedent(
+    """
+    import sys, uvicorn
+    from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
+    app = create_fake_upstream(FakeUpstreamConfig(keep_requests=False, reply="4"))
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+    """
+)
+
+PASSTHROUGH = textwrap.dedent(
+    """
+    import sys, httpx, uvicorn
+    UP = sys.argv[2]
+    client = httpx.AsyncClient(base_url=UP, limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        r = await client.post(scope["path"].removeprefix("/v1/"), content=body,
+                              headers={"content-type": "application/json"})
+        await send({"type": "http.response.start", "status": r.status_code,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": r.content})
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
+                lifespan="off")
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kafka_reachable() -> bool:
+    host, _, port = KAFKA.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class Proc:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - lives with the process
+        self.p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.p.terminate()
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+    def tail(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()[-1500:]
+
+
+async def wait_http(url: str, proc: Proc, within_s: float = 90) -> None:
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient() as c:
+        while True:
+            try:
+                r = await c.get(url, timeout=2)
+                if r.status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            if proc.p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server at {url} did not start:\n{proc.tail()}")
+            await asyncio.sleep(0.1)
+
+
+async def load(url: str, n: int, concurrency: int, headers: dict[str, str]) -> dict[str, float]:
+    lat: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=60, headers=headers) as c:
+        for _ in range(min(50, n)):  # warm-up: connections, caches
+            (await c.post(url, json=BODY)).raise_for_status()
+        queue = iter(range(n))
+        errors = 0
+
+        async def worker() -> None:
+            nonlocal errors
+            for _ in queue:
+                t = time.perf_counter()
+                r = await c.post(url, json=BODY)
+                lat.append((time.perf_counter() - t) * 1000)
+                errors += r.status_code != 200
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{errors} failed requests against {url}")
+    q = quantiles(lat, n=100)
+    return {"p50": q[49], "p99": q[98], "rps": n / elapsed}
+
+
+async def ttft(url: str, n: int, headers: dict[str, str]) -> float:
+    body = {**BODY, "stream": True, "max_tokens": 64}
+    firsts: list[float] = []
+    async with httpx.AsyncClient(timeout=60, headers=headers) as c:
+        for i in range(n + 10):
+            t = time.perf_counter()
+            async with c.stream("POST", url, json=body) as r:
+                first = None
+                async for line in r.aiter_lines():
+                    if (
+                        first is None
+                        and line.startswith("data: {")
+                        and '"content":"' in line
+                        and '"content":""' not in line
+                    ):
+                        first = (time.perf_counter() - t) * 1000
+                if i >= 10 and first is not None:
+                    firsts.append(first)
+    return quantiles(firsts, n=100)[49]
+
+
+async def start_gateway(upstream: str, bus: str, data_dir: Path) -> tuple[Proc, str, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLYWHEEL_BUS": bus,
+        "FLYWHEEL_KAFKA_BOOTSTRAP": KAFKA,
+        "FLYWHEEL_TOPIC_PREFIX": f"bench-{uuid.uuid4().hex[:8]}.",
+        "FLYWHEEL_DATA_DIR": str(data_dir / bus),
+        "FLYWHEEL_ADMIN_TOKEN": ADMIN,
+        "FLYWHEEL_GATEWAY_PORT": str(port),
+        "FLYWHEEL_LOG_LEVEL": "WARNING",
+        "FLYWHEEL_EPISODES_FROM_BEGINNING": "false",
+    }
+    proc = Proc([FLYWHEEL, "gateway", "--upstream", upstream], env)
+    base = f"http://127.0.0.1:{port}"
+    await wait_http(f"{base}/readyz", proc)
+    async with httpx.AsyncClient() as c:
+        r = await c.post(f"{base}/admin/episodes", headers={"Authorization": f"Bearer {ADMIN}"})
+        r.raise_for_status()
+    return proc, f"{base}/episodes/{r.json()['episode_id']}/v1/chat/completions", base
+
+
+async def start_litellm(upstream: str, data_dir: Path) -> tuple[Proc | None, str, str]:
+    if not Path(LITELLM).exists():  # noqa: ASYNC240 - once, at start-up
+        return None, "", f"not installed ({LITELLM})"
+    port = free_port()
+    cfg = data_dir / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n  - model_name: policy\n    litellm_params:\n"
+        f"      model: openai/fake-model\n      api_base: {upstream}\n      api_key: sk-fake\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "INFO",
+        "LITELLM_MASTER_KEY": MASTER_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    proc = Proc([LITELLM, "--config", str(cfg), "--port", str(port), "--host", "127.0.0.1"], env)
+    try:
+        await wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, within_s=120)
+    except RuntimeError as exc:
+        proc.stop()
+        return None, "", f"did not start: {str(exc).splitlines()[-1][:120]}"
+    return proc, f"http://127.0.0.1:{port}/v1/chat/completions", ""
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    data_dir = Path(tempfile.mkdtemp(prefix="fw-bench-"))
+    procs: list[Proc] = []
+    rows: dict[str, dict[str, float]] = {}
+    serial: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
+    n, c = args.requests, args.concurrency
+    try:
+        up_port = free_port()
+        fake = Proc([PY, "-c", FAKE, str(up_port)])
+        procs.append(fake)
+        upstream = f"http://127.0.0.1:{up_port}/v1"
+        await wait_http(f"{upstream}/models", fake)
+        pt_port = free_port()
+        pt = Proc([PY, "-c", PASSTHROUGH, str(pt_port), upstream + "/"])
+        procs.append(pt)
+        await wait_http(f"http://127.0.0.1:{pt_port}/", pt)
+        targets: dict[str, str] = {
+            "direct": f"{upstream}/chat/completions",
+            "passthrough": f"http://127.0.0.1:{pt_port}/v1/chat/completions",
+        }
+        gw, targets["gateway_memory"], _ = await start_gateway(upstream, "memory", data_dir)
+        procs.append(gw)
+        if kafka_reachable():
+            try:
+                gk, targets["gateway_kafka"], _ = await start_gateway(upstream, "kafka", data_dir)
+                procs.append(gk)
+            except RuntimeError as exc:
+                notes.append(f"gateway_kafka: skipped, gateway on Kafka did not start: {str(exc)[-200:]}")
+        else:
+            notes.append(f"gateway_kafka: skipped, no broker at {KAFKA}")
+        lp, lurl, why = await start_litellm(upstream, data_dir)
+        if lp is not None:
+            procs.append(lp)
+            targets["litellm"] = lurl
+        else:
+            notes.append(f"litellm: unavailable, {why}")
+        headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+        for name, url in targets.items():
+            serial[name] = await load(url, args.serial, 1, headers)
+            rows[name] = await load(url, n, c, headers)
+        ttft_direct = await ttft(targets["direct"], args.stream, headers)
+        ttft_gw = await ttft(targets["gateway_memory"], args.stream, headers)
+    finally:
+        for p in procs:
+            p.stop()
+
+    d = rows["direct"]
+    figures: dict[str, float] = {}
+    for name in ("gateway_memory", "gateway_kafka"):
+        if name in rows:
+            figures[f"{name}_added_p50_ms"] = rows[name]["p50"] - d["p50"]
+            figures[f"{name}_added_p99_ms"] = rows[name]["p99"] - d["p99"]
+            figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial["direct"]["p50"]
+    g = rows["gateway_memory"]["rps"]
+    figures["throughput_vs_passthrough"] = g / rows["passthrough"]["rps"]
+    if "litellm" in rows:
+        figures["throughput_vs_litellm"] = g / rows["litellm"]["rps"]
+    figures["stream_ttft_overhead_p50_ms"] = ttft_gw - ttft_direct
+    for name, r in rows.items():
+        figures[f"{name}_rps"] = r["rps"]
+    goals = {
+        "gateway_memory_added_p50_ms": "≤ 1",
+        "gateway_memory_added_p99_ms": "≤ 5",
+        "gateway_kafka_added_p50_ms": "≤ 5",
+        "throughput_vs_passthrough": "≥ 0.7",
+        "throughput_vs_litellm": "≥ 2",
+        "stream_ttft_overhead_p50_ms": "≤ 2",
+    }
+    return {"figures": figures, "goals": goals, "rows": rows, "serial": serial, "notes": notes}
+
+
+def print_table(res: dict[str, Any], n: int, c: int) -> None:
+    rows, serial = res["rows"], res["serial"]
+    d = rows["direct"]
+    print(
+        f"gateway benchmark: {n} requests, {c} concurrent clients (serial: 1 client), loopback, fake upstream"
+    )
+    print(
+        f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}{'req/s':>9}{'vs direct':>10}"
+        f"{'serial p50':>11}{'+serial':>9}"
+    )
+    for name, r in rows.items():
+        s = serial[name]
+        print(
+            f"{name:<16}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['p50'] - d['p50']:>8.2f}{r['p99'] - d['p99']:>8.2f}"
+            f"{r['rps']:>9.0f}{r['rps'] / d['rps']:>9.2f}x{s['p50']:>11.2f}"
+            f"{s['p50'] - serial['direct']['p50']:>9.2f}"
+        )
+    print()
+    print(f"{'figure':<40}{'value':>10}  goal")
+    for key, goal in res["goals"].items():
+        value = res["figures"].get(key)
+        shown = f"{value:>10.2f}" if value is not None else f"{'n/a':>10}"
+        print(f"{key:<40}{shown}  {goal}")
+    for note in res["notes"]:
+        print(f"note: {note}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--requests", type=int, default=1600)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--serial", type=int, default=200, help="requests for the 1-client figures")
+    parser.add_argument("--stream", type=int, default=100, help="streamed requests for TTFT")
+    a = parser.parse_args()
+    result = asyncio.run(main(a))
+    if a.json:
+        print(json.dumps({"figures": result["figures"], "goals": result["goals"]}))
+    else:
+        print_table(result, a.requests, a.concurrency)

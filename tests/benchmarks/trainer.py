@@ -1,0 +1,334 @@
+"""Trainer benchmark on the demo-sized model (Qwen2, hidden 256, 4 layers, ~3.3 M parameters).
+
+Figures:
+- ``trainer_tok_s``: forward+backward tokens/s of the torch backend (one GRPO step, 64 rows).
+- ``engine_tok_s_b1`` / ``_b8``: the embedded engine's generation rate (``tests/benchmarks/engine.py``).
+- ``sync_s`` / ``async_s``: wall-clock for the same number of policy updates with real generation
+  (the embedded engine samples every group, the trainer requests rollouts itself): sync mode holds
+  generation while it trains; async mode keeps up to K groups in flight and generates while it trains.
+  The baseline is the faster of sync at 1 and at all torch threads, so async must beat sync's best.
+- ``update_ms_inflight``: pause → resume of one weight update through the real gateway (engine
+  upstream over ASGI) with 8 calls in flight: WeightUpdateRequested → drain → load → WeightsActivated.
+
+    python tests/benchmarks/trainer.py [--json] [--updates N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+G = 8  # episodes per group
+B = 2  # groups per update
+K = 4  # groups in flight (async)
+NEW_TOKENS = 24
+
+
+def _model_dir() -> Path:
+    from tests.benchmarks.engine import demo_model_dir
+
+    return demo_model_dir()
+
+
+def _load(model_dir: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+
+
+def measure_trainer_tokens(model_dir: Path, rows: int = 64, steps: int = 3) -> float:
+    import random
+
+    from trainer.backends.torch_backend import TorchBackend
+    from trainer.batching import BatchStats, Sample, TrainBatch
+    from trainer.config import AlgorithmConfig
+
+    rng = random.Random(0)
+    backend = TorchBackend(_load(model_dir), AlgorithmConfig())
+    vocab = backend.vocab_size or 512
+    samples = [
+        Sample(
+            [rng.randrange(vocab) for _ in range(40)],
+            [rng.randrange(vocab) for _ in range(24)],
+            [1] * 24,
+            [-2.0] * 24,
+            rng.choice([-1.0, 1.0]),
+            1 / (rows * 24),
+            f"e{i}",
+        )
+        for i in range(rows)
+    ]
+    batch = TrainBatch(samples, BatchStats(), [])
+    backend.train_step(batch)  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        backend.train_step(batch)
+    return rows * 64 * steps / (time.perf_counter() - start)
+
+
+class GateGateway:
+    """A gateway's control behaviour in front of the benchmark's generator: closed while updating."""
+
+    def __init__(self, bus: Any) -> None:
+        self.bus = bus
+        self.open = asyncio.Event()
+        self.open.set()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.in_flight = 0
+
+    async def start(self) -> None:
+        from schemas import CONTROL
+
+        await self.bus.subscribe(CONTROL, "bench-gateway", self._on, from_beginning=False)
+
+    async def _on(self, msg: Any) -> None:
+        from schemas import (
+            CONTROL,
+            InferenceDrained,
+            InferenceResumed,
+            WeightsActivated,
+            WeightUpdateFailed,
+            WeightUpdateRequested,
+        )
+
+        e = msg.event
+        if isinstance(e, WeightUpdateRequested):
+            self.open.clear()
+            await self.idle.wait()
+            await self.bus.publish(CONTROL, InferenceDrained(version=e.version, gateway_id="bench"))
+        elif isinstance(e, WeightsActivated | WeightUpdateFailed):
+            self.open.set()
+            await self.bus.publish(CONTROL, InferenceResumed(version=e.version, gateway_id="bench"))
+
+    async def enter(self) -> None:
+        await self.open.wait()
+        self.in_flight += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+
+async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> float:
+    """Seconds for ``updates`` policy updates with generation by the embedded engine."""
+    import torch
+
+    from infra.bus.memory import MemoryBus
+    from schemas import TASKS, TRANSITIONS, AgentKind, AgentRef, EpisodeScored, RolloutRequested, Task, Transition
+    from trainer.backends.torch_backend import TorchBackend
+    from trainer.checkpoints import CheckpointStore
+    from trainer.config import AlgorithmConfig
+    from trainer.engine import InferenceEngine, SamplingParams
+    from trainer.groups import Intake
+    from trainer.rollouts import RolloutPlanner
+    from trainer.service import LoopConfig, TrainerService
+    from trainer.weights import InProcessSink, WeightSync
+
+    torch.set_num_threads(threads)
+    engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
+    )
+    params = SamplingParams(n=G, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    await engine.complete(prompt, SamplingParams(max_tokens=4))
+    backend = TorchBackend(_load(model_dir), AlgorithmConfig(max_staleness=K))
+    import tempfile
+
+    async with MemoryBus() as bus:
+        gate = GateGateway(bus)
+        await gate.start()
+        pending: dict[str, int] = {}
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def generate(req: RolloutRequested) -> None:
+            await gate.enter()
+            try:
+                result = await engine.complete(prompt, params)
+            finally:
+                gate.leave()
+            for choice in result.choices:
+                reward = sum(t % 2 for t in choice.token_ids) / len(choice.token_ids)
+                t = Transition(
+                    prompt_ids=list(prompt),
+                    response_ids=choice.token_ids,
+                    response_mask=[1] * len(choice.token_ids),
+                    behaviour_logprobs=choice.logprobs,
+                    weight_version=min(choice.weight_versions),
+                    reward=reward,
+                )
+                await bus.publish(
+                    TRANSITIONS,
+                    EpisodeScored(
+                        episode_id=f"{req.group_id}-{choice.index}",
+                        group_id=req.group_id,
+                        group_size=G,
+                        sample_index=choice.index,
+                        reward=reward,
+                        transitions=[t],
+                        num_calls=1,
+                    ),
+                )
+
+        async def worker(msg: Any) -> None:
+            req = msg.event
+            pending[req.group_id] = pending.get(req.group_id, 0) + 1
+            if pending[req.group_id] == req.group_size:  # one batched call per group (n = G)
+                task = asyncio.create_task(generate(req))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+        await bus.subscribe(TASKS, "bench-worker", worker)
+        agent = AgentRef(kind=AgentKind.callable, spec="bench:agent")
+        planner = RolloutPlanner(bus, (Task(task_id=f"t{i}") for i in count()), agent, group_size=1)
+        with tempfile.TemporaryDirectory() as tmp:
+            service = TrainerService(
+                bus=bus,
+                backend=backend,
+                weights=WeightSync(bus, [InProcessSink(engine.load_weights)], expected_gateways=1),
+                store=CheckpointStore(Path(tmp)),
+                intake=Intake(),
+                algo=backend.cfg,
+                loop=LoopConfig(mode=mode, batch_groups=B, max_in_flight=K, checkpoint_every=10_000),  # type: ignore[arg-type]
+                planner=planner,
+            )
+            await service.start()
+            await service.run(max_steps=1)  # warm-up: first update, caches
+            start = time.perf_counter()
+            await service.run(max_steps=updates)
+            elapsed = time.perf_counter() - start
+            service.request_stop()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await service.stop(checkpoint=False)
+    await engine.close()
+    return elapsed
+
+
+async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
+    """One weight update through the real gateway, with ``in_flight`` calls running on the engine."""
+    import tempfile
+
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+    from gateway.upstream import make_upstream
+    from infra.bus.memory import MemoryBus
+    from schemas import EPISODES, EpisodeStarted, UpstreamKind, new_episode_id
+    from trainer.engine import InferenceEngine
+    from trainer.engine.app import create_engine_app
+    from trainer.weights import InProcessSink, WeightSync, WeightUpdate
+
+    engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
+    new_weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        async with MemoryBus() as bus:
+            upstream = make_upstream(
+                "http://engine/v1",
+                kind=UpstreamKind.embedded,
+                transport=httpx.ASGITransport(app=create_engine_app(engine)),
+            )
+            settings = GatewaySettings(data_dir=Path(tmp), admin_token="bench-admin", gateway_id="gw-bench")
+            app = create_app(settings, bus, [upstream], lifespan=False)
+            gateway = app.state.gateway
+            await gateway.start()
+            sync = WeightSync(bus, [InProcessSink(engine.load_weights)], expected_gateways=1)
+            from schemas import CONTROL
+
+            async def observe(msg: Any) -> None:
+                if type(msg.event).__name__ in ("InferenceDrained", "InferenceResumed"):
+                    await sync.observe(msg.event)
+
+            await bus.subscribe(CONTROL, "bench-trainer", observe, from_beginning=False)
+            episode = new_episode_id()
+            await bus.publish(EPISODES, EpisodeStarted(episode_id=episode))
+            await gateway.episodes.training(episode)
+            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60)
+            body = {
+                "model": "policy",
+                "messages": [{"role": "user", "content": "What is 47+38?"}],
+                "max_tokens": 64,
+                "extra_body": {},
+            }
+            url = f"/episodes/{episode}/v1/chat/completions"
+            await client.post(url, json={**body, "max_tokens": 4})  # warm-up
+            calls = [asyncio.create_task(client.post(url, json=body)) for _ in range(in_flight)]
+            for _ in range(1000):
+                if gateway.admission.in_flight >= in_flight or not in_flight:
+                    break
+                await asyncio.sleep(0.005)
+            result = await sync.update(WeightUpdate(1, lambda: new_weights))
+            responses = await asyncio.gather(*calls)
+            assert result.activated, result.error
+            assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+            await client.aclose()
+            await gateway.stop()
+    await engine.close()
+    return {"total_ms": result.total_ms, "drain_ms": result.drain_ms, "load_ms": result.load_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--updates", type=int, default=4)
+    args = parser.parse_args()
+    from infra.logging import configure_logging
+
+    configure_logging("WARNING", json=False)
+    cores = os.cpu_count() or 1
+    model_dir = _model_dir()
+    import torch
+
+    torch.set_num_threads(cores)
+    figures: dict[str, float] = {"cores": float(cores)}
+    figures["trainer_tok_s"] = round(measure_trainer_tokens(model_dir), 1)
+    try:
+        from tests.benchmarks.engine import measure_engine
+
+        figures.update(measure_engine((1, 8), model_dir=model_dir))
+    except ImportError:
+        pass
+    sync_all = asyncio.run(_pipeline(model_dir, "sync", args.updates, cores))
+    sync_one = asyncio.run(_pipeline(model_dir, "sync", args.updates, 1))
+    async_one = asyncio.run(_pipeline(model_dir, "async", args.updates, 1))
+    figures["sync_s_all_threads"] = round(sync_all, 2)
+    figures["sync_s_1_thread"] = round(sync_one, 2)
+    figures["async_s"] = round(async_one, 2)
+    figures["async_speedup_vs_best_sync"] = round(min(sync_all, sync_one) / async_one, 2)
+    torch.set_num_threads(cores)
+    idle = asyncio.run(_update_latency(model_dir, 0))
+    busy = asyncio.run(_update_latency(model_dir, 8))
+    figures["update_ms_idle"] = round(idle["total_ms"], 1)
+    figures["update_ms_inflight"] = round(busy["total_ms"], 1)
+    figures["update_drain_ms_inflight"] = round(busy["drain_ms"], 1)
+    figures["update_load_ms"] = round(busy["load_ms"], 1)
+    goals = {
+        "async_speedup_vs_best_sync": "≥ 1.5",
+        "engine_tok_s_b1": "≥ 200",
+        "engine_tok_s_b8": "≥ 1070",
+    }
+    if args.json:
+        print(json.dumps({"figures": figures, "goals": goals}))
+        return
+    print(f"{'figure':<32} {'value':>12}  goal")
+    for name, value in figures.items():
+        print(f"{name:<32} {value:>12}  {goals.get(name, '')}")
+    print(f"(async vs sync, {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The local Kafka launcher's pieces that need no JVM: config, pid checks, one-line CLI errors."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from infra.cli.main import app
+from infra.kafka.launcher import BrokerConfig, _properties, kafka_version, read_pid
+
+
+def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
+    cfg = BrokerConfig(port=19092, data_dir=tmp_path)
+    props = dict(line.split("=", 1) for line in _properties(cfg).splitlines())
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert props["process.roles"] == "broker,controller"
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["log.dirs"] == str(tmp_path.resolve() / "logs")
+    assert BrokerConfig(port=1, controller_port=5).cport == 5
+    assert kafka_version().startswith("4.")
+
+
+def test_stale_pid_file_is_not_a_running_broker(tmp_path: Path) -> None:
+    cfg = BrokerConfig(port=19092, data_dir=tmp_path)
+    cfg.pid_file.write_text("1\n")  # pid 1 exists but is not our Kafka
+    assert read_pid(cfg) is None
+
+
+def test_cli_start_on_a_busy_port_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = CliRunner().invoke(app, ["kafka", "start", "--port", str(port), "--data-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: port {port} on 127.0.0.1 is already in use by another process"
+
+
+def test_cli_status_and_stop_without_a_broker(tmp_path: Path) -> None:
+    runner = CliRunner()
+    status = runner.invoke(app, ["kafka", "status", "--port", "19999", "--data-dir", str(tmp_path)])
+    assert status.exit_code == 1 and "no kafka running" in status.output
+    stop = runner.invoke(app, ["kafka", "stop", "--port", "19999", "--data-dir", str(tmp_path)])
+    assert stop.exit_code == 0 and "no kafka running" in stop.output

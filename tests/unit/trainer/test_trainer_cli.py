@@ -1,0 +1,58 @@
+"""``flywheel trainer pause|resume|status`` and ``flywheel weights ls`` on a trainer directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.cli.main import app
+from trainer.checkpoints import CheckpointMeta, CheckpointStore
+
+runner = CliRunner()
+
+
+@pytest.mark.timeout(30)
+def test_pause_resume_status_and_weights_ls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_BUS", "memory")
+    d = str(tmp_path)
+    assert runner.invoke(app, ["trainer", "status", "--dir", d]).exit_code == 1
+    r = runner.invoke(app, ["trainer", "pause", "--dir", d, "--reason", "maintenance"])
+    assert r.exit_code == 0 and (tmp_path / "PAUSED").read_text().strip() == "maintenance"
+    (tmp_path / "status.json").write_text(
+        json.dumps(
+            {
+                "step": 4,
+                "version": 4,
+                "serving_version": 4,
+                "mode": "async",
+                "paused": True,
+                "metrics": {"reward": 0.5},
+            }
+        )
+    )
+    r = runner.invoke(app, ["trainer", "status", "--dir", d, "--json"])
+    assert r.exit_code == 0, r.output
+    status = json.loads(r.output)
+    assert status["step"] == 4 and status["pause_requested"] is True
+    assert runner.invoke(app, ["trainer", "resume", "--dir", d]).exit_code == 0
+    assert not (tmp_path / "PAUSED").exists()
+    r = runner.invoke(app, ["trainer", "status", "--dir", d])
+    assert "step 4" in r.output and "reward" in r.output
+
+    store = CheckpointStore(tmp_path)
+    assert "no checkpoints" in runner.invoke(app, ["weights", "ls", "--dir", d]).output
+    for v in (1, 2):
+        store.save(CheckpointMeta(version=v, step=v, metrics={"reward": v / 10}), lambda p: (p / "w").touch())
+    rows = json.loads(runner.invoke(app, ["weights", "ls", "--dir", d, "--json"]).output)
+    assert [(r["version"], r["latest"]) for r in rows] == [(1, False), (2, True)]
+    assert "* v2" in runner.invoke(app, ["weights", "ls", "--dir", d]).output
+
+
+@pytest.mark.timeout(30)
+def test_run_refuses_a_missing_model(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["trainer", "run", "--model", str(tmp_path / "nope"), "--dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "Hugging Face model directory" in r.output
