@@ -29,16 +29,16 @@ class Spool:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
             " key TEXT NOT NULL, data BLOB NOT NULL)"
         )
-        self.depth = self._count()
+        self.depth = self.count()
 
-    def _count(self) -> int:
+    def count(self) -> int:
         with self._lock:
             row = self._db.execute("SELECT count(*) FROM spool").fetchone()
         return int(row[0])
@@ -126,6 +126,7 @@ class Recorder:
         while True:
             rows = await asyncio.to_thread(self.spool.peek, 100)
             if not rows:
+                self.spool.depth = await asyncio.to_thread(self.spool.count)  # another process may share it
                 return sent
             for seq, topic, key, data in rows:
                 event = decode_any(data)

@@ -72,7 +72,8 @@ class Gateway:
         self.admission = Admission(
             weight_version=settings.initial_weight_version, hold_s=settings.pause_hold_s
         )
-        spool_path = settings.data_dir / "gateway" / f"spool-{_safe(self.id)}.sqlite"
+        # one spool per data dir, not per process: a restarted gateway drains what its predecessor spooled
+        spool_path = settings.data_dir / "gateway" / "spool.sqlite"
         self.recorder = Recorder(bus, Spool(spool_path), publish_timeout_s=settings.publish_timeout_s)
         self.calls = CallService(
             pool=self.pool,
@@ -354,7 +355,3 @@ class Gateway:
             "prefix_mismatches": self.episodes.prefix_mismatches,
             "upstreams": [{"url": u.url, "kind": u.kind.value} for u in self.pool.upstreams],
         }
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]

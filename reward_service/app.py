@@ -35,6 +35,7 @@ def build_service(
             settings.feedback_scale, settings.feedback_stars_max, dict(settings.feedback_ratings)
         ),
         judge=Judge(judge_client, model=settings.judge_model),
+        timeout_s=settings.scorer_timeout_s,
     )
     return RewardService(
         bus,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from reward_service.feedback import FeedbackMapping
@@ -34,8 +35,15 @@ def is_rank(spec: ScorerSpec | None) -> bool:
 
 class Scoring:
     def __init__(
-        self, *, fill_value: float, production_scorer: str, feedback: FeedbackMapping, judge: Judge | None
+        self,
+        *,
+        fill_value: float,
+        production_scorer: str,
+        feedback: FeedbackMapping,
+        judge: Judge | None,
+        timeout_s: float = 120.0,
     ) -> None:
+        self.timeout_s = timeout_s  # a scorer past this is recorded as failed (a sync one keeps its thread)
         self.fill_value = fill_value
         self.production_scorer = production_scorer
         self.feedback = feedback
@@ -50,7 +58,9 @@ class Scoring:
         if spec is None:
             return Outcome(None, "unscored")
         try:
-            score = await self._run(record, spec)
+            score = await asyncio.wait_for(self._run(record, spec), self.timeout_s)
+        except TimeoutError:
+            return Outcome(None, spec.name, f"scorer {spec.name} timed out after {self.timeout_s:g}s")
         except Exception as exc:  # any scorer failure is recorded on the episode, never dropped
             return Outcome(None, spec.name, f"{type(exc).__name__}: {exc}"[:4000])
         return Outcome(score.reward, score.source)
@@ -71,7 +81,7 @@ class Scoring:
         try:
             if self.judge is None:
                 raise ScorerError("judge: no judge is configured")
-            scores = await self.judge.rank(records, spec)
+            scores = await asyncio.wait_for(self.judge.rank(records, spec), self.timeout_s)
         except Exception as exc:  # the whole group is recorded as failed-to-score
             error = f"{type(exc).__name__}: {exc}"[:4000]
             return [Outcome(None, "judge", error) for _ in records]

@@ -28,6 +28,7 @@ class RewardSettings(FlywheelSettings):
     judge_api_key: SecretStr = SecretStr("")
     judge_model: str = "policy"
     max_batch: int = Field(default=500, ge=1)
+    scorer_timeout_s: float = Field(default=120.0, gt=0)
 
     def journal_path(self) -> Path | None:
         if self.journal is not None:

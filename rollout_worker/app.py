@@ -104,7 +104,12 @@ class RolloutWorker:
                 self.rollouts.cancel_group(event.group_id, event.task_id)
             elif isinstance(event, RolloutRequested):
                 requests.append(event)
-        await asyncio.gather(*(self.rollouts.run(r) for r in requests))
+        # Let every rollout finish before failing the batch (a raise makes the bus redeliver it: the
+        # rerun episodes are duplicates that consumers absorb, see rollout.py).
+        results = await asyncio.gather(*(self.rollouts.run(r) for r in requests), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Stop taking tasks; finish running episodes (up to the drain timeout), hand back the rest."""

@@ -107,6 +107,9 @@ class TrainerService:
         self._offsets: dict[str, int] = {}
         self._gen_started = time.perf_counter()
         self.batches_without_signal = 0
+        self._pending_update: asyncio.Task[None] | None = None
+        self._last_update: tuple[float, float, list[str]] = (0.0, 0.0, [])
+        self._last_update_ok = True
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -144,6 +147,7 @@ class TrainerService:
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop consuming and write a final checkpoint; call after :meth:`run` returned."""
         self.request_stop()
+        await self._finish_update()
         for sub in self._subs:
             await sub.stop()
         self._subs.clear()
@@ -274,6 +278,7 @@ class TrainerService:
                 continue
             if await self.train_on(batch, gen_seconds):
                 taken += 1
+        await self._finish_update()
 
     async def train_on(self, batch: TrainBatch, gen_seconds: float = 0.0) -> bool:
         """One step on ``batch`` with the weight protocol around it; False when the backend failed."""
@@ -299,22 +304,20 @@ class TrainerService:
         ckpt_path: Path | None = None
         if self.step % self.loop.checkpoint_every == 0 or (update_now and self.weights.needs_path):
             ckpt_path = self.checkpoint()
-        activated = True
-        if update_now:
+        activated, load_ms = True, 0.0
+        if update_now and self.loop.mode == "sync":
             update = WeightUpdate(self.backend.version, self.backend.state_dict, ckpt_path)
-            if self.loop.mode == "sync":
-                activated, _, load_ms = await self.weights.activate(update)
-            else:
-                result = await self.weights.update(update)
-                activated, load_ms, drain_ms, missing = (
-                    result.activated,
-                    result.load_ms,
-                    result.drain_ms,
-                    result.missing,
-                )
+            activated, _, load_ms = await self.weights.activate(update)
             self.metrics.weight_updates.labels("activated" if activated else "failed").inc()
-        else:
-            load_ms = 0.0
+        elif update_now:
+            # Pipelined: the protocol for v runs while the next batch is collected and trained; at most
+            # one update is outstanding, so serving lags training by at most one more version.
+            await self._finish_update()
+            snapshot = self.backend.state_dict()
+            update = WeightUpdate(self.backend.version, lambda: snapshot, ckpt_path)
+            self._pending_update = asyncio.create_task(self._apply_update(update))
+            drain_ms, load_ms, missing = self._last_update
+            activated = self._last_update_ok
         total = time.perf_counter() - t0
         metrics = {
             **batch.stats.as_metrics(),
@@ -350,6 +353,29 @@ class TrainerService:
         )
         self._write_status()
         return True
+
+    async def _apply_update(self, update: WeightUpdate) -> None:
+        result = await self.weights.update(update)
+        self.metrics.weight_updates.labels("activated" if result.activated else "failed").inc()
+        self.metrics.serving_version.set(self.weights.serving_version)
+        self._last_update = (result.drain_ms, result.load_ms, result.missing)
+        self._last_update_ok = result.activated
+        self.last_metrics.update(
+            {
+                "serving_version": float(self.weights.serving_version),
+                "drain_ms": result.drain_ms,
+                "load_ms": result.load_ms,
+                "gateways_missing": float(len(result.missing)),
+                "weight_update_failed": 0.0 if result.activated else 1.0,
+            }
+        )
+        self._write_status()
+
+    async def _finish_update(self) -> None:
+        """Wait for the outstanding weight update (async mode), if any."""
+        task, self._pending_update = self._pending_update, None
+        if task is not None:
+            await task
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:

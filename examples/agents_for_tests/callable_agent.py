@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 from openai import AsyncOpenAI, OpenAI
 
 
@@ -48,4 +49,25 @@ def run_sync(task: dict[str, Any], llm: Any) -> dict[str, Any]:
             reply = resp.choices[0].message.content or ""
             messages.append({"role": "assistant", "content": reply})
             messages.append({"role": "user", "content": f"Check step {turn + 1}."})
+    return _result(reply, spec)
+
+
+_POOL: dict[int, Any] = {}  # event loop → httpx.AsyncClient
+
+
+async def run_pooled(task: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """Like :func:`run`, but every episode shares one HTTP connection pool (per event loop): the usual way
+    to run many agents in one process, and what the benchmark measures."""
+    loop_id = id(asyncio.get_running_loop())
+    http: Any = _POOL.get(loop_id)
+    if http is None:
+        http = _POOL[loop_id] = httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=64))
+    messages, calls, spec = _setup(task)
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, http_client=http)
+    reply = ""
+    for turn in range(calls):
+        resp = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=32)
+        reply = resp.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": reply})
+        messages.append({"role": "user", "content": f"Check step {turn + 1}."})
     return _result(reply, spec)

@@ -10,6 +10,7 @@ from infra.bus.base import (
     Message,
     Subscription,
 )
+from infra.bus.factory import make_bus
 
 __all__ = [
     "BatchHandler",
@@ -20,4 +21,5 @@ __all__ = [
     "Handler",
     "Message",
     "Subscription",
+    "make_bus",
 ]

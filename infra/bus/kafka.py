@@ -60,6 +60,7 @@ class KafkaBus:
         session_timeout_ms: int = 10_000,
         assignment_timeout_s: float = 30.0,
         stop_grace_s: float = 10.0,
+        max_poll_interval_s: float = 300.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.prefix = prefix
@@ -69,6 +70,8 @@ class KafkaBus:
         self.session_timeout_ms = session_timeout_ms
         self.assignment_timeout_s = assignment_timeout_s
         self.stop_grace_s = stop_grace_s  # how long stop() lets in-flight handlers finish
+        # A handler running longer than this loses its partitions (Kafka's max.poll.interval.ms).
+        self.max_poll_interval_s = max_poll_interval_s
         self._linger_ms = linger_ms
         self._max_batch_bytes = max_batch_bytes
         self._producer: AIOKafkaProducer | None = None

@@ -39,7 +39,11 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self._sub = sub
 
     async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        await self._sub.idle.wait()  # finish and commit what is in flight before handing over
+        # Finish and commit what is in flight before handing over (bounded: a hung handler must
+        # not hold the whole group; the next owner then re-delivers, duplicates carry event_id).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._sub.max_poll_interval_s):
+                await self._sub.idle.wait()
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         self._sub.assigned.set()
@@ -74,6 +78,7 @@ class KafkaSubscription:
         self.idle = asyncio.Event()
         self.idle.set()
         self.assigned = asyncio.Event()
+        self.max_poll_interval_s = bus.max_poll_interval_s
 
     async def start(self) -> None:
         bus = self._bus
@@ -86,6 +91,7 @@ class KafkaSubscription:
             max_poll_records=self._max_batch,
             session_timeout_ms=bus.session_timeout_ms,
             heartbeat_interval_ms=max(100, bus.session_timeout_ms // 5),
+            max_poll_interval_ms=int(bus.max_poll_interval_s * 1000),
         )
         consumer.subscribe([bus.physical(self.topic)], listener=_Listener(self))
         try:
@@ -128,6 +134,7 @@ class KafkaSubscription:
         assert consumer is not None
         wait_ms = int(self._max_wait_s * 1000)
         while not self._stopping:
+            fetched: dict[TopicPartition, list[Record]] = {}
             try:
                 fetched = await consumer.getmany(timeout_ms=1000, max_records=self._max_batch)
                 if self._batch_handler is not None and wait_ms:
@@ -139,19 +146,23 @@ class KafkaSubscription:
                     if self._batch_handler is not None:
                         await self._handle_batch(fetched)
                     else:
-                        await asyncio.gather(*(self._handle_partition(recs) for recs in fetched.values()))
+                        # One task per partition (in order within it); one failure cancels the rest.
+                        async with asyncio.TaskGroup() as tg:
+                            for recs in fetched.values():
+                                tg.create_task(self._handle_partition(recs))
                     await self._commit(consumer, fetched)
                 finally:
                     self.idle.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # The broker went away or a dead letter could not be published: nothing was
-                # committed, so go back to the committed offsets and try again.
+                # The broker went away or a dead letter could not be published: nothing of this
+                # fetch was committed, so rewind to its first records and try again.
                 log.error("bus.consumer_error", topic=self.topic, group=self.group, error=repr(exc))
                 await asyncio.sleep(1.0)
-                with contextlib.suppress(Exception):
-                    await consumer.seek_to_committed()
+                for tp, recs in fetched.items():
+                    if recs and tp in consumer.assignment():
+                        consumer.seek(tp, recs[0].offset)
 
     async def _fill(
         self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[Record]], wait_ms: int

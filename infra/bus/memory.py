@@ -26,354 +26,27 @@ re-serialised on the way through.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
-from contextvars import ContextVar
 
-from infra.bus.base import BatchHandler, BusClosedError, BusError, Handler, Message
+from infra.bus.base import BatchHandler, BusClosedError, BusError, Handler
 from infra.bus.deadletter import dead_letter
+from infra.bus.memory_group import (
+    IN_CONSUMER,
+    Bad,
+    Group,
+    Item,
+    Member,
+    MemorySubscription,
+    Partition,
+    Topic,
+)
 from infra.bus.partitioner import partition_for
 from infra.logging import get_logger
-from schemas import DEADLETTER, AnyEvent, EventDecodeError, TopicSpec, decode, key_for, spec_for
+from schemas import DEADLETTER, AnyEvent, EventDecodeError, decode, key_for, spec_for
 
 log = get_logger(__name__)
 
-# True inside the bus's own consumer tasks: publishes from handlers skip backpressure (see docstring).
-_IN_CONSUMER: ContextVar[bool] = ContextVar("flywheel_memory_bus_consumer", default=False)
-
-
-class _Bad:
-    """A raw message that did not decode, kept in the log where the event would be."""
-
-    __slots__ = ("error", "raw")
-
-    def __init__(self, raw: bytes, error: str) -> None:
-        self.raw = raw
-        self.error = error
-
-
-# The log of a partition is two parallel lists (keys, items): no per-record container object, which
-# keeps allocations (and the garbage collector's work) off the hot path.
-Item = AnyEvent | _Bad
-
-
-class _Partition:
-    __slots__ = ("base", "index", "items", "keys", "next_trim", "waiters")
-
-    def __init__(self, index: int, retain: int) -> None:
-        self.index = index
-        self.keys: list[str] = []
-        self.items: list[Item] = []
-        self.base = 0  # offset of items[0]
-        self.waiters: set[asyncio.Future[None]] = set()
-        self.next_trim = 2 * retain
-
-    @property
-    def end(self) -> int:
-        return self.base + len(self.items)
-
-    def notify(self) -> None:
-        if self.waiters:
-            for fut in self.waiters:
-                if not fut.done():
-                    fut.set_result(None)
-            self.waiters.clear()
-
-
-class _Topic:
-    def __init__(self, spec: TopicSpec, retain: int) -> None:
-        self.name = spec.name
-        self.spec = spec
-        self.partitions = [_Partition(i, retain) for i in range(spec.partitions)]
-        self.groups: dict[str, _Group] = {}
-        self.active: list[_Group] = []  # groups with at least one subscriber
-
-
-class _Member:
-    """One subscription: a handler (or batch handler) in a group."""
-
-    def __init__(
-        self,
-        group: _Group,
-        handler: Handler | None,
-        batch_handler: BatchHandler | None,
-        max_retries: int,
-        max_batch: int,
-        max_wait_s: float,
-    ) -> None:
-        self._group = group
-        self.topic = group.topic.name
-        self.group = group.name
-        self.handler = handler
-        self.batch_handler = batch_handler
-        self.max_retries = max_retries
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_s
-        self.task: asyncio.Task[None] | None = None  # batch members own a task
-        self.busy = False
-        self.inflight = 0
-        self.drained: asyncio.Future[None] | None = None  # set when inflight drops to 0 (for leave)
-
-    def done_one(self) -> None:
-        self.inflight -= 1
-        if not self.inflight and self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    async def stop(self) -> None:
-        """Stop consuming; an in-flight handler finishes and its offset is committed."""
-        await self._group.leave(self)
-
-
-MemorySubscription = _Member
-
-
-async def _stop_task(task: asyncio.Task[None], busy: bool, grace_s: float) -> None:
-    """Cancel a consumer task that waits for data; give a busy one ``grace_s`` to finish its message."""
-    if task is asyncio.current_task():
-        return  # a handler stopping its own subscription: the task returns after this message
-    if busy:
-        done, _ = await asyncio.wait({task}, timeout=grace_s)
-        if not done:
-            log.warning("bus.stop_timeout", task=task.get_name(), grace_s=grace_s)
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-class _Group:
-    def __init__(self, bus: MemoryBus, topic: _Topic, name: str, batch: bool, from_beginning: bool) -> None:
-        self.bus = bus
-        self.topic = topic
-        self.name = name
-        self.batch = batch
-        parts = topic.partitions
-        self.committed = [p.base if from_beginning else p.end for p in parts]
-        self.members: list[_Member] = []
-        self.space: list[list[asyncio.Future[None]]] = [[] for _ in parts]
-        self.workers: list[asyncio.Task[None]] = []
-        self.busy = [False] * len(parts)
-        self.claimed: set[int] = set()  # partitions a batch member is working on
-        self.rebalanced: set[asyncio.Future[None]] = set()
-        self.generation = 0  # bumped when the group goes idle, so late workers of the last run retire
-
-    # membership ---------------------------------------------------------------------------------------
-
-    def join(self, member: _Member) -> None:
-        self.members.append(member)
-        if len(self.members) == 1:
-            self.topic.active.append(self)
-            if not self.batch:
-                self.workers = [
-                    asyncio.create_task(
-                        self._run_partition(p, self.generation), name=f"bus:{self.topic.name}:{self.name}:{p}"
-                    )
-                    for p in range(len(self.topic.partitions))
-                ]
-        if self.batch:
-            member.task = asyncio.create_task(
-                self._run_batch(member), name=f"bus:{self.topic.name}:{self.name}:batch"
-            )
-        self._wake_rebalanced()
-
-    async def leave(self, member: _Member) -> None:
-        if member not in self.members:
-            return
-        self.members.remove(member)
-        self._wake_rebalanced()
-        if member.task is not None:
-            await _stop_task(member.task, member.busy, self.bus.stop_grace_s)
-        if not self.members:
-            self.generation += 1
-            self.topic.active.remove(self)
-            for p in range(len(self.space)):
-                self._release_space(p, force=True)
-            workers, self.workers = self.workers, []
-            for p, task in enumerate(workers):
-                await _stop_task(task, self.busy[p], self.bus.stop_grace_s)
-        elif member.inflight and asyncio.current_task() is not member.task:
-            member.drained = asyncio.get_running_loop().create_future()
-            await asyncio.wait({member.drained}, timeout=self.bus.stop_grace_s)
-
-    def _wake_rebalanced(self) -> None:
-        for fut in self.rebalanced:
-            if not fut.done():
-                fut.set_result(None)
-        self.rebalanced.clear()
-
-    def _assigned(self, member: _Member) -> list[int]:
-        n = len(self.members)
-        if member not in self.members:
-            return []
-        i = self.members.index(member)
-        return [p for p in range(len(self.topic.partitions)) if p % n == i and p not in self.claimed]
-
-    # backpressure -------------------------------------------------------------------------------------
-
-    def backlog(self, p: int) -> int:
-        part = self.topic.partitions[p]
-        return part.end - max(self.committed[p], part.base)
-
-    def _release_space(self, p: int, force: bool = False) -> None:
-        waiters = self.space[p]
-        if waiters and (force or self.backlog(p) <= self.bus.max_backlog // 2):
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-            waiters.clear()
-
-    def _commit(self, p: int, offset: int) -> None:
-        if offset + 1 > self.committed[p]:
-            self.committed[p] = offset + 1
-        if self.space[p]:
-            self._release_space(p)
-
-    # consuming ----------------------------------------------------------------------------------------
-
-    async def _run_partition(self, p: int, generation: int) -> None:
-        _IN_CONSUMER.set(True)
-        part = self.topic.partitions[p]
-        loop = asyncio.get_running_loop()
-        members = self.members
-        topic = self.topic.name
-        while members and generation == self.generation:
-            offset = self.committed[p]
-            if offset < part.base:
-                offset = part.base
-            if offset >= part.base + len(part.items):
-                fut: asyncio.Future[None] = loop.create_future()
-                part.waiters.add(fut)
-                await fut
-                continue
-            member = members[p % len(members)]
-            i = offset - part.base
-            item, key = part.items[i], part.keys[i]
-            self.busy[p] = True
-            member.inflight += 1
-            try:
-                handler = member.handler
-                if handler is not None and not isinstance(item, _Bad):
-                    try:  # the hot path: one call, no retry bookkeeping
-                        await handler(Message(item, topic, p, offset, key))
-                    except Exception:
-                        await self._deliver(member, p, offset, key, item, first_failed=True)
-                else:
-                    await self._deliver(member, p, offset, key, item)
-                self._commit(p, offset)
-            finally:
-                self.busy[p] = False
-                member.done_one()
-
-    async def _deliver(
-        self, member: _Member, p: int, offset: int, key: str, item: Item, first_failed: bool = False
-    ) -> None:
-        if isinstance(item, _Bad):
-            await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
-            return
-        message = Message(item, self.topic.name, p, offset, key)
-        attempts = 0
-        if first_failed:
-            attempts = 1
-            await asyncio.sleep(self.bus.retry_backoff(1))
-        while True:
-            attempts += 1
-            try:
-                if member.handler is not None:
-                    await member.handler(message)
-                else:
-                    assert member.batch_handler is not None
-                    await member.batch_handler([message])
-                return
-            except Exception as exc:
-                if attempts > member.max_retries:
-                    await self.bus.dead_letter(self, p, offset, key, item, exc, attempts)
-                    return
-                await asyncio.sleep(self.bus.retry_backoff(attempts))
-
-    async def _run_batch(self, member: _Member) -> None:
-        _IN_CONSUMER.set(True)
-        loop = asyncio.get_running_loop()
-        while member in self.members:
-            taken: dict[int, list[tuple[int, str, Item]]] = {}
-            try:
-                deadline: float | None = None
-                while True:
-                    self._take(member, taken)
-                    count = sum(len(v) for v in taken.values())
-                    if count >= member.max_batch:
-                        break
-                    if count and deadline is None:
-                        deadline = loop.time() + member.max_wait_s
-                    timeout = None if deadline is None else deadline - loop.time()
-                    if timeout is not None and timeout <= 0:
-                        break
-                    await self._wait_data(member, list(taken) + self._assigned(member), timeout)
-                    if member not in self.members:
-                        return
-                member.busy = True
-                member.inflight += 1
-                await self._deliver_batch(member, taken)
-            finally:
-                self.claimed.difference_update(taken)
-                if member.busy:
-                    member.busy = False
-                    member.done_one()
-
-    def _take(self, member: _Member, taken: dict[int, list[tuple[int, str, Item]]]) -> None:
-        """Add available records of this member's partitions to ``taken`` (claiming those partitions)."""
-        room = member.max_batch - sum(len(v) for v in taken.values())
-        for p in list(taken) + self._assigned(member):
-            if room <= 0:
-                return
-            part = self.topic.partitions[p]
-            got = taken.get(p)
-            start = got[-1][0] + 1 if got else max(self.committed[p], part.base)
-            stop = min(part.end, start + room)
-            if stop > start:
-                if got is None:
-                    got = taken[p] = []
-                    self.claimed.add(p)
-                b = part.base
-                got.extend((o, part.keys[o - b], part.items[o - b]) for o in range(start, stop))
-                room -= stop - start
-
-    async def _wait_data(self, member: _Member, partitions: list[int], wait_s: float | None) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        parts = [self.topic.partitions[p] for p in partitions]
-        for part in parts:
-            part.waiters.add(fut)
-        self.rebalanced.add(fut)
-        try:
-            await asyncio.wait({fut}, timeout=wait_s)
-        finally:
-            for part in parts:
-                part.waiters.discard(fut)
-            self.rebalanced.discard(fut)
-            fut.cancel()
-
-    async def _deliver_batch(self, member: _Member, taken: dict[int, list[tuple[int, str, Item]]]) -> None:
-        assert member.batch_handler is not None
-        good: list[Message] = []
-        for p, entries in taken.items():
-            for offset, key, item in entries:
-                if isinstance(item, _Bad):
-                    await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
-                else:
-                    good.append(Message(item, self.topic.name, p, offset, key))
-        attempts = 0
-        while good:
-            attempts += 1
-            try:
-                await member.batch_handler(good)
-                break
-            except Exception:
-                if attempts > member.max_retries:
-                    # Find the poison messages: each one alone, with its own retries.
-                    for m in good:
-                        await self._deliver(member, m.partition, m.offset, m.key, m.event)
-                    break
-                await asyncio.sleep(self.bus.retry_backoff(attempts))
-        for p, entries in taken.items():
-            self._commit(p, entries[-1][0])
+__all__ = ["MemoryBus", "MemorySubscription"]
 
 
 class MemoryBus:
@@ -395,7 +68,7 @@ class MemoryBus:
         self._max_retained = max(max_retained, retain)
         self._retry_backoff_s = retry_backoff_s
         self.stop_grace_s = stop_grace_s  # how long stop() lets an in-flight handler finish
-        self._topics: dict[str, _Topic] = {}
+        self._topics: dict[str, Topic] = {}
         self._running = False
 
     # lifecycle ----------------------------------------------------------------------------------------
@@ -421,14 +94,14 @@ class MemoryBus:
         if not self._running:
             raise BusClosedError("the in-process bus is not running (call start())")
 
-    def _topic(self, name: str) -> _Topic:
+    def _topic(self, name: str) -> Topic:
         topic = self._topics.get(name)
         if topic is None:
             try:
                 spec = spec_for(name)
             except KeyError as exc:
                 raise BusError(f"unknown topic {name!r}") from exc
-            topic = self._topics[name] = _Topic(spec, self._retain)
+            topic = self._topics[name] = Topic(spec, self._retain)
         return topic
 
     def retry_backoff(self, attempt: int) -> float:
@@ -471,21 +144,18 @@ class MemoryBus:
         try:
             item: Item = decode(topic, data)
         except EventDecodeError as exc:
-            item = _Bad(bytes(data), str(exc))
+            item = Bad(bytes(data), str(exc))
         await self._append(t, key, item)
 
-    async def _append(self, topic: _Topic, key: str, item: Item) -> None:
-        p = partition_for(key, len(topic.partitions))
+    async def _append(self, topic: Topic, key: str, item: Item) -> None:
+        p = partition_for(key, topic.count)
         part = topic.partitions[p]
-        if topic.active and not _IN_CONSUMER.get():
+        if topic.active and not IN_CONSUMER.get():
             full = part.base + len(part.items) - self.max_backlog
-            for group in tuple(topic.active):
-                if group.committed[p] > full:
-                    continue  # the common case: room in this group's queue
-                while group.members and group.backlog(p) >= self.max_backlog:
-                    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    group.space[p].append(fut)
-                    await fut
+            for group in topic.active:
+                if group.committed[p] <= full:  # rare: some group's queue is full
+                    await self._wait_for_room(topic, p)
+                    break
         part.keys.append(key)
         part.items.append(item)
         if part.waiters:
@@ -493,7 +163,15 @@ class MemoryBus:
         if len(part.items) >= part.next_trim:
             self._trim(topic, part)
 
-    def _trim(self, topic: _Topic, part: _Partition) -> None:
+    async def _wait_for_room(self, topic: Topic, p: int) -> None:
+        """Backpressure: wait until every active group's backlog on partition ``p`` has room."""
+        for group in tuple(topic.active):
+            while group.members and group.backlog(p) >= self.max_backlog:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                group.space[p].append(fut)
+                await fut
+
+    def _trim(self, topic: Topic, part: Partition) -> None:
         p = part.index
         floor = min((g.committed[p] for g in topic.groups.values()), default=part.end)
         cut = max(min(floor, part.end - self._retain), part.end - self._max_retained) - part.base
@@ -505,7 +183,7 @@ class MemoryBus:
 
     async def dead_letter(
         self,
-        group: _Group,
+        group: Group,
         p: int,
         offset: int,
         key: str,
@@ -533,8 +211,8 @@ class MemoryBus:
             group=group.name,
             error=error,
             attempts=attempts,
-            event=None if isinstance(item, _Bad) else item,
-            raw=item.raw if isinstance(item, _Bad) else None,
+            event=None if isinstance(item, Bad) else item,
+            raw=item.raw if isinstance(item, Bad) else None,
         )
         await self._append(self._topic(DEADLETTER), key, letter)
 
@@ -574,7 +252,7 @@ class MemoryBus:
         max_retries: int,
         max_batch: int,
         max_wait_s: float,
-    ) -> _Member:
+    ) -> Member:
         self._check_running()
         if max_batch < 1 or max_retries < 0:
             raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
@@ -582,10 +260,10 @@ class MemoryBus:
         batch = batch_handler is not None
         g = t.groups.get(group)
         if g is None:
-            g = t.groups[group] = _Group(self, t, group, batch, from_beginning)
+            g = t.groups[group] = Group(self, t, group, batch, from_beginning)
         elif g.members and g.batch != batch:
             raise BusError(f"group {group!r} on {topic} mixes batch and single-message subscribers")
         g.batch = batch
-        member = _Member(g, handler, batch_handler, max_retries, max_batch, max_wait_s)
+        member = Member(g, handler, batch_handler, max_retries, max_batch, max_wait_s)
         g.join(member)
         return member

@@ -22,7 +22,7 @@ def _aggregate(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
         return None
     return {
         field: round(_mean([float(p[field]) for p in parts]), 4)
-        for field in ("success", "reward", "transitions_per_episode", "calls_per_episode")
+        for field in ("success", "reward", "transitions_per_episode", "trajectories_per_episode")
     }
 
 
@@ -78,7 +78,7 @@ def demo(
     warm = WarmStartConfig()
     if tiny:
         warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
-        rl = rl_seconds if rl_seconds is not None else 90.0
+        rl = rl_seconds if rl_seconds is not None else 20.0
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
     runs: list[dict[str, Any]] = []
@@ -95,6 +95,7 @@ def demo(
             learning_rate=lr,
             eval_tasks=eval_tasks,
             baseline=baseline,
+            baseline_seconds=5.0 if tiny else None,
             threads=threads,
             cache=cache or DEFAULT_CACHE,
             warm=warm,

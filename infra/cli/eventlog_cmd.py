@@ -7,8 +7,9 @@ Exit codes: 0 done; 1 the event log cannot be reached (locked, unreachable, miss
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO, cast
 
 import typer
 
@@ -46,7 +47,20 @@ def _settings() -> EventLogSettings:
         typer.echo(f"SettingsError: {exc.errors()[0]['msg']}", err=True)
         raise typer.Exit(2) from exc
     configure_logging(settings.log_level, settings.log_json)  # logs go to stderr; stdout stays data
+    # Resolve sys.stderr at each write: loggers are cached on first use, and a replaced stderr (tests'
+    # CliRunner, a redirected console) may be closed by the time they write.
+    import structlog
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())))
     return settings
+
+
+class _CurrentStderr:
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _reader(url: str | None) -> EventLogReader:

@@ -187,7 +187,9 @@ def record_command(
     from infra.logging import configure_logging
 
     settings = _settings()
-    configure_logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings.log_json)
+    configure_logging(
+        "WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings.log_json
+    )
     if gateway:
         code, calls = _record_remote(gateway, argv)
     else:

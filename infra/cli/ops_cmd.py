@@ -304,3 +304,6 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status_command)
     app.command("doctor")(doctor_command)
     app.command("healthcheck")(healthcheck_command)
+    from infra.cli import ops_up
+
+    ops_up.register(app)

@@ -16,7 +16,7 @@ COLUMNS = (
     ("version", "version", "{:.0f}"),
     ("reward", "reward_mean", "{:.3f}"),
     ("success", "success_rate", "{:.1%}"),
-    ("trans/ep", "transitions_per_episode", "{:.2f}"),
+    ("trans/ep", "calls_per_episode", "{:.2f}"),
     ("tokens/s", "tokens_per_s", "{:.0f}"),
     ("staleness", "staleness_mean", "{:.2f}"),
     ("step s", "step_seconds", "{:.2f}"),

@@ -42,7 +42,8 @@ class EvaluationTimeout(TimeoutError):
 class EvalResult:
     success: float  # share of episodes with reward ≥ 1
     reward: float
-    transitions_per_episode: float  # transitions the reward service built (calls, or merged trajectories)
+    transitions_per_episode: float  # LLM calls per episode: one transition per call (LightningRL)
+    trajectories_per_episode: float  # what the reward service built after merging calls that extend
     calls_per_episode: float
     episodes: int
     errors: int  # episodes whose agent failed (error/timeout)
@@ -54,6 +55,7 @@ class EvalResult:
             "success": round(self.success, 4),
             "reward": round(self.reward, 4),
             "transitions_per_episode": round(self.transitions_per_episode, 4),
+            "trajectories_per_episode": round(self.trajectories_per_episode, 4),
             "calls_per_episode": round(self.calls_per_episode, 4),
             "episodes": self.episodes,
             "errors": self.errors,
@@ -68,7 +70,8 @@ def summarise(scored: Sequence[EpisodeScored], seconds: float) -> EvalResult:
     return EvalResult(
         success=sum(1 for e in scored if (e.reward or 0.0) >= 1.0) / n,
         reward=sum(e.reward or 0.0 for e in scored) / n,
-        transitions_per_episode=sum(len(e.transitions) for e in scored) / n,
+        transitions_per_episode=sum(e.num_calls for e in scored) / n,
+        trajectories_per_episode=sum(len(e.transitions) for e in scored) / n,
         calls_per_episode=sum(e.num_calls for e in scored) / n,
         episodes=len(scored),
         errors=sum(1 for e in scored if e.status is not EpisodeStatus.ok),
@@ -135,7 +138,11 @@ class StepPoint:
 
 
 class TrainingMonitor:
-    """Collects ``TrainerStepCompleted`` events (for the live display and the plot)."""
+    """Collects ``TrainerStepCompleted`` events (for the live display and the plot).
+
+    It also reads the training episodes' ``EpisodeScored`` so each step carries ``calls_per_episode``
+    (the transitions per episode before merging) of the episodes scored since the previous step.
+    """
 
     def __init__(
         self, bus: Bus, model: str = "policy", on_step: Callable[[StepPoint], None] | None = None
@@ -145,24 +152,34 @@ class TrainingMonitor:
         self.on_step = on_step
         self.points: list[StepPoint] = []
         self.t0 = time.perf_counter()
-        self._sub: Any = None
+        self._subs: list[Any] = []
         self._new = asyncio.Event()
+        self._calls: list[int] = []
 
     async def start(self) -> None:
         self.t0 = time.perf_counter()
-        self._sub = await self.bus.subscribe(
-            CONTROL, f"demo-monitor-{uuid.uuid4().hex[:12]}", self._on_control, from_beginning=False
-        )
+        group = f"demo-monitor-{uuid.uuid4().hex[:12]}"
+        self._subs.append(await self.bus.subscribe(TRANSITIONS, group, self._on_scored, from_beginning=False))
+        self._subs.append(await self.bus.subscribe(CONTROL, group, self._on_control, from_beginning=False))
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.stop()
-            self._sub = None
+        subs, self._subs = self._subs, []
+        for sub in subs:
+            await sub.stop()
+
+    async def _on_scored(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, EpisodeScored) and event.mode is Mode.train and event.num_calls > 0:
+            self._calls.append(event.num_calls)
 
     async def _on_control(self, msg: Message) -> None:
         event = msg.event
         if isinstance(event, TrainerStepCompleted) and event.model == self.model:
-            point = StepPoint(event.step, event.version, time.perf_counter() - self.t0, dict(event.metrics))
+            metrics = dict(event.metrics)
+            if self._calls:
+                metrics["calls_per_episode"] = sum(self._calls) / len(self._calls)
+                self._calls = []
+            point = StepPoint(event.step, event.version, time.perf_counter() - self.t0, metrics)
             self.points.append(point)
             self._new.set()
             if self.on_step is not None:

@@ -42,11 +42,11 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
         row[0].set_xlabel("trainer step")
         row[0].set_ylim(-0.05, 1.05)
         row[0].legend(loc="lower right", fontsize=8)
-        xs, tpe = _series(points, "transitions_per_episode")
-        row[1].plot(xs, tpe, color="tab:orange", label="transitions / episode")
         xs, calls = _series(points, "calls_per_episode")
-        if calls:
-            row[1].plot(xs, calls, color="tab:red", alpha=0.6, label="calls / episode")
+        row[1].plot(xs, calls, color="tab:orange", label="transitions (LLM calls) / episode")
+        xs, merged = _series(points, "transitions_per_episode")
+        if merged:
+            row[1].plot(xs, merged, color="tab:red", alpha=0.5, label="merged trajectories / episode")
         row[1].set_title(f"seed {seed}: transitions per episode")
         row[1].set_xlabel("trainer step")
         row[1].legend(loc="upper right", fontsize=8)

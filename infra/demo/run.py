@@ -44,6 +44,7 @@ class DemoConfig:
     learning_rate: float = 1e-4
     eval_tasks: int = 128
     baseline: bool = True
+    baseline_seconds: float | None = None  # None: the RL phase's wall-clock seconds (equal time)
     threads: int = 0
     cache: Path = DEFAULT_CACHE
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -133,9 +134,10 @@ async def run_seed(
         baseline: EvalResult | None = None
         baseline_steps = 0
         if cfg.baseline:
-            say(f"[seed {cfg.seed}] SFT-only baseline: {rl_seconds:.0f}s of SFT from the warm start")
+            seconds = rl_seconds if cfg.baseline_seconds is None else cfg.baseline_seconds
+            say(f"[seed {cfg.seed}] SFT-only baseline: {seconds:.0f}s of SFT from the warm start")
             base_dir, baseline_steps = await asyncio.to_thread(
-                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", rl_seconds, say
+                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", seconds, say
             )
             await _serve(stack, base_dir)
             baseline = await evaluate(stack.bus, heldout, AGENT)
@@ -148,6 +150,8 @@ async def run_seed(
                 "delta": _delta(before, after),
                 "rl_seconds": round(rl_seconds, 1),
                 "rl_steps": len(monitor.points),
+                "rl_batches_without_signal": stack.trainer.batches_without_signal,
+                "rl_groups_received": len(stack.trainer.intake.consumed),
                 "baseline_sft_steps": baseline_steps,
                 "warm_start_seconds": round(warm_s, 1),
                 "warm_start_dir": str(warm_dir),
@@ -185,6 +189,7 @@ async def _serve(stack: EmbeddedStack, model_dir: Path) -> None:
 
 def _fmt(r: EvalResult) -> str:
     return (
-        f"success {100 * r.success:.1f}%  transitions/episode {r.transitions_per_episode:.2f}  "
-        f"calls/episode {r.calls_per_episode:.2f}  ({r.episodes} episodes, {r.errors} errors, {r.seconds:.0f}s)"
+        f"success {100 * r.success:.1f}%  transitions/episode {r.transitions_per_episode:.2f} "
+        f"(merged trajectories {r.trajectories_per_episode:.2f})  "
+        f"({r.episodes} episodes, {r.errors} errors, {r.seconds:.0f}s)"
     )

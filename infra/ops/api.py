@@ -20,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.bus.base import Bus, Subscription
+from infra.bus.base import Bus, BusError, Subscription
+from infra.eventlog.errors import EventLogError
 from infra.ops.status import ControlState, StatusReport, topic_lags
 from infra.replay import ReplayFilter, ReplayFilterError, ScoredEpisodeSource, replay
 from schemas import CONTROL
@@ -105,6 +106,10 @@ def create_ops_router(ctx: OpsContext) -> APIRouter:
             return _error(400, "invalid_filter", f"{first['msg']}" + (f" at {where}" if where else ""))
         except ReplayFilterError as exc:
             return _error(400, "invalid_filter", str(exc))
+        except EventLogError as exc:
+            return _error(503, "event_log_unavailable", str(exc))
+        except BusError as exc:
+            return _error(503, "bus_unavailable", str(exc))
         return JSONResponse(report.as_dict())
 
     return router

@@ -201,9 +201,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--kafka-events", type=int, default=10_000)
     parser.add_argument("--recorder-events", type=int, default=100_000)
-    parser.add_argument(
-        "--bootstrap", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    )
+    parser.add_argument("--bootstrap", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     args = parser.parse_args()
     import logging
 

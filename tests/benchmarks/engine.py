@@ -24,7 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 NEW_TOKENS = 64
-CACHE = Path(os.environ.get("FLYWHEEL_CACHE", Path.home() / ".cache" / "flywheel")) / "bench-models" / "engine-demo"
+CACHE = (
+    Path(os.environ.get("FLYWHEEL_CACHE", Path.home() / ".cache" / "flywheel"))
+    / "bench-models"
+    / "engine-demo"
+)
 CORPUS = [
     f"<|im_start|>user\nWhat is {a}+{b}?<|im_end|>\n<|im_start|>assistant\nCALC: {a}+{b}\nThe answer is {a + b}.<|im_end|>"
     for a in range(0, 100, 3)
@@ -79,7 +83,9 @@ def _hf_rates(model_dir: Path, batch_sizes: Sequence[int]) -> dict[int, float]:
     )
     rates: dict[int, float] = {}
     with torch.no_grad():
-        model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=True, pad_token_id=tokenizer.pad_token_id)
+        model.generate(
+            torch.tensor([prompt]), max_new_tokens=4, do_sample=True, pad_token_id=tokenizer.pad_token_id
+        )
         for batch in batch_sizes:
             ids = torch.tensor([prompt] * batch)
             start = time.perf_counter()
@@ -135,7 +141,9 @@ def main() -> None:
     if args.json:
         print(json.dumps({"figures": figures, "goals": {k: v for k, v in goals.items() if k in figures}}))
         return
-    print(f"engine vs HF generate, demo model (hidden 256, 4 layers), {NEW_TOKENS} new tokens, {threads} threads")
+    print(
+        f"engine vs HF generate, demo model (hidden 256, 4 layers), {NEW_TOKENS} new tokens, {threads} threads"
+    )
     print(f"{'batch':>5}  {'engine tok/s':>12}  {'HF generate tok/s':>17}  {'ratio':>5}")
     for b in args.batch:
         print(f"{b:>5}  {engine[b]:>12.1f}  {hf[b]:>17.1f}  {engine[b] / hf[b]:>5.2f}")

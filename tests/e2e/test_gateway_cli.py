@@ -107,15 +107,13 @@ def test_gateway_command_with_episodes_open_and_show(tmp_path):
             assert opened.returncode == 0, opened.stderr
             episode_url = opened.stdout.strip()
             episode_id = episode_url.split("/episodes/")[1].split("/")[0]
-            agent = subprocess.run(
-                [sys.executable, "-c", AGENT],
-                env={**env, "OPENAI_BASE_URL": episode_url, "OPENAI_API_KEY": "x"},
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            )
-            assert "The answer is 42." in agent.stdout
+            import openai
+
+            with openai.OpenAI(base_url=episode_url, api_key="x") as client:
+                reply = client.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert reply.choices[0].message.content == "The answer is 42."
             shown = _run(["episodes", "show", episode_id, "--gateway", base, "--json"], env)
             data = json.loads(shown.stdout)
             assert data["calls"][0]["choices"][0]["text"] == "The answer is 42."

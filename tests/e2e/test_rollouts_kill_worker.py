@@ -64,7 +64,8 @@ async def test_killed_worker_loses_nothing(stack: RolloutStack, tmp_path: Path) 
         "examples.agents_for_tests.callable_agent:run",
         "--n",
         "2",
-        "--deadline", "10",
+        "--deadline",
+        "10",
         log=tmp_path / "submit.log",
     )
     assert await submit.wait() == 0, (tmp_path / "submit.log").read_text()

@@ -75,10 +75,11 @@ class GatewayHarness:
         kind: UpstreamKind = UpstreamKind.vllm,
         bus: Bus | None = None,
         replicas: int = 1,
+        upstream_app: Any = None,
         **settings: Any,
     ) -> None:
         self.config = config or FakeUpstreamConfig()
-        self.fake = create_fake_upstream(self.config)
+        self.fake = upstream_app if upstream_app is not None else create_fake_upstream(self.config)
         self.bus: Bus = bus or MemoryBus()
         self._own_bus = bus is None
         defaults: dict[str, Any] = {

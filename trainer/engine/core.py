@@ -377,6 +377,7 @@ class InferenceEngine:
             if not admits and not decode:
                 if self.num_running == 0:
                     self._running = []
+                    self.runner.release()  # idle: give the KV cache's memory back
                 await self._wake.wait()
 
     def _admissions(self) -> list[_Request]:
@@ -431,27 +432,48 @@ class InferenceEngine:
             live.append(seq)
         # 2. decode one token for every live sequence (before admitting, so rows are 0..B-1)
         if decode and live:
+            runner.reserve(len(live), max(s.cached for s in live) + 1)  # grows by doubling, rarely
             logits = runner.decode([s.tokens[-1] for s in live], [s.cached for s in live])
             self._take(live, logits, updates)
-        # 3. admit: prefill into the next free slot, copy the cache for n > 1, sample first tokens
-        for req in admits:
+        # 3. admit: one batched prefill of the distinct prompts (a GRPO group sends the same prompt
+        #    G times: it is computed once), cache rows copied to every other sequence of that prompt,
+        #    then each sequence samples its first token.
+        if admits:
             first = len(live)
-            need_len = len(req.prompt) + req.max_tokens
-            runner.reserve(first + req.params.n, need_len)
-            logits = runner.prefill(req.prompt, first)
-            if req.params.n > 1:
-                runner.copy_slot(first, range(first + 1, first + req.params.n), len(req.prompt))
-            seeds = (
-                [(req.params.seed + i) % 2**63 for i in range(req.params.n)]
-                if req.params.seed is not None
-                else [
-                    int(torch.randint(0, 2**62, (), generator=self._seed_source)) for _ in range(req.params.n)
-                ]
-            )
-            seqs = [_Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
-            req.seqs, req.unfinished = seqs, len(seqs)
-            self._take(seqs, logits.unsqueeze(0).expand(len(seqs), -1), updates)
-            live.extend(seqs)
+            total = first + sum(r.params.n for r in admits)
+            runner.reserve(total, max(len(r.prompt) for r in admits) + 1)
+            owners: dict[tuple[int, ...], int] = {}
+            slots: list[int] = []
+            slot = first
+            for req in admits:
+                slots.append(slot)
+                owners.setdefault(tuple(req.prompt), slot)
+                slot += req.params.n
+            distinct = list(owners)
+            logits = runner.prefill_many([list(p) for p in distinct], [owners[p] for p in distinct])
+            row_of = {p: i for i, p in enumerate(distinct)}
+            for req, start in zip(admits, slots, strict=True):
+                owner = owners[tuple(req.prompt)]
+                copies = [s for s in range(start, start + req.params.n) if s != owner]
+                if copies:
+                    runner.copy_slot(owner, copies, len(req.prompt))
+            new_seqs: list[_Seq] = []
+            rows: list[int] = []
+            for req in admits:
+                seeds = (
+                    [(req.params.seed + i) % 2**63 for i in range(req.params.n)]
+                    if req.params.seed is not None
+                    else [
+                        int(torch.randint(0, 2**62, (), generator=self._seed_source))
+                        for _ in range(req.params.n)
+                    ]
+                )
+                seqs = [_Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
+                req.seqs, req.unfinished = seqs, len(seqs)
+                new_seqs.extend(seqs)
+                rows.extend([row_of[tuple(req.prompt)]] * len(seqs))
+            self._take(new_seqs, logits[torch.tensor(rows)], updates)
+            live.extend(new_seqs)
         self._running = live  # finished ones are compacted away at the start of the next step
         self.steps += 1
         return updates

@@ -154,26 +154,40 @@ class KVRunner:
     @torch.no_grad()
     def prefill(self, token_ids: Sequence[int], slot: int) -> torch.Tensor:
         """Run a whole prompt into ``slot``; returns the last position's logits ``[vocab]`` (fp32)."""
-        n = len(token_ids)
-        ids = torch.tensor(token_ids, dtype=torch.long)
-        x = self.embed(ids).unsqueeze(0)  # [1, n, H]
+        return self.prefill_many([token_ids], [slot])[0]
+
+    @torch.no_grad()
+    def prefill_many(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
+        """Run several prompts in one forward; returns each one's last-position logits ``[N, vocab]``.
+
+        Prompts are right-padded to the longest. Causal attention means a real position only ever attends
+        to earlier (real) positions, so padding changes nothing; the padded tail written into a slot's cache
+        lies beyond its length and is overwritten by its next decode steps.
+        """
+        b, n = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros(b, n, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        where = torch.tensor(list(slots), dtype=torch.long)
+        x = self.embed(ids)  # [b, n, H]
         cos, sin = self.cos[:n], self.sin[:n]
         for i, layer in enumerate(self.layers):
             h = _rms(layer.in_norm, x)
-            q = layer.q(h).view(1, n, self.n_heads, self.head_dim).transpose(1, 2)
-            k = layer.k(h).view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
-            v = layer.v(h).view(1, n, self.n_kv, self.head_dim).transpose(1, 2)
+            q = layer.q(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+            k = layer.k(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+            v = layer.v(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = _rms(layer.q_norm, q), _rms(layer.k_norm, k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            self._k[i][slot, :, :n] = k[0]
-            self._v[i][slot, :, :n] = v[0]
+            self._k[i][where, :, :n] = k
+            self._v[i][where, :, :n] = v
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            x = x + layer.o(att.transpose(1, 2).reshape(1, n, self.n_heads * self.head_dim))
+            x = x + layer.o(att.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
             h = _rms(layer.post_norm, x)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-        last = _rms(self.final_norm, x[0, -1:])
-        logits: torch.Tensor = self.lm_head(last)[0].float()
+        last_pos = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
+        last = _rms(self.final_norm, x[torch.arange(b), last_pos])
+        logits: torch.Tensor = self.lm_head(last).float()
         return logits
 
     @torch.no_grad()

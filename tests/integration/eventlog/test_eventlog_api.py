@@ -137,3 +137,38 @@ def test_cli_reads_through_the_api(client: TestClient, monkeypatch: pytest.Monke
     )
     bad = runner.invoke(app, ["query", "SELECT nope FROM evapi.events", "--url", "http://testserver"])
     assert bad.exit_code == 2 and bad.stderr.startswith("EventLogQueryError: ")
+
+
+def test_cli_episodes_ls(client: TestClient, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import infra.eventlog.client as client_module
+
+    monkeypatch.setattr(
+        client_module, "HttpEventLogReader",
+        lambda url, token: HttpEventLogReader(url, token, client=client),
+    )  # fmt: skip
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("FLYWHEEL_ADMIN_URL", "http://testserver")
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
+    from infra.cli import eventlog_cmd
+
+    cli = typer_app_with(eventlog_cmd.episodes_ls)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--tenant", "acme", "--min-reward", "0.5", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert [e["episode_id"][-1] for e in json.loads(result.stdout)] == ["1"]
+    table = runner.invoke(cli, ["--group", "g2"])
+    assert table.exit_code == 0 and "2 episode(s)" in table.stderr
+    bad = runner.invoke(cli, ["--since", "yesterday-ish"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("FilterError: --since")
+    reversed_range = runner.invoke(cli, ["--min-reward", "2", "--max-reward", "1"])
+    assert reversed_range.exit_code == 2 and "min_reward" in reversed_range.stderr
+
+
+def typer_app_with(command):  # type: ignore[no-untyped-def]
+    import typer
+
+    cli = typer.Typer()
+    cli.command()(command)
+    return cli

@@ -50,10 +50,18 @@ def test_bad_input_cases(gw):
         _err(post(f"{url}/chat/completions", content=iter([b"x" * 40_000, b"y" * 40_000])), 413)
         _err(post(f"{gw.url}/episodes/{'0' * 32}/v1/chat/completions", json={"messages": MSGS}), 404)
         _err(post(f"{gw.url}/v1/chat/completions", json={"messages": MSGS}), 401)
-        _err(post(f"{gw.url}/v1/chat/completions", json={"messages": MSGS}, headers={"Authorization": "Basic x"}), 401)
+        _err(
+            post(
+                f"{gw.url}/v1/chat/completions", json={"messages": MSGS}, headers={"Authorization": "Basic x"}
+            ),
+            401,
+        )
         _err(post(f"{gw.url}/v1/sessions/nope/end", headers=auth), 404)
         _err(post(f"{gw.url}/v1/feedback", json={"call_id": "x", "rating": "good"}, headers=auth), 422)
-        _err(post(f"{gw.url}/v1/feedback", content=b"{", headers={**auth, "Content-Type": "application/json"}), 400)
+        _err(
+            post(f"{gw.url}/v1/feedback", content=b"{", headers={**auth, "Content-Type": "application/json"}),
+            400,
+        )
         _err(post(f"{url[:-3]}/reward", json={"value": "NaN"}), 422)
         _err(c.get(f"{gw.url}/nowhere"), 404)
         _err(c.get(f"{url}/chat/completions"), 405)
@@ -85,7 +93,10 @@ def test_no_input_produces_a_server_error(gw):
             if case.path_parameters and "episode_id" in case.path_parameters and hash(str(case.body)) % 2:
                 case.path_parameters["episode_id"] = ep
             case.call_and_validate(
-                base_url=gw.url, headers={"Authorization": f"Bearer {key}"}, checks=[not_a_server_error], timeout=10
+                base_url=gw.url,
+                headers={"Authorization": f"Bearer {key}"},
+                checks=[not_a_server_error],
+                timeout=10,
             )
 
         check()

@@ -47,7 +47,9 @@ async def test_episode_calls_and_weight_update_over_the_bus(bus, tmp_path):
         (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained), within_s=30)
         assert drained.version == 5 and drained.gateway_id == h.gateway.id
         ep2 = await h.open_episode()
-        held = asyncio.create_task(h.client.post(f"/episodes/{ep2}/v1/chat/completions", json={"messages": MSGS}))
+        held = asyncio.create_task(
+            h.client.post(f"/episodes/{ep2}/v1/chat/completions", json={"messages": MSGS})
+        )
         await bus.publish(CONTROL, WeightsActivated(version=5))
         await h.events.wait_for(lambda e: isinstance(e, InferenceResumed), within_s=30)
         assert (await held).status_code == 200

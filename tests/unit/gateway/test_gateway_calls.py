@@ -110,7 +110,9 @@ async def test_streamed_tool_call_is_assembled(tmp_path):
     async with GatewayHarness(tmp_path) as h:
         ep = await h.open_episode()
         async with h.client.stream(
-            "POST", f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS, "tools": tools, "stream": True}
+            "POST",
+            f"/episodes/{ep}/v1/chat/completions",
+            json={"messages": MSGS, "tools": tools, "stream": True},
         ) as r:
             lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"
@@ -130,7 +132,11 @@ async def test_completions_plain_and_streamed(tmp_path):
         async with h.client.stream(
             "POST", f"/episodes/{ep}/v1/completions", json={"prompt": "2+2=", "stream": True, "logprobs": 2}
         ) as resp:
-            got = [orjson.loads(x[6:]) for x in [ln async for ln in resp.aiter_lines()] if x.startswith("data: {")]
+            got = [
+                orjson.loads(x[6:])
+                for x in [ln async for ln in resp.aiter_lines()]
+                if x.startswith("data: {")
+            ]
         assert any(c["choices"][0].get("logprobs") for c in got)
         calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=2)
         first, second = sorted(calls, key=lambda c: c.call_seq)
@@ -148,7 +154,9 @@ async def test_unknown_and_finished_episode_404_and_late_start(tmp_path):
         from schemas import EpisodeStarted, new_episode_id
 
         ep = new_episode_id()
-        call = asyncio.create_task(h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS}))
+        call = asyncio.create_task(
+            h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
+        )
         await asyncio.sleep(0)
         await h.bus.publish(EPISODES, EpisodeStarted(episode_id=ep))
         assert (await call).status_code == 200
@@ -191,7 +199,9 @@ async def test_upstream_retries_errors_and_timeout(tmp_path):
         cfg.hang_next = 1
         r = await h.client.post(url, json={"messages": MSGS})
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
-        failed = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded) and e.error is not None, count=3)
+        failed = await h.events.wait_for(
+            lambda e: isinstance(e, LLMCallRecorded) and e.error is not None, count=3
+        )
         assert sorted(c.status_code for c in failed) == [400, 500, 504]
 
 
@@ -203,7 +213,9 @@ async def test_weight_versions_and_reward(tmp_path):
         await h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
         (call,) = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded))
         assert call.weight_version == 0 and set(call.choices[0].weight_versions or []) == {0}
-        r = await h.client.post(f"/episodes/{ep}/reward", json={"value": 1.5, "call_index": 0, "message": "good"})
+        r = await h.client.post(
+            f"/episodes/{ep}/reward", json={"value": 1.5, "call_index": 0, "message": "good"}
+        )
         assert r.status_code == 200
         from schemas import RewardReported
 

@@ -63,7 +63,9 @@ async def test_drain_timeout_is_reported(tmp_path):
     cfg = FakeUpstreamConfig(latency_s=1.0)
     async with GatewayHarness(tmp_path, config=cfg) as h:
         ep = await h.open_episode()
-        slow = asyncio.create_task(h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS}))
+        slow = asyncio.create_task(
+            h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
+        )
         await asyncio.wait_for(_until(lambda: h.gateway.admission.in_flight == 1), 5)
         r = await h.client.post("/admin/pause", json={"version": 2, "drain_timeout_s": 0.05}, headers=ADMIN)
         assert r.json()["timed_out"] is True
@@ -78,8 +80,13 @@ async def test_drain_timeout_is_reported(tmp_path):
 
 async def test_admin_routes_need_the_token(tmp_path):
     async with GatewayHarness(tmp_path) as h:
-        for method, path in [("POST", "/admin/pause"), ("POST", "/admin/resume"), ("GET", "/admin/state"),
-                             ("POST", "/admin/episodes"), ("GET", "/admin/episodes/x")]:
+        for method, path in [
+            ("POST", "/admin/pause"),
+            ("POST", "/admin/resume"),
+            ("GET", "/admin/state"),
+            ("POST", "/admin/episodes"),
+            ("GET", "/admin/episodes/x"),
+        ]:
             r = await h.client.request(method, path, headers={"Authorization": "Bearer wrong"})
             assert r.status_code == 401, path
             assert r.json()["error"]["type"] == "authentication_error"

@@ -19,7 +19,9 @@ async def test_keys_sessions_feedback_and_isolation(tmp_path):
         b = {"Authorization": f"Bearer {key_b}", "X-Flywheel-Session": "s1"}
 
         assert (await h.client.post("/v1/chat/completions", json={"messages": MSGS})).status_code == 401
-        bad = await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers={"Authorization": "Bearer no"})
+        bad = await h.client.post(
+            "/v1/chat/completions", json={"messages": MSGS}, headers={"Authorization": "Bearer no"}
+        )
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
 
         r1 = await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=a)
@@ -28,7 +30,9 @@ async def test_keys_sessions_feedback_and_isolation(tmp_path):
         assert r1.status_code == r2.status_code == rb.status_code == 200
         ep_a = r1.headers["X-Flywheel-Episode"]
         assert r2.headers["X-Flywheel-Episode"] == ep_a != rb.headers["X-Flywheel-Episode"]
-        started = await h.events.wait_for(lambda e: isinstance(e, EpisodeStarted) and e.source == "production", count=2)
+        started = await h.events.wait_for(
+            lambda e: isinstance(e, EpisodeStarted) and e.source == "production", count=2
+        )
         assert {s.tenant for s in started} == {"acme", "globex"}
         calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=3)
         assert {c.source for c in calls} == {EpisodeSource.production}
@@ -36,7 +40,9 @@ async def test_keys_sessions_feedback_and_isolation(tmp_path):
 
         # the session comes from `user` when there is no header
         ru = await h.client.post(
-            "/v1/chat/completions", json={"messages": MSGS, "user": "u-7"}, headers={"Authorization": f"Bearer {key_a}"}
+            "/v1/chat/completions",
+            json={"messages": MSGS, "user": "u-7"},
+            headers={"Authorization": f"Bearer {key_a}"},
         )
         assert ru.headers["X-Flywheel-Episode"] != ep_a
 
@@ -44,8 +50,12 @@ async def test_keys_sessions_feedback_and_isolation(tmp_path):
         call_id = r1.headers["X-Flywheel-Call"]
         fb = await h.client.post("/v1/feedback", json={"call_id": call_id, "rating": 1}, headers=a)
         assert fb.status_code == 200 and fb.json()["episode_id"] == ep_a
-        assert (await h.client.post("/v1/feedback", json={"call_id": call_id, "rating": 1}, headers=b)).status_code == 404
-        fb = await h.client.post("/v1/feedback", json={"session_id": "s1", "score": 0.5, "comment": "ok"}, headers=a)
+        assert (
+            await h.client.post("/v1/feedback", json={"call_id": call_id, "rating": 1}, headers=b)
+        ).status_code == 404
+        fb = await h.client.post(
+            "/v1/feedback", json={"session_id": "s1", "score": 0.5, "comment": "ok"}, headers=a
+        )
         assert fb.status_code == 200
         rewards = await h.events.wait_for(lambda e: isinstance(e, RewardReported), count=2)
         assert {r.tenant for r in rewards} == {"acme"} and {r.origin for r in rewards} == {"feedback"}
@@ -60,11 +70,15 @@ async def test_keys_sessions_feedback_and_isolation(tmp_path):
         r3 = await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=a)
         assert r3.headers["X-Flywheel-Episode"] != ep_a
         # a production episode is not reachable as a training episode URL
-        assert (await h.client.post(f"/episodes/{ep_a}/v1/chat/completions", json={"messages": MSGS})).status_code == 404
+        assert (
+            await h.client.post(f"/episodes/{ep_a}/v1/chat/completions", json={"messages": MSGS})
+        ).status_code == 404
 
         assert h.keystore.revoke(kid_b) == 1
         h.keystore._checked = 0  # skip the 1 s re-read throttle
-        assert (await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=b)).status_code == 401
+        assert (
+            await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=b)
+        ).status_code == 401
         assert (await h.client.get("/v1/models", headers=a)).json()["data"][0]["id"] == "policy"
 
 

@@ -184,3 +184,12 @@ def test_feedback_mapping() -> None:
         for r in (1, 3, 5, 9)
     ] == [0.0, 0.9, 1.0, None]
     assert fb.reward(RewardReported(episode_id=EP, origin=RewardOrigin.feedback, value=0.3, rating=1)) == 0.3
+
+
+async def test_a_scorer_that_hangs_is_timed_out() -> None:
+    slow = Scoring(
+        fill_value=0.0, production_scorer="none", feedback=FeedbackMapping(), judge=None, timeout_s=0.1
+    )
+    spec = ScorerSpec(name="function", ref="tests.unit.reward.user_scorers:slow")
+    outcome = await slow.score(record(spec))
+    assert outcome.reward is None and "timed out" in (outcome.error or "")

@@ -19,3 +19,10 @@ def explodes(episode: dict[str, Any]) -> float:
 
 def not_a_number(episode: dict[str, Any]) -> str:
     return "high"
+
+
+async def slow(episode: dict[str, Any]) -> float:
+    import asyncio
+
+    await asyncio.sleep(30)
+    return 1.0

@@ -1,0 +1,233 @@
+"""``flywheel up``: the whole embedded stack in one process, with a live status panel.
+
+Gateway, engine, worker, reward service, recorder and trainer run on the in-process bus
+(:class:`infra.stack.EmbeddedStack`). The gateway's port also serves the admin API — the gateway's
+own routes, the event log's (``/admin/eventlog``) and the ops routes (``/admin/ops/status``,
+``/admin/ops/replay``) — so ``flywheel status|query|replay|export --url URL`` work against it from
+another terminal. Ctrl-C (or SIGTERM) stops the parts newest first: the trainer finishes its step,
+the recorder writes what it holds, nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from infra.cli.ops_common import fail, usage
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from rich.console import RenderableType
+
+    from infra.eventlog.models import EpisodeFilter
+    from infra.ops.api import OpsContext
+    from infra.stack import EmbeddedStack
+    from schemas import EpisodeScored
+
+TINY_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "up-tiny"
+TINY_CORPUS = [f"What is {a} plus {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
+
+
+class _NoEventLog:
+    """Replay's source when the stack records nothing (FLYWHEEL_RECORD_EVENTS=false)."""
+
+    def select_scored_episodes(
+        self, f: EpisodeFilter, *, latest_per_episode: bool = True
+    ) -> Iterator[EpisodeScored]:
+        from infra.eventlog.errors import EventLogUnavailableError
+
+        raise EventLogUnavailableError("this stack records no events (FLYWHEEL_RECORD_EVENTS=false)")
+
+
+def _services(stack: EmbeddedStack) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    out["gateway"] = {"up": bool(stack.gateway_url), "url": stack.gateway_url}
+    if stack.engine is not None:
+        out["engine"] = {
+            "up": True,
+            "weight_version": stack.engine.weight_version,
+            "running": stack.engine.num_running,
+            "waiting": stack.engine.num_waiting,
+        }
+    else:
+        out["engine"] = {"up": False}
+    out["worker"] = {"up": stack.worker is not None}
+    if stack.reward is not None:
+        out["reward"] = {"up": True, "scored": stack.reward.stats.scored}
+    else:
+        out["reward"] = {"up": False}
+    if stack.recorder is not None:
+        out["recorder"] = {"up": True, "events": stack.recorder.stats.events}
+    if stack.trainer is not None:
+        out["trainer"] = {"up": True, "step": stack.trainer.step, "version": stack.trainer.backend.version}
+    return out
+
+
+def _gateway_state(stack: EmbeddedStack) -> dict[str, Any] | None:
+    app = stack.gateway_app
+    gateway = getattr(app.state, "gateway", None) if app is not None else None
+    state = gateway.state() if gateway is not None else None
+    return dict(state) if isinstance(state, dict) else None
+
+
+def _panel(report: dict[str, Any], url: str) -> RenderableType:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+
+    services = Table("service", "up", "detail", expand=True)
+    for name, info in report["services"].items():
+        detail = ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("up", "url"))
+        services.add_row(name, "[green]●[/green]" if info.get("up") else "[red]●[/red]", detail)
+    topics = Table("topic", "consumer lag", expand=True)
+    for topic, groups in report["topics"].items():
+        topics.add_row(topic, ", ".join(f"{g}={n}" for g, n in groups.items()) or "-")
+    c, g = report["control"], report.get("gateway") or {}
+    summary = (
+        f"weights v{c.get('weight_version') if c.get('weight_version') is not None else g.get('weight_version', 0)}"
+        f" · trainer step {c.get('trainer_step') or 0}"
+        f" · gateway paused={g.get('paused')} in_flight={g.get('in_flight')} spool={g.get('spool_depth')}"
+    )
+    header = f"OpenAI base URL for agents: {url}/v1 · admin: flywheel status --url {url}"
+    return Panel(
+        Group(header, summary, services, topics), title="flywheel up", subtitle="Ctrl-C stops cleanly"
+    )
+
+
+async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from infra.ops.api import OpsContext, create_ops_router
+
+    console = Console()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stack.start()
+    ctx: OpsContext | None = None
+    try:
+        ctx = OpsContext(
+            bus=stack._bus,
+            reader=stack.store if stack.store is not None else _NoEventLog(),
+            admin_token=stack.settings.admin_token.get_secret_value(),
+            services=lambda: _services(stack),
+            gateway_state=lambda: _gateway_state(stack),
+        )
+        await ctx.watch_control()
+        assert stack.gateway_app is not None
+        stack.gateway_app.include_router(create_ops_router(ctx))
+        training = stack.start_training(max_steps) if train and stack.trainer is not None else None
+        url = stack.gateway_url
+        console.print(f"flywheel up: gateway and admin API on {url} (data in {stack.settings.data_dir})")
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=2, transient=False) as live:
+                while not stop.is_set():
+                    live.update(_panel((await ctx.status()).as_dict(), url))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 0.5)
+        else:
+            await stop.wait()
+        if training is not None and training.done() and not training.cancelled() and training.exception():
+            console.print(f"trainer failed: {training.exception()!r}")
+    finally:
+        if ctx is not None:
+            await ctx.stop()
+        await stack.stop()
+    events = stack.recorder.stats.events if stack.recorder is not None else 0
+    console.print(f"flywheel up: stopped cleanly ({events} events recorded)")
+    return 0
+
+
+def up_command(
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="Hugging Face model directory to serve and train (the policy)."),
+    ] = None,
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="Build and use a toy model (a few MB) to try things out.")
+    ] = False,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Gateway + admin port (0: any free).")
+    ] = 8100,
+    host: Annotated[str, typer.Option("--host", help="Interface for the gateway.")] = "127.0.0.1",
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Default FLYWHEEL_DATA_DIR.")] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="JSONL tasks: the trainer requests rollouts of them itself."),
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Agent for --tasks: command line or module:function.")
+    ] = None,
+    n: Annotated[int, typer.Option("--n", min=2, help="Episodes per task (GRPO group size).")] = 8,
+    no_trainer: Annotated[
+        bool, typer.Option("--no-trainer", help="Serve and record only; do not train.")
+    ] = False,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="Stop training after N steps.")
+    ] = None,
+) -> None:
+    """Run the whole embedded stack (gateway, engine, worker, reward, recorder, trainer) in one process."""
+    from pydantic import ValidationError
+
+    from infra.logging import configure_logging
+    from infra.stack import EmbeddedStack, StackError, StackSettings
+
+    if (tasks is None) != (agent is None):
+        usage("--tasks and --agent go together")
+    if model is None and not tiny:
+        usage("give --model DIR (a Hugging Face model directory) or --tiny for a toy model")
+    if model is not None and not (model / "config.json").is_file():
+        usage(f"{model} is not a Hugging Face model directory (no config.json)")
+    overrides: dict[str, Any] = {"gateway_port": port, "gateway_host": host, "run_trainer": not no_trainer}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    try:
+        settings = StackSettings(**overrides)
+    except ValidationError as exc:
+        fail(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, "))
+    configure_logging("WARNING", settings.log_json)
+    if model is None:
+        from trainer.models.tiny import build_tiny
+
+        model = build_tiny(TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)
+    task_iter, agent_ref = None, None
+    if tasks is not None and agent is not None:
+        task_iter, agent_ref = _tasks_and_agent(tasks, agent)
+    stack = EmbeddedStack(settings, model_dir=model, tasks=task_iter, agent=agent_ref, group_size=n)
+    try:
+        code = asyncio.run(_run(stack, train=not no_trainer, max_steps=max_steps))
+    except StackError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _tasks_and_agent(path: Path, agent: str) -> tuple[Any, Any]:
+    from itertools import cycle
+
+    from pydantic import ValidationError
+
+    from schemas import AgentKind, AgentRef, Task
+
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        parsed = [Task.model_validate_json(line) for line in lines]
+    except OSError as exc:
+        usage(f"cannot read {path}: {exc.strerror}")
+    except ValidationError as exc:
+        usage(f"{path}: not a task per line: {exc.errors()[0]['msg']}")
+    if not parsed:
+        usage(f"{path} holds no tasks")
+    kind = AgentKind.callable if ":" in agent and " " not in agent else AgentKind.command
+    return cycle(parsed), AgentRef(kind=kind, spec=agent)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up_command)
