@@ -111,6 +111,7 @@ class RewardService:
             EPISODES, self.group, self.handle, max_batch=self.max_batch
         )
         self._sweeper = asyncio.create_task(self._sweep_forever())
+        log.info("reward_service_started", group=self.group, open_episodes=len(self.store.open))
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -120,6 +121,7 @@ class RewardService:
         if self._sub is not None:
             await self._sub.stop()  # type: ignore[attr-defined]
         self.store.shutdown()
+        log.info("reward_service_stopped", scored=self.stats.scored)
 
     # ---------------------------------------------------------------------------- the handler
 

@@ -11,6 +11,7 @@ from infra.settings import FlywheelSettings
 
 
 class RewardSettings(FlywheelSettings):
+    metrics_port: int | None = None  # serve Prometheus /metrics on this port when set
     reward_group: str = "reward-service"
     fill_value: float = 0.0  # agent scorer: the reward of an episode that reported none (marked "filled")
     discount: float = Field(default=1.0, ge=0.0, le=1.0)  # per-call discount (options.discount overrides)

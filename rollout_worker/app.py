@@ -135,6 +135,10 @@ async def serve(settings: WorkerSettings) -> None:
 
     from infra.bus.factory import make_bus
 
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port)
     bus = make_bus(settings)
     await bus.start()
     worker = RolloutWorker(bus, settings)

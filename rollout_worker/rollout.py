@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
+from prometheus_client import Counter, Gauge, Histogram
+
 from infra.bus.base import Bus
 from infra.logging import get_logger
 from rollout_worker.llm import LLM
@@ -42,6 +44,16 @@ from schemas.common import utcnow
 from schemas.topics import EPISODES
 
 log = get_logger("rollout_worker")
+
+EPISODES_TOTAL = Counter("flywheel_worker_episodes_total", "Episodes finished by this worker", ["status"])
+RETRIES_TOTAL = Counter("flywheel_worker_retries_total", "Rollouts republished as a new attempt")
+HANDED_BACK_TOTAL = Counter("flywheel_worker_handed_back_total", "Rollouts handed back on shutdown")
+RUNNING = Gauge("flywheel_worker_running_episodes", "Episodes running now")
+OVERHEAD = Histogram(
+    "flywheel_worker_overhead_seconds",
+    "Per-episode time spent outside the agent",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
 
 
 class StopReason(StrEnum):
@@ -141,6 +153,7 @@ class RolloutRunner:
             ),
         )
         self.running[episode_id] = item
+        RUNNING.inc()
         try:
             if self.handing_back:
                 item.stop_reason = StopReason.handback
@@ -157,6 +170,7 @@ class RolloutRunner:
             result = await self._run_agent(item, run)
         finally:
             self.running.pop(episode_id, None)
+            RUNNING.dec()
         await self._finish(item, result, watch)
 
     async def _run_agent(self, item: Running, run: AgentRun) -> AgentResult:
@@ -213,10 +227,15 @@ class RolloutRunner:
         if retry:
             await self.bus.publish(topic, self._again(req, req.attempt + 1))
             self.stats.retries += 1
+            RETRIES_TOTAL.inc()
         elif handback:
             await self.bus.publish(topic, self._again(req, req.attempt))
             self.stats.handed_back += 1
-        self.stats.record(result.status, (watch.elapsed() - result.agent_s) * 1000)
+            HANDED_BACK_TOTAL.inc()
+        overhead_s = watch.elapsed() - result.agent_s
+        self.stats.record(result.status, overhead_s * 1000)
+        EPISODES_TOTAL.labels(result.status.value).inc()
+        OVERHEAD.observe(overhead_s)
         log.debug(
             "episode_finished",
             episode_id=item.episode_id,

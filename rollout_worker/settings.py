@@ -16,6 +16,7 @@ def _default_worker_id() -> str:
 
 
 class WorkerSettings(FlywheelSettings):
+    metrics_port: int | None = None  # serve Prometheus /metrics on this port when set
     gateway_url: str = "http://127.0.0.1:8000"  # the agents' calls go to {gateway_url}/episodes/{id}/v1
     pool: str | None = None  # consume flywheel.tasks.<pool> instead of flywheel.tasks
     worker_group: str = "rollout-workers"

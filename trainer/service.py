@@ -103,6 +103,7 @@ class TrainerService:
         self._unpaused.set()
         self._paused_by_event = False
         self._stopping = False
+        self._closed = False
         self._subs: list[Subscription] = []
         self._offsets: dict[str, int] = {}
         self._gen_started = time.perf_counter()
@@ -139,13 +140,14 @@ class TrainerService:
         )
 
     def request_stop(self) -> None:
-        """Make :meth:`run` return after the step in progress."""
+        """Make the running :meth:`run` return after the step in progress (a later ``run`` trains again)."""
         self._stopping = True
         self._wake.set()
         self._unpaused.set()
 
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop consuming and write a final checkpoint; call after :meth:`run` returned."""
+        self._closed = True
         self.request_stop()
         await self._finish_update()
         for sub in self._subs:
@@ -247,7 +249,10 @@ class TrainerService:
 
     # ------------------------------------------------------------------ the loop
     async def run(self, max_steps: int | None = None) -> None:
-        """Train until ``max_steps`` steps were taken (None: until :meth:`stop`)."""
+        """Train until ``max_steps`` steps were taken (None: until :meth:`request_stop` or :meth:`stop`)."""
+        if self._closed:
+            return
+        self._stopping = False
         taken = 0
         while not self._stopping and (max_steps is None or taken < max_steps):
             await self._wait_unpaused()

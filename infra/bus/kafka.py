@@ -44,6 +44,15 @@ def _spec(topic: str) -> TopicSpec:
         raise BusError(f"unknown topic {topic!r}") from exc
 
 
+def _known(topic: str) -> bool:
+    """A Flywheel topic (so other prefixes' topics on a shared broker are not listed as ours)."""
+    try:
+        spec_for(topic)
+    except KeyError:
+        return False
+    return True
+
+
 class KafkaBus:
     """Kafka implementation of :class:`infra.bus.Bus`."""
 
@@ -185,9 +194,7 @@ class KafkaBus:
         except (KafkaError, OSError) as exc:
             raise BusUnavailableError(f"cannot list topics on {self.bootstrap}: {exc!r}") from exc
         n = len(self.prefix)
-        return sorted(
-            name[n:] for name in names if name.startswith(self.prefix) and not name.startswith("__")
-        )
+        return sorted(name[n:] for name in names if name.startswith(self.prefix) and _known(name[n:]))
 
     async def lag(self, topic: str, group: str) -> int:
         """End offsets minus the group's committed offsets (the log start where it committed none)."""

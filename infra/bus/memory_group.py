@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# True inside the bus's own consumer tasks: publishes from handlers skip backpressure (see docstring).
+# True inside the bus's own consumer tasks: publishes from handlers skip backpressure (why: the
+# docstring of infra.bus.memory).
 IN_CONSUMER: ContextVar[bool] = ContextVar("flywheel_memory_bus_consumer", default=False)
 
 
@@ -139,12 +140,14 @@ class Group:
         self.busy = [False] * len(parts)
         self.claimed: set[int] = set()  # partitions a batch member is working on
         self.rebalanced: set[asyncio.Future[None]] = set()
+        self.version = 0  # bumped on every join/leave: partition workers re-pick their member
         self.generation = 0  # bumped when the group goes idle, so late workers of the last run retire
 
     # membership ---------------------------------------------------------------------------------------
 
     def join(self, member: Member) -> None:
         self.members.append(member)
+        self.version += 1
         if len(self.members) == 1:
             self.topic.active.append(self)
             if not self.batch:
@@ -164,6 +167,7 @@ class Group:
         if member not in self.members:
             return
         self.members.remove(member)
+        self.version += 1
         self._wake_rebalanced()
         if member.task is not None:
             await _stop_task(member.task, member.busy, self.bus.stop_grace_s)
@@ -219,31 +223,38 @@ class Group:
         part = self.topic.partitions[p]
         loop = asyncio.get_running_loop()
         members = self.members
+        committed = self.committed
         topic = self.topic.name
         while members and generation == self.generation:
-            offset = self.committed[p]
-            if offset < part.base:
-                offset = part.base
+            offset = max(committed[p], part.base)
             if offset >= part.base + len(part.items):
                 fut: asyncio.Future[None] = loop.create_future()
                 part.waiters.add(fut)
                 await fut
                 continue
             member = members[p % len(members)]
-            i = offset - part.base
-            item, key = part.items[i], part.keys[i]
+            handler = member.handler
+            version = self.version
             self.busy[p] = True
             member.inflight += 1
             try:
-                handler = member.handler
-                if handler is not None and not isinstance(item, Bad):
-                    try:  # the hot path: one call, no retry bookkeeping
-                        await handler(Message(item, topic, p, offset, key))
-                    except Exception:
-                        await self._deliver(member, p, offset, key, item, first_failed=True)
-                else:
-                    await self._deliver(member, p, offset, key, item)
-                self._commit(p, offset)
+                # Work through what is there for this member; stop early on a membership change.
+                while version == self.version and generation == self.generation:
+                    i = offset - part.base
+                    if i >= len(part.items):
+                        break
+                    item, key = part.items[i], part.keys[i]
+                    if handler is not None and not isinstance(item, Bad):
+                        try:  # the hot path: one call, no retry bookkeeping
+                            await handler(Message(item, topic, p, offset, key))
+                        except Exception:
+                            await self._deliver(member, p, offset, key, item, first_failed=True)
+                    else:
+                        await self._deliver(member, p, offset, key, item)
+                    offset += 1
+                    committed[p] = offset
+                    if self.space[p]:
+                        self._release_space(p)
             finally:
                 self.busy[p] = False
                 member.done_one()

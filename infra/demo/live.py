@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -29,6 +30,7 @@ class LiveDisplay:
         self.rows: deque[StepPoint] = deque(maxlen=rows)
         self.title = ""
         self._live: Live | None = None
+        self._t0 = time.perf_counter()
 
     def __enter__(self) -> LiveDisplay:
         if self.console.is_terminal:
@@ -42,7 +44,7 @@ class LiveDisplay:
             self._live = None
 
     def say(self, line: str) -> None:
-        self.console.print(line, highlight=False)
+        self.console.print(f"{time.perf_counter() - self._t0:6.0f}s  {line}", highlight=False)
 
     def step(self, point: StepPoint) -> None:
         self.rows.append(point)

@@ -17,6 +17,7 @@ from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
 from infra.eventlog.store import open_store
 from infra.logging import get_logger
+from schemas import tasks_topic
 
 log = get_logger(__name__)
 
@@ -42,7 +43,7 @@ async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = 
         recorder = Recorder(
             bus,
             store,
-            topics=ALL_TOPICS,
+            topics=[*ALL_TOPICS, *(tasks_topic(pool) for pool in settings.recorder_task_pools)],
             max_batch=settings.recorder_max_batch,
             max_wait_s=settings.recorder_max_wait_s,
         )

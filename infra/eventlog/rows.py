@@ -185,6 +185,12 @@ def _extra(event: AnyEvent) -> tuple[int, int, int, int, float, int, int, str]:
     return (-1, -1, 0, 0, 0.0, 0, 0, "")
 
 
+def _payload(event: AnyEvent, raw: str | bytes | None) -> str:
+    if raw is None:
+        return event.model_dump_json()
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def to_arrow(
     events: Sequence[AnyEvent],
     origins: Sequence[Origin] | None = None,
@@ -202,10 +208,7 @@ def to_arrow(
     for i, event in enumerate(events):
         origin = origins[i] if origins is not None else None
         raw = payloads[i] if payloads is not None else None
-        if raw is None:
-            payload = event.model_dump_json()
-        else:
-            payload = raw.decode() if isinstance(raw, bytes) else raw
+        payload = _payload(event, raw)
         append(
             (
                 event.event_id,

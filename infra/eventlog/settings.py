@@ -14,3 +14,7 @@ class EventLogSettings(FlywheelSettings):
     recorder_port: int = Field(default=8790, description="the recorder's admin API (event-log reads); 0: off")
     recorder_max_batch: int = Field(default=5000, ge=1, le=100_000)
     recorder_max_wait_s: float = Field(default=0.2, gt=0, le=60)
+    recorder_task_pools: list[str] = Field(
+        default_factory=list,
+        description="named worker pools whose flywheel.tasks.<pool> topics to record too (JSON list)",
+    )

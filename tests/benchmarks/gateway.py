@@ -103,6 +103,11 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.p.kill()
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the process has used (Linux /proc)."""
+        fields = Path(f"/proc/{self.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def tail(self) -> str:
         self.log.flush()
         return Path(self.log.name).read_text()[-1500:]
@@ -250,12 +255,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "direct": f"{upstream}/chat/completions",
             "passthrough": f"http://127.0.0.1:{pt_port}/v1/chat/completions",
         }
+        owner: dict[str, Proc] = {"direct": fake, "passthrough": pt}
         gw, targets["gateway_memory"], _ = await start_gateway(upstream, "memory", data_dir)
         procs.append(gw)
+        owner["gateway_memory"] = gw
         if kafka_reachable():
             try:
                 gk, targets["gateway_kafka"], _ = await start_gateway(upstream, "kafka", data_dir)
                 procs.append(gk)
+                owner["gateway_kafka"] = gk
             except RuntimeError as exc:
                 notes.append(f"gateway_kafka: skipped, gateway on Kafka did not start: {str(exc)[-200:]}")
         else:
@@ -264,13 +272,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if lp is not None:
             procs.append(lp)
             targets["litellm"] = lurl
+            owner["litellm"] = lp
         else:
             notes.append(f"litellm: unavailable, {why}")
         headers = {"Authorization": f"Bearer {MASTER_KEY}"}
         for name, url in targets.items():
             try:
                 serial[name] = await load(url, args.serial, 1, headers)
+                cpu0 = owner[name].cpu_s()
                 rows[name] = await load(url, n, c, headers)
+                # CPU the proxy process spent per call: its share of the added latency that does not
+                # depend on how busy the machine is (the upstream's own CPU is in "direct")
+                rows[name]["cpu_ms"] = (owner[name].cpu_s() - cpu0) * 1000 / n
             except RuntimeError as exc:
                 if name in ("direct", "gateway_memory"):
                     raise
@@ -297,6 +310,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures["stream_ttft_overhead_p50_ms"] = ttft_gw - ttft_direct
     for name, r in rows.items():
         figures[f"{name}_rps"] = r["rps"]
+        figures[f"{name}_cpu_ms_per_call"] = r["cpu_ms"]
     goals = {
         "gateway_memory_added_p50_ms": "≤ 1",
         "gateway_memory_added_p99_ms": "≤ 5",
@@ -316,15 +330,16 @@ def print_table(res: dict[str, Any], n: int, c: int) -> None:
     )
     print(
         f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}{'req/s':>9}{'vs direct':>10}"
-        f"{'serial p50':>11}{'+serial':>9}"
+        f"{'serial p50':>11}{'+serial':>9}{'cpu ms/call':>12}"
     )
     for name, r in rows.items():
         s = serial[name]
         print(
             f"{name:<16}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['p50'] - d['p50']:>8.2f}{r['p99'] - d['p99']:>8.2f}"
             f"{r['rps']:>9.0f}{r['rps'] / d['rps']:>9.2f}x{s['p50']:>11.2f}"
-            f"{s['p50'] - serial['direct']['p50']:>9.2f}"
+            f"{s['p50'] - serial['direct']['p50']:>9.2f}{r['cpu_ms']:>12.2f}"
         )
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print()
     print(f"{'figure':<40}{'value':>10}  goal")
     for key, goal in res["goals"].items():

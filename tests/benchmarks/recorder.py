@@ -32,6 +32,7 @@ from infra.bus.memory import MemoryBus
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.rows import to_arrow
 from infra.eventlog.store import ChdbStore
+from infra.logging import configure_logging
 
 GOAL_EVENTS_PER_S = 30_000
 BATCH = 5000
@@ -137,8 +138,16 @@ def _measure(n_events: int) -> dict[str, float]:
     }
 
 
+def _quiet_logs() -> None:
+    import structlog
+
+    if not structlog.is_configured():
+        configure_logging("WARNING", json=True)  # stderr; stdout carries the table or the JSON
+
+
 def run_recorder_benchmark(n_events: int) -> float:
     """Sustained call events/s from the in-process bus into embedded chdb (the recorder's path)."""
+    _quiet_logs()
     return _measure(n_events)["recorder_events_per_s"]
 
 
@@ -147,6 +156,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    _quiet_logs()
     figures = _measure(args.events)
     goals = {"recorder_events_per_s": f"≥ {GOAL_EVENTS_PER_S}"}
     if args.json:

@@ -127,7 +127,16 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
     import torch
 
     from infra.bus.memory import MemoryBus
-    from schemas import TASKS, TRANSITIONS, AgentKind, AgentRef, EpisodeScored, RolloutRequested, Task, Transition
+    from schemas import (
+        TASKS,
+        TRANSITIONS,
+        AgentKind,
+        AgentRef,
+        EpisodeScored,
+        RolloutRequested,
+        Task,
+        Transition,
+    )
     from trainer.backends.torch_backend import TorchBackend
     from trainer.checkpoints import CheckpointStore
     from trainer.config import AlgorithmConfig
@@ -257,7 +266,9 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
             episode = new_episode_id()
             await bus.publish(EPISODES, EpisodeStarted(episode_id=episode))
             await gateway.episodes.training(episode)
-            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60)
+            client = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60
+            )
             body = {
                 "model": "policy",
                 "messages": [{"role": "user", "content": "What is 47+38?"}],
@@ -327,7 +338,9 @@ def main() -> None:
     print(f"{'figure':<32} {'value':>12}  goal")
     for name, value in figures.items():
         print(f"{name:<32} {value:>12}  {goals.get(name, '')}")
-    print(f"(async vs sync, {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K})")
+    print(
+        f"(async vs sync, {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K})"
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ async def flywheel(stack: RolloutStack, *args: str, log: Path) -> asyncio.subpro
         return await asyncio.create_subprocess_exec(
             FLYWHEEL,
             *args,
-            env={**os.environ, **stack.env(), "FLYWHEEL_LOG_LEVEL": "DEBUG"},
+            # a wide batch window: the doomed worker takes both rollouts of the group in one batch
+            env={**os.environ, **stack.env(), "FLYWHEEL_LOG_LEVEL": "DEBUG", "FLYWHEEL_BATCH_WAIT_S": "1.0"},
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # the worker and its agents form one group we can kill at once

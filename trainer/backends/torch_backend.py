@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 
 from trainer.backends.base import BackendError
 from trainer.batching import Sample, TrainBatch
@@ -216,10 +216,30 @@ class TorchBackend:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def export_weights(self, directory: Path) -> Path:
+        """One safetensors file; of tied tensors only the first name is kept (as ``save_pretrained``)."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / WEIGHTS_FILE
-        save_model(self.model, str(path))
+        tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            if tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.detach().contiguous().cpu()
+        save_file(tensors, str(path), metadata={"format": "pt"})
         return path
+
+    def _load_weights_file(self, path: Path) -> None:
+        state = load_file(str(path), device=str(self.device))
+        own = self.model.state_dict()
+        kept = {own[k].data_ptr() for k in state if k in own}
+        missing = [k for k in own if k not in state and own[k].data_ptr() not in kept]
+        unexpected = [k for k in state if k not in own]
+        if missing or unexpected:
+            raise BackendError(
+                f"weights in {path} do not fit the model: missing {missing}, unexpected {unexpected}"
+            )
+        self.model.load_state_dict(state, strict=False)
 
     def save_checkpoint(self, directory: Path) -> None:
         self.export_weights(directory)
@@ -227,7 +247,7 @@ class TorchBackend:
 
     def load_checkpoint(self, directory: Path, version: int) -> None:
         try:
-            load_model(self.model, str(directory / WEIGHTS_FILE), device=str(self.device))
+            self._load_weights_file(directory / WEIGHTS_FILE)
             opt = directory / OPTIMIZER_FILE
             if opt.exists():
                 self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=True))

@@ -29,7 +29,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +198,7 @@ class InferenceEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
-    ) -> AsyncIterator[RequestUpdate]:
+    ) -> AsyncGenerator[RequestUpdate, None]:
         """Stream updates for one request; closing the iterator early cancels the request."""
         req = self._make_request(prompt_ids, params, request_id)
         self._ensure_started()

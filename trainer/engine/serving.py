@@ -22,7 +22,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate, TokenEvent
@@ -215,56 +215,60 @@ class EngineServing:
         request_id: str,
         model: str,
         first: RequestUpdate | None,
-        stream: AsyncIterator[RequestUpdate],
+        stream: AsyncGenerator[RequestUpdate, None],
     ) -> AsyncIterator[str]:
-        created = int(time.time())
-        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
-        deltas = {i: _TextDelta(self.tokenizer, params) for i in range(params.n)}
-        completion_tokens = 0
-        for i in range(params.n):
-            chunk: JSON = {
-                **base,
-                "choices": [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-            if req.return_token_ids and i == 0:
-                chunk["prompt_token_ids"] = prompt
-            yield sse(chunk)
-        async for update in _chain(first, stream):
-            for index, tokens, done in _by_choice(update):
-                completion_tokens += len(tokens)
-                text = deltas[index].push([t.token_id for t in tokens], done)
-                choice: JSON = {
-                    "index": index,
-                    "delta": {"content": text},
-                    "logprobs": {
-                        "content": self._chat_logprob_entries(
-                            [t.token_id for t in tokens],
-                            [t.logprob for t in tokens],
-                            [t.top_logprobs for t in tokens],
-                            req.return_tokens_as_token_ids,
-                        )
-                    }
-                    if params.logprobs is not None
-                    else None,
-                    "finish_reason": done.finish_reason if done else None,
+        try:
+            created = int(time.time())
+            base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+            deltas = {i: _TextDelta(self.tokenizer, params) for i in range(params.n)}
+            completion_tokens = 0
+            for i in range(params.n):
+                chunk: JSON = {
+                    **base,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
                 }
-                if done:
-                    choice["stop_reason"] = done.stop_reason
-                if req.return_token_ids:
-                    choice["token_ids"] = [t.token_id for t in tokens]
-                if req.return_weight_versions:
-                    choice["weight_versions"] = [t.weight_version for t in tokens]
-                yield sse({**base, "choices": [choice]})
-        if req.include_usage:
-            yield sse({**base, "choices": [], "usage": _usage(len(prompt), completion_tokens)})
-        yield sse("[DONE]")
+                if req.return_token_ids and i == 0:
+                    chunk["prompt_token_ids"] = prompt
+                yield sse(chunk)
+            async for update in _chain(first, stream):
+                for index, tokens, done in _by_choice(update):
+                    completion_tokens += len(tokens)
+                    text = deltas[index].push([t.token_id for t in tokens], done)
+                    choice: JSON = {
+                        "index": index,
+                        "delta": {"content": text},
+                        "logprobs": {
+                            "content": self._chat_logprob_entries(
+                                [t.token_id for t in tokens],
+                                [t.logprob for t in tokens],
+                                [t.top_logprobs for t in tokens],
+                                req.return_tokens_as_token_ids,
+                            )
+                        }
+                        if params.logprobs is not None
+                        else None,
+                        "finish_reason": done.finish_reason if done else None,
+                    }
+                    if done:
+                        choice["stop_reason"] = done.stop_reason
+                    if req.return_token_ids:
+                        choice["token_ids"] = [t.token_id for t in tokens]
+                    if req.return_weight_versions:
+                        choice["weight_versions"] = [t.weight_version for t in tokens]
+                    yield sse({**base, "choices": [choice]})
+            if req.include_usage:
+                yield sse({**base, "choices": [], "usage": _usage(len(prompt), completion_tokens)})
+            yield sse("[DONE]")
+        finally:
+            # a client that goes away mid-stream must not leave its request decoding
+            await stream.aclose()
 
     # -------------------------------------------------------------------------- completions
     async def completions(self, req: CompletionRequest) -> JSON | AsyncIterator[str]:
@@ -318,7 +322,7 @@ class EngineServing:
         prompts: list[list[int]],
         request_id: str,
         model: str,
-        streams: list[AsyncIterator[RequestUpdate]],
+        streams: Sequence[AsyncIterator[RequestUpdate]],
     ) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
         deltas = {
@@ -422,7 +426,7 @@ async def _chain(
         yield update
 
 
-async def _merge(streams: list[AsyncIterator[RequestUpdate]]) -> AsyncIterator[tuple[int, RequestUpdate]]:
+async def _merge(streams: Sequence[AsyncIterator[RequestUpdate]]) -> AsyncIterator[tuple[int, RequestUpdate]]:
     """Interleave several request streams as their updates arrive (a completions batch)."""
     queue: asyncio.Queue[tuple[int, RequestUpdate | BaseException | None]] = asyncio.Queue()
 

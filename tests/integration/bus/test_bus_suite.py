@@ -271,3 +271,26 @@ async def test_subscribers_of_one_group_share_the_work(bus: Bus) -> None:
     delivered = [m.key for m in a.messages + b.messages]
     assert sorted(delivered) == sorted(keys)  # each event once in the group
     assert not {m.partition for m in a.messages} & {m.partition for m in b.messages}
+
+
+async def test_stop_lets_the_in_flight_handler_finish_and_commits_it(bus: Bus) -> None:
+    ep = _ep()
+    started, release = asyncio.Event(), asyncio.Event()
+    finished: list[int] = []
+
+    async def slow(message: Message) -> None:
+        started.set()
+        await release.wait()
+        assert isinstance(message.event, s.LLMCallRecorded)
+        finished.append(message.event.call_seq)
+
+    sub = await bus.subscribe(s.EPISODES, "stopper", slow)
+    await bus.publish(s.EPISODES, call_event(ep, 0, size=300))
+    await asyncio.wait_for(started.wait(), 20)
+    stopping = asyncio.create_task(sub.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=0.1)
+    assert not done, "stop() must wait for the in-flight handler"
+    release.set()
+    await asyncio.wait_for(stopping, 20)
+    assert finished == [0]
+    await wait_until_async(lambda: _lag_is(bus, "stopper", 0), what="the offset committed")

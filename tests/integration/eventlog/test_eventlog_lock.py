@@ -84,6 +84,8 @@ def test_cli_read_of_a_held_directory_exits_1_with_one_line(
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("EventLogLockedError: ") and f"pid {proc.pid}" in lines[0]
+    migrate = CliRunner().invoke(app, ["db", "migrate"])
+    assert migrate.exit_code == 1 and migrate.stderr.startswith("EventLogLockedError: ")
 
 
 def test_unreachable_admin_url_is_one_line() -> None:

@@ -41,6 +41,13 @@ def test_migrations_are_idempotent(store: ChdbStore) -> None:
     assert versions == [[1]]
 
 
+def test_table_columns_match_the_rows_we_build(store: ChdbStore) -> None:
+    from infra.eventlog.ddl import EVENT_COLUMNS
+
+    described = store.query("DESCRIBE TABLE evstore.events").rows
+    assert tuple(str(r[0]) for r in described) == EVENT_COLUMNS
+
+
 def test_episode_events_in_order(store: ChdbStore) -> None:
     events = store.episode_events(f"{1:032x}")
     assert [e.type for e in events] == [

@@ -68,6 +68,9 @@ def _one_line_error(result: object) -> str:
         (["stats", "--bucket", "fortnight"], "minute, hour or day"),
         (["stats", "--plot", "curves.jpg"], "PNG"),
         (["healthcheck"], "nothing to check"),
+        (["up"], "--model DIR"),
+        (["up", "--model", "/nonexistent"], "not a Hugging Face model directory"),
+        (["up", "--tiny", "--tasks", "tasks.jsonl"], "--tasks and --agent go together"),
     ],
 )
 def test_malformed_options_exit_2_with_one_line(cli: CliRunner, args: list[str], needle: str) -> None:

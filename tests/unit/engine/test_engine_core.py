@@ -254,3 +254,24 @@ async def test_weights_loaded_mid_request_are_reported_per_token(
     versions = seen[-1].finished[0].weight_versions
     assert versions[0] == 0 and versions[-1] == 7 and versions == sorted(versions)
     assert [t.weight_version for u in seen for t in u.tokens] == versions
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(
+    engine: InferenceEngine, chat_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.engine import EngineStepError
+
+    real = engine.runner.decode
+    calls = {"n": 0}
+
+    def flaky(tokens: list[int], positions: list[int]) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated kernel failure")
+        return real(tokens, positions)
+
+    monkeypatch.setattr(engine.runner, "decode", flaky)
+    with pytest.raises(EngineStepError, match="simulated kernel failure"):
+        await engine.complete(chat_ids, SamplingParams(max_tokens=10, ignore_eos=True))
+    ok = await engine.complete(chat_ids, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert ok.choices[0].finish_reason == "length" and len(ok.choices[0].token_ids) == 5

@@ -211,3 +211,18 @@ def test_hermes_tool_calls_are_parsed(engine: InferenceEngine) -> None:
     )
     assert content == "Let me." and calls[0]["function"] == {"name": "calc", "arguments": '{"e": "1+2"}'}
     assert serving._parse_tools("<tool_call>{broken</tool_call>") == ("<tool_call>{broken</tool_call>", [])
+
+
+async def test_a_client_leaving_a_stream_cancels_its_request(engine: InferenceEngine) -> None:
+    from trainer.engine.protocol import ChatCompletionRequest
+
+    serving = EngineServing(engine)
+    req = ChatCompletionRequest(messages=MESSAGES, max_tokens=200, stream=True, ignore_eos=True)
+    stream = await serving.chat(req)
+    assert not isinstance(stream, dict)
+    chunks = [await anext(stream) for _ in range(3)]
+    assert all(c.startswith("data: ") for c in chunks)
+    await stream.aclose()  # type: ignore[attr-defined]
+    await engine.wait_until(lambda: engine.num_running == 0)
+    follow_up = await serving.chat(ChatCompletionRequest(messages=MESSAGES, max_tokens=3, ignore_eos=True))
+    assert isinstance(follow_up, dict) and follow_up["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,1 @@
+"""Real agents trained with Flywheel. Each imports nothing of Flywheel."""

@@ -1,0 +1,65 @@
+"""The HTTP weight sink against the real engine app (``POST /load_weights``), and ``serve`` wiring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from trainer.app import load_backend, serve
+from trainer.batching import sft_samples
+from trainer.config import AlgorithmConfig
+from trainer.settings import TrainerSettings
+from trainer.weights import HttpSink, InProcessSink, WeightLoadError, WeightUpdate
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.models.tiny import build_tiny
+
+    corpus = [f"What is {a}+{b}? CALC: {a}+{b} = {a + b}" for a in range(10) for b in range(10)]
+    return build_tiny(
+        tmp_path_factory.mktemp("tiny"), corpus, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1
+    )
+
+
+@pytest.mark.timeout(90)
+async def test_http_sink_loads_an_exported_checkpoint_into_the_engine(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    from trainer.engine import InferenceEngine
+    from trainer.engine.app import create_engine_app
+
+    backend = load_backend(model_dir, AlgorithmConfig(sft_learning_rate=1e-2))
+    backend.sft_step(sft_samples([([1, 2, 3], [4, 5, 6])]))
+    engine = InferenceEngine.from_pretrained(model_dir, max_model_len=64)
+    app = create_engine_app(engine, admin_token="engine-secret")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as client:
+        sink = HttpSink("http://engine", client=client, token="engine-secret")
+        path = backend.export_weights(tmp_path / "v1")
+        await sink.load(WeightUpdate(1, backend.state_dict, path))
+        assert engine.weight_version == 1
+        served = engine.model.state_dict()
+        for name, tensor in backend.model.state_dict().items():
+            assert torch.equal(served[name], tensor), name
+        with pytest.raises(WeightLoadError, match="HTTP 400"):
+            await sink.load(WeightUpdate(2, backend.state_dict, tmp_path / "missing.safetensors"))
+        with pytest.raises(WeightLoadError, match="HTTP 401"):
+            await HttpSink("http://engine", client=client).load(WeightUpdate(2, backend.state_dict, path))
+        assert engine.weight_version == 1  # failed loads leave the old version serving
+        # the in-process sink hands the engine the full state dict (tied names included)
+        backend.sft_step(sft_samples([([1, 2, 3], [4, 5, 6])]))
+        await InProcessSink(engine.load_weights).load(WeightUpdate(backend.version, backend.state_dict))
+        assert engine.weight_version == 2
+        assert torch.equal(engine.model.state_dict()["lm_head.weight"], backend.model.lm_head.weight)
+    await engine.close()
+
+
+@pytest.mark.timeout(60)
+async def test_serve_wires_a_trainer_from_settings(model_dir: Path, tmp_path: Path) -> None:
+    settings = TrainerSettings(data_dir=tmp_path, trainer_base_model=model_dir, trainer_expected_gateways=0)
+    await serve(settings, max_steps=0)
+    with pytest.raises(SystemExit):
+        await serve(TrainerSettings(data_dir=tmp_path), max_steps=0)
