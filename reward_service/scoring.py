@@ -77,6 +77,10 @@ class Scoring:
             raise UnknownScorer(f"unknown scorer {spec.name!r}")
         return await fn(record, spec)
 
+    async def aclose(self) -> None:
+        if self.judge is not None:
+            await self.judge.client.aclose()
+
     async def rank(self, records: list[EpisodeRecord], spec: ScorerSpec) -> list[Outcome]:
         try:
             if self.judge is None:

@@ -121,6 +121,7 @@ class RewardService:
         if self._sub is not None:
             await self._sub.stop()  # type: ignore[attr-defined]
         self.store.shutdown()
+        await self.scoring.aclose()
         log.info("reward_service_stopped", scored=self.stats.scored)
 
     # ---------------------------------------------------------------------------- the handler

@@ -164,7 +164,9 @@ class TrainerService:
             self.metrics.skipped.labels("wrong_type").inc()
             self.intake.skipped["wrong_type"] += 1
             return
-        reason = self.intake.add(event)
+        reason = "other_model" if event.model != self.loop.model else self.intake.add(event)
+        if reason == "other_model":
+            self.intake.skipped[reason] += 1
         if reason is None:
             self.store.append_inbox(event, fsync=self.loop.inbox_fsync)
         else:

@@ -223,7 +223,7 @@ class WeightSync:
             ),
         )
         # the gateways' own drain is bounded by drain_timeout_s; allow the event a little travel time
-        deadline = time.monotonic() + self.drain_timeout_s + 2.0
+        deadline = time.monotonic() + self.drain_timeout_s + min(2.0, 0.5 + self.drain_timeout_s / 2)
         while not self._all_drained(version):
             left = deadline - time.monotonic()
             if left <= 0:

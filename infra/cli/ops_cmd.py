@@ -83,13 +83,25 @@ def topics_create(
         typer.echo(f"topics ready: {', '.join(names)}")
 
 
+async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
+    from infra.ops.admin import AdminClient, AdminError
+
+    token = load_settings().admin_token.get_secret_value()
+    try:
+        data = await AdminClient(url, token).get("/admin/ops/status")
+    except AdminError as exc:
+        fail(str(exc))
+    return dict(data.get("topics") or {})
+
+
 @topics_app.command("ls")
-def topics_ls(as_json: JsonOpt = False) -> None:
+def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """List Flywheel's topics with partitions and the lag of each service's consumer group."""
     from infra.ops.status import topic_lags
     from schemas import TASKS, TOPICS
 
-    lags: dict[str, dict[str, int]] = asyncio.run(_with_bus(topic_lags))
+    remote = admin_url(url)
+    lags: dict[str, dict[str, int]] = asyncio.run(_remote_lags(remote) if remote else _with_bus(topic_lags))
     rows: list[dict[str, Any]] = []
     for topic, groups in lags.items():
         spec = TOPICS.get(TASKS if topic.startswith(TASKS + ".") else topic)

@@ -114,15 +114,16 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
     await stack.start()
     ctx: OpsContext | None = None
     try:
+        if stack.bus is None or stack.gateway_app is None:
+            raise RuntimeError("the embedded stack started without a bus or a gateway")
         ctx = OpsContext(
-            bus=stack._bus,
+            bus=stack.bus,
             reader=stack.store if stack.store is not None else _NoEventLog(),
             admin_token=stack.settings.admin_token.get_secret_value(),
             services=lambda: _services(stack),
             gateway_state=lambda: _gateway_state(stack),
         )
         await ctx.watch_control()
-        assert stack.gateway_app is not None
         stack.gateway_app.include_router(create_ops_router(ctx))
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
         url = stack.gateway_url

@@ -144,16 +144,26 @@ def scored_page(
     if f.max_weight_version is not None:
         conds.append("weight_version <= {max_wv:Int64} AND weight_version >= 0")
         params["max_wv"] = f.max_weight_version
-    inner = f"SELECT emitted_at, event_id, episode_id, payload FROM {db}.events WHERE {' AND '.join(conds)}"
+    where = " AND ".join(conds)
+    # Choose the page on the small columns, then read only its payloads (the IN becomes a PREWHERE).
+    inner = f"SELECT emitted_at, event_id, episode_id FROM {db}.events WHERE {where}"
     if latest_per_episode:
         inner += " ORDER BY emitted_at DESC, event_id DESC LIMIT 1 BY episode_id"
     else:
         inner += " ORDER BY emitted_at, event_id LIMIT 1 BY event_id"
-    outer = ""
+    after_cond = ""
     if after is not None:
-        outer = "WHERE (emitted_at, event_id) > ({after_at:DateTime64(3, 'UTC')}, {after_id:String})"
+        after_cond = "WHERE (emitted_at, event_id) > ({after_at:DateTime64(3, 'UTC')}, {after_id:String})"
         params["after_at"], params["after_id"] = after
-    sql = f"SELECT emitted_at, event_id, payload FROM ({inner}) {outer} ORDER BY emitted_at, event_id LIMIT {{page:UInt64}}"
+    page_ids = (
+        f"SELECT event_id FROM ({inner}) {after_cond} ORDER BY emitted_at, event_id LIMIT {{page:UInt64}}"
+    )
+    sql = f"""
+        SELECT emitted_at, event_id, payload FROM {db}.events
+        WHERE {where} AND event_id IN ({page_ids})
+        ORDER BY emitted_at, event_id
+        LIMIT 1 BY event_id
+    """
     return sql, params
 
 

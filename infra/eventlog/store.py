@@ -58,6 +58,10 @@ class ChdbStore(SqlStore):
             self.path.mkdir(parents=True, exist_ok=True)
             self._conn = chdb.connect(str(self.path))
             self._ro = chdb.connect(str(self.path))
+            # Bound what a free-form query may cost, then lock the connection to reads for good
+            # (readonly=1 also forbids changing settings back, per query or per session).
+            self._ro.query("SET max_execution_time = 120")
+            self._ro.query("SET max_memory_usage = 4000000000")
             self._ro.query("SET readonly = 1")
         except Exception as exc:
             release_path(self.path)

@@ -308,6 +308,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if "litellm" in rows:
         figures["throughput_vs_litellm"] = g / rows["litellm"]["rps"]
     figures["stream_ttft_overhead_p50_ms"] = ttft_gw - ttft_direct
+    for name in ("gateway_memory", "gateway_kafka"):
+        if name in rows:  # CPU the gateway adds over the bare proxy per call: independent of machine load
+            figures[f"{name}_cpu_over_passthrough_ms"] = rows[name]["cpu_ms"] - rows["passthrough"]["cpu_ms"]
     for name, r in rows.items():
         figures[f"{name}_rps"] = r["rps"]
         figures[f"{name}_cpu_ms_per_call"] = r["cpu_ms"]

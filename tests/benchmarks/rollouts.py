@@ -149,9 +149,10 @@ async def bare_agent(n: int) -> float:
     return n / elapsed
 
 
-async def command_overhead(n: int) -> tuple[float, float]:
+async def command_overhead(n: int, concurrency: int = CONCURRENCY) -> tuple[float, float]:
+    _agent_ms.clear()
     with tempfile.TemporaryDirectory() as tmp:
-        stack = RolloutStack(Path(tmp), worker_settings={"concurrency": CONCURRENCY})
+        stack = RolloutStack(Path(tmp), worker_settings={"concurrency": concurrency})
         await stack.start(workers=1)
         try:
             agent = AgentRef(
@@ -276,6 +277,7 @@ async def main(as_json: bool) -> None:
     mem = await e2e_callable(None, 160)
     kaf = await e2e_callable(kafka, 160) if kafka else float("nan")
     overhead, agent_ms = await command_overhead(32)
+    overhead_c1, _ = await command_overhead(6, concurrency=1)
     reward, reward_bare = await reward_throughput(2000)
     figures = {
         "callable_memory_episodes_per_s": round(mem, 1),
@@ -286,6 +288,7 @@ async def main(as_json: bool) -> None:
         "baseline_command_agent_lifetime_p50_ms": round(agent_ms, 1),
         "baseline_bus_only_episodes_per_s": round(reward_bare, 1),
         "load_average_1m": round(os.getloadavg()[0], 1),
+        "command_worker_overhead_p50_ms_at_concurrency_1": round(overhead_c1, 2),
         "callable_memory_episodes_per_cpu_s": round(CPU_S.get("memory", float("nan")), 1),
         "callable_kafka_episodes_per_cpu_s": round(CPU_S.get("kafka", float("nan")), 1),
         "baseline_bare_agent_episodes_per_cpu_s": round(CPU_S.get("bare", float("nan")), 1),
@@ -323,6 +326,9 @@ async def main(as_json: bool) -> None:
         print(f"{name:46} {value:9.1f} {base:9.1f} {ratio:7.2f}  {goal:>6}  {what}")
     if not kafka:
         print("(Kafka unreachable: the Kafka row is nan)")
+    print(
+        f"worker overhead per command episode at concurrency 1 (no agents competing), p50 ms: {overhead_c1:.1f}"
+    )
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
         "episodes per CPU-second of this process (scheduler-independent): "

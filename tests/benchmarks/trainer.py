@@ -295,7 +295,7 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--updates", type=int, default=4)
+    parser.add_argument("--updates", type=int, default=3)
     args = parser.parse_args()
     from infra.logging import configure_logging
 

@@ -79,7 +79,6 @@ def expected_ids(question: str, calls: int) -> tuple[list[int], list[int], list[
 async def test_groups_of_command_and_callable_agents_are_scored(stack: RolloutStack, tmp_path: Path) -> None:
     events = await Events().attach(stack.buses[0], TRANSITIONS, group="e2e")
     exact = {"name": "exact", "options": {}}
-    t0 = asyncio.get_running_loop().time()
     cmd = submit(
         stack,
         [{"task_id": "cmd-1", "input": {"question": "Q one?", "calls": 3}, "answer": REPLY, "scorer": exact}],
@@ -98,9 +97,7 @@ async def test_groups_of_command_and_callable_agents_are_scored(stack: RolloutSt
         tmp_path,
     )
     await asyncio.gather(cmd, callables)
-    print("submitted after", asyncio.get_running_loop().time() - t0)
     scored: list[EpisodeScored] = await events.wait_for(EpisodeScored, count=7, within_s=60)
-    print("scored after", asyncio.get_running_loop().time() - t0)
     by_task: dict[str, list[EpisodeScored]] = {}
     for s in scored:
         by_task.setdefault(s.task_id or "", []).append(s)

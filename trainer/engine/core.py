@@ -236,8 +236,8 @@ class InferenceEngine:
             raise InvalidRequestError(f"pause mode must be abort, wait or keep, got {mode!r}")
         self._ensure_started()
         self._paused = True
+        self._frozen = mode == "keep"  # wait/abort after keep must not wait on frozen sequences
         if mode == "keep":
-            self._frozen = True
             async with self._step_lock:  # returns once the step in progress (if any) is over
                 pass
         elif mode == "abort":

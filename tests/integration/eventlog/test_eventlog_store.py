@@ -178,9 +178,38 @@ def test_query_is_read_only_twice_over(store: ChdbStore) -> None:
         store.query("SELECT nope FROM evstore.events")
 
 
+def test_one_chdb_directory_per_process_is_said_clearly(store: ChdbStore, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from infra.eventlog.errors import EventLogError
+
+    with pytest.raises(EventLogError, match="already has the chdb directory .* open"):
+        ChdbStore(tmp_path / "other", "evstore")
+    second = ChdbStore(store.path, "evstore_second")  # the same directory again is fine
+    second.close()
+    assert store.counts().total > 0  # and closing it left the first store working
+
+
+def test_settings_cannot_be_loosened_by_a_query(store: ChdbStore) -> None:
+    with pytest.raises(EventLogQueryError, match="readonly"):
+        store.query("SELECT 1 SETTINGS readonly = 0")
+    with pytest.raises(EventLogQueryError, match="readonly"):
+        store.query("SELECT 1 SETTINGS max_execution_time = 0")
+
+
 def test_query_rows_are_json_ready(store: ChdbStore) -> None:
     result = store.query(
         "SELECT emitted_at, reward, [1, 2] AS arr FROM evstore.events WHERE type = 'episode_scored' ORDER BY emitted_at LIMIT 1"
     )
     assert result.rows == [["2026-11-29T10:00:05+00:00", 1.0, [1, 2]]]
     assert len(store.query("SELECT number FROM system.numbers LIMIT 50", max_rows=7).rows) == 7
+
+
+def test_pages_join_up_without_gaps_or_repeats(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import infra.eventlog.base as base
+
+    whole_scored = [e.event_id for e in store.select_scored_episodes(EpisodeFilter())]
+    whole_calls = [e.event_id for e in store.select_calls(CallFilter())]
+    monkeypatch.setattr(base, "_PAGE", 2)
+    assert [e.event_id for e in store.select_scored_episodes(EpisodeFilter())] == whole_scored
+    assert [e.event_id for e in store.select_calls(CallFilter())] == whole_calls
+    assert len(whole_scored) >= 5 and len(set(whole_calls)) == len(whole_calls) >= 11
+    assert len(list(store.select_scored_episodes(EpisodeFilter(limit=3)))) == 3

@@ -87,7 +87,7 @@ def test_no_input_produces_a_server_error(gw):
     for result in schema.get_all_operations():
         op = result.ok()
 
-        @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(case=op.as_strategy())
         def check(case) -> None:
             if case.path_parameters and "episode_id" in case.path_parameters and hash(str(case.body)) % 2:

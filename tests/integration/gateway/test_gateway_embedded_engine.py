@@ -9,7 +9,7 @@ import pytest
 from schemas import LLMCallRecorded, UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 CORPUS = [
     f"<|im_start|>user\\nWhat is {a}+{b}?<|im_end|>\\n<|im_start|>assistant\\nThe answer is {a + b}.<|im_end|>"

@@ -228,6 +228,14 @@ def test_status_and_replay_through_the_running_stack(
     assert status["topics"]["flywheel.transitions"]["trainer"] == 8  # replayed, not yet consumed
     result = cli.invoke(app, ["status", "--url", running_stack])
     assert result.exit_code == 0 and "flywheel.transitions" in result.output and "trainer=8" in result.output
+    result = cli.invoke(app, ["topics", "ls", "--url", running_stack, "--json"])
+    assert result.exit_code == 0, result.output
+    topics = {t["topic"]: t for t in json.loads(result.output)["topics"]}
+    assert topics["flywheel.transitions"] == {
+        "topic": "flywheel.transitions",
+        "partitions": 8,
+        "lag": {"trainer": 8, "recorder": 8},
+    }
 
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "not-the-right-token-at-all")
     result = cli.invoke(app, ["status", "--url", running_stack])

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# Imported at collection, where no timeout runs: on a loaded 2-core machine this import alone can take
+# tens of seconds, which must not count against the first test's timeout.
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM  # noqa: F401
+
 CORPUS = [
     f"<|im_start|>user\nWhat is {a}+{b}?<|im_end|>\n<|im_start|>assistant\nCALC: {a}+{b} = {a + b}. The answer is {a + b}.<|im_end|>"
     for a in range(0, 60, 3)

@@ -8,7 +8,7 @@ import torch
 from trainer.engine import InferenceEngine, InvalidRequestError, SamplingParams, WeightLoadError
 from trainer.engine.sampling import processed_logprobs
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)  # the first test also pays for importing torch + transformers
 
 
 def _hf_logits(engine: InferenceEngine, ids: list[int]) -> torch.Tensor:
@@ -275,3 +275,15 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(
         await engine.complete(chat_ids, SamplingParams(max_tokens=10, ignore_eos=True))
     ok = await engine.complete(chat_ids, SamplingParams(max_tokens=5, ignore_eos=True))
     assert ok.choices[0].finish_reason == "length" and len(ok.choices[0].token_ids) == 5
+
+
+async def test_pause_wait_after_keep_lets_frozen_requests_finish(
+    engine: InferenceEngine, chat_ids: list[int]
+) -> None:
+    stream = engine.generate(chat_ids, SamplingParams(max_tokens=20, ignore_eos=True))
+    await _tokens_seen(stream, 2)
+    await engine.pause("keep")
+    await asyncio.wait_for(engine.pause("wait"), timeout=30)
+    rest = [u async for u in stream]
+    assert rest[-1].finished[0].finish_reason == "length" and engine.is_paused
+    await engine.resume()

@@ -10,7 +10,7 @@ from trainer.engine import InferenceEngine
 from trainer.engine.app import create_engine_app
 from trainer.engine.serving import EngineServing
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)  # the first test also pays for importing torch + transformers
 
 MESSAGES = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 12+30?"}]
 IDS = {"return_token_ids": True, "return_weight_versions": True}

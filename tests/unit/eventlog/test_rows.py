@@ -28,6 +28,14 @@ def test_every_fixture_event_becomes_a_row_with_its_full_json() -> None:
         assert row["key"] == s.key_for(event)
 
 
+def test_fast_event_json_is_byte_identical_to_pydantic() -> None:
+    from infra.eventlog.rows import event_json
+    from tests.benchmarks.recorder import make_call_events
+
+    for event in [*sample_events(), *make_call_events(5)]:
+        assert event_json(event) == event.model_dump_json()
+
+
 def test_identifier_columns() -> None:
     by_type = {r["type"]: r for r in to_arrow(sample_events()).to_pylist()}
     call = by_type["llm_call_recorded"]

@@ -1,0 +1,36 @@
+"""The trainer's own rollout requests: at most K groups in flight, group_size requests per group."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas import TASKS, AgentKind, AgentRef, RolloutRequested, Task
+from tests.fakes.gateway_harness import Collector
+from trainer.rollouts import RolloutPlanner
+
+from .trainer_harness import MemoryBus
+
+
+@pytest.mark.timeout(30)
+async def test_planner_keeps_k_groups_in_flight() -> None:
+    async with MemoryBus() as bus:
+        seen = await Collector().attach(bus, TASKS)
+        tasks = iter([Task(task_id=f"t{i}", input={"q": i}) for i in range(4)])
+        agent = AgentRef(kind=AgentKind.callable, spec="examples.x:agent")
+        planner = RolloutPlanner(bus, tasks, agent, group_size=3, deadline_s=30)
+        assert await planner.top_up(2, version=5) == 2
+        assert await planner.top_up(2, version=5) == 0  # already 2 in flight
+        reqs = await seen.wait_for(lambda e: isinstance(e, RolloutRequested), count=6)
+        by_group: dict[str, list[RolloutRequested]] = {}
+        for r in reqs:
+            by_group.setdefault(r.group_id, []).append(r)
+        assert len(by_group) == 2
+        for group in by_group.values():
+            assert sorted(r.sample_index for r in group) == [0, 1, 2]
+            assert {r.group_size for r in group} == {3} and len({r.task_id for r in group}) == 1
+        assert set(planner.in_flight.values()) == {5}
+        planner.finished(next(iter(by_group)))
+        assert await planner.top_up(2, version=6) == 1
+        assert await planner.top_up(4, version=6) == 1  # the iterator ran out after 4 tasks
+        assert planner.exhausted and len(planner.in_flight) == 3
+        await seen.stop()
