@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -119,18 +120,21 @@ class KafkaBus:
     async def stop(self) -> None:
         for sub in list(self._subscriptions):
             await sub.stop()
+        # Bounded: with the broker gone, aiokafka would wait forever to flush or say goodbye.
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(Exception):
-                await producer.stop()
+            await self._bounded(producer.stop())
         probe, self._probe = self._probe, None
         if probe is not None:
-            with contextlib.suppress(Exception):
-                await probe.stop()
+            await self._bounded(probe.stop())
         admin, self._admin = self._admin, None
         if admin is not None:
-            with contextlib.suppress(Exception):
-                await admin.close()
+            await self._bounded(admin.close())
+
+    async def _bounded(self, closing: Coroutine[Any, Any, Any]) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.publish_timeout_s):
+                await closing
 
     async def __aenter__(self) -> KafkaBus:
         await self.start()

@@ -124,7 +124,8 @@ class KafkaSubscription:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             with contextlib.suppress(Exception):
-                await consumer.stop()
+                async with asyncio.timeout(self._bus.publish_timeout_s):  # bounded: broker may be gone
+                    await consumer.stop()
         self._bus.forget(self)
 
     # the loop -----------------------------------------------------------------------------------------

@@ -34,6 +34,11 @@ class KafkaLauncherError(RuntimeError):
     pass
 
 
+# Brokers started by this process, kept so they are reaped on stop (and not garbage-collected while
+# running, which Python reports as a ResourceWarning).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def kafka_version() -> str:
     match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
     if match is None:
@@ -227,10 +232,12 @@ def start(cfg: BrokerConfig, timeout_s: float = 90.0) -> int:
             cwd=cfg.dir,
             start_new_session=True,  # outlives the CLI; stopped by pid
         )
+    _CHILDREN[proc_.pid] = proc_
     cfg.pid_file.write_text(f"{proc_.pid}\n")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc_.poll() is not None:
+            _CHILDREN.pop(proc_.pid, None)
             cfg.pid_file.unlink(missing_ok=True)
             raise KafkaLauncherError(f"Kafka exited with code {proc_.returncode}: {_log_tail(cfg)}")
         if _port_open(cfg.port) and _ready(cfg.bootstrap, 5.0):
@@ -271,8 +278,9 @@ def stop(cfg: BrokerConfig, timeout_s: float = 30.0) -> bool:
 
 def _reap(pid: int) -> None:
     """Collect the exit status when the broker is our own child (started in this process)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        del _CHILDREN[pid]
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,7 @@ class InferenceEngine:
         self._ensure_started()
         self._paused = True
         self._frozen = mode == "keep"  # wait/abort after keep must not wait on frozen sequences
+        self._wake.set()
         if mode == "keep":
             async with self._step_lock:  # returns once the step in progress (if any) is over
                 pass

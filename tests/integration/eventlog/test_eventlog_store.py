@@ -181,7 +181,7 @@ def test_query_is_read_only_twice_over(store: ChdbStore) -> None:
 def test_one_chdb_directory_per_process_is_said_clearly(store: ChdbStore, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from infra.eventlog.errors import EventLogError
 
-    with pytest.raises(EventLogError, match="already has the chdb directory .* open"):
+    with pytest.raises(EventLogError, match=r"already has the chdb directory .* open"):
         ChdbStore(tmp_path / "other", "evstore")
     second = ChdbStore(store.path, "evstore_second")  # the same directory again is fine
     second.close()
