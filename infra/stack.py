@@ -229,10 +229,10 @@ class EmbeddedStack:
             from infra.eventlog.api import create_eventlog_router
 
             app.include_router(create_eventlog_router(self.store, s.admin_token.get_secret_value()))
+        self._stoppers.append(("upstream", upstream.client.aclose))  # closed after the server stopped
         server = GatewayServer(app, host=s.gateway_host, port=s.gateway_port)
         self.gateway_url = await server.start()
         self._stoppers.append(("gateway", server.stop))
-        self._stoppers.append(("upstream", upstream.client.aclose))
         self._server = server
         self.gateway_app = app
 

@@ -29,6 +29,8 @@ from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
 from schemas import (
     CONTROL,
+    DEADLETTER,
+    TASKS,
     TRANSITIONS,
     EpisodeScored,
     InferenceDrained,
@@ -128,6 +130,7 @@ class TrainerService:
         self.metrics.version.set(self.backend.version)
         if (self.store.root / PAUSE_FILE).exists():
             self._update_paused()
+        await self.bus.ensure_topics([TRANSITIONS, CONTROL, DEADLETTER, TASKS])
         control_group = f"trainer-control-{uuid.uuid4().hex[:12]}"
         self._subs.append(
             await self.bus.subscribe(CONTROL, control_group, self._on_control, from_beginning=False)

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import deque
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
 from infra.bus.kafka_consumer import KafkaSubscription
@@ -90,6 +92,9 @@ class KafkaBus:
         self._partitions: dict[str, int] = {}  # logical topic → partition count (topic ensured)
         self._subscriptions: list[KafkaSubscription] = []
         self._topic_lock = asyncio.Lock()
+        self._pending: deque[tuple[float, asyncio.Future[Any]]] = deque()  # (deadline, ack)
+        self._watchdog: asyncio.Task[None] | None = None
+        self._loop_time = time.monotonic  # same clock as the event loop's default
 
     def physical(self, topic: str) -> str:
         return self.prefix + topic
@@ -120,6 +125,11 @@ class KafkaBus:
     async def stop(self) -> None:
         for sub in list(self._subscriptions):
             await sub.stop()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         # Bounded: with the broker gone, aiokafka would wait forever to flush or say goodbye.
         producer, self._producer = self._producer, None
         if producer is not None:
@@ -248,14 +258,32 @@ class KafkaBus:
             await self.ensure_topics([topic])
             count = self._partitions[topic]
         try:
-            async with asyncio.timeout(self.publish_timeout_s):
-                await producer.send_and_wait(
-                    self.physical(topic), value, key=key.encode(), partition=partition_for(key, count)
-                )
+            # send() is bounded by aiokafka itself (metadata and buffer waits use request_timeout_ms);
+            # the acknowledgement is bounded by the watchdog below, one timer for all publishes
+            # instead of one per publish (a per-call asyncio.timeout cost ~15 % of the publish path).
+            ack = await producer.send(
+                self.physical(topic), value, key=key.encode(), partition=partition_for(key, count)
+            )
+            if not ack.done():
+                self._pending.append((self._loop_time() + self.publish_timeout_s, ack))
+                if self._watchdog is None:
+                    self._watchdog = asyncio.create_task(self._watch_acks(), name="kafka-bus-acks")
+            await ack
         except (KafkaError, OSError, TimeoutError) as exc:
             raise BusUnavailableError(
                 f"Kafka at {self.bootstrap} did not acknowledge a message on {topic}: {exc!r}"
             ) from exc
+
+    async def _watch_acks(self) -> None:
+        """Fail acknowledgements still missing after ``publish_timeout_s`` (the broker went away)."""
+        pending = self._pending
+        while True:
+            await asyncio.sleep(min(0.25, self.publish_timeout_s / 4))
+            now = self._loop_time()
+            while pending and (pending[0][1].done() or pending[0][0] <= now):
+                _, ack = pending.popleft()
+                if not ack.done():  # aiokafka skips futures that are already done
+                    ack.set_exception(KafkaTimeoutError(f"no acknowledgement in {self.publish_timeout_s}s"))
 
     # subscribing --------------------------------------------------------------------------------------
 

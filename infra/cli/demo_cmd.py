@@ -51,6 +51,7 @@ def demo(
     """Warm-start a tiny model, then train the calculator agent with async GRPO through the whole pipeline."""
     import asyncio
     import logging
+    import os
     import sys
     import time
 
@@ -63,6 +64,7 @@ def demo(
         sys.path.insert(0, str(repo))
     configure_logging("WARNING", None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save/load bars
 
     from infra.demo.live import LiveDisplay
     from infra.demo.report import plot, write_json

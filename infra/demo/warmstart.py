@@ -112,6 +112,17 @@ def _normalised(batch: Sequence[Sample]) -> list[Sample]:
 Progress = Callable[[str], None]
 
 
+def load_samples(cfg: WarmStartConfig, tokenizer: Any, path: Path) -> list[Sample]:
+    """The demonstrations as SFT samples, tokenised once and kept beside the model (rendering is slow)."""
+    if path.is_file():
+        rows = json.loads(path.read_text())
+        return [Sample(p, r, m, [0.0] * len(r), 0.0, 1.0, f"demo-{i}") for i, (p, r, m) in enumerate(rows)]
+    samples = [conversation_sample(tokenizer, d, i) for i, d in enumerate(demonstrations(cfg))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([[s.prompt_ids, s.response_ids, s.response_mask] for s in samples]))
+    return samples
+
+
 def _lr(peak: float, step: int, steps: int | None) -> float:
     """Linear warm-up over 30 steps, then cosine decay to a tenth (constant when open-ended)."""
     warm = min(1.0, (step + 1) / 30)
@@ -190,7 +201,7 @@ def warm_start(
     t0 = time.perf_counter()
     base = build_base(cfg, root)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
-    samples = [conversation_sample(tokenizer, d, i) for i, d in enumerate(demonstrations(cfg))]
+    samples = load_samples(cfg, tokenizer, root / "samples.json")
     model, steps = sft_train(
         base,
         samples,
@@ -216,7 +227,7 @@ def sft_only_baseline(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(warm_dir))
-    samples = [conversation_sample(tokenizer, d, i) for i, d in enumerate(demonstrations(cfg))]
+    samples = load_samples(cfg, tokenizer, warm_dir.parent / "samples.json")
     model, steps = sft_train(
         warm_dir,
         samples,

@@ -122,8 +122,15 @@ class GateGateway:
             self.idle.set()
 
 
-async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> float:
-    """Seconds for ``updates`` policy updates with generation by the embedded engine."""
+async def _pipeline(
+    model_dir: Path, mode: str, updates: int, threads: int, engine_url: str | None = None
+) -> float:
+    """Seconds for ``updates`` policy updates with generation by the embedded engine.
+
+    ``engine_url``: generate through ``flywheel engine`` in its own process (``/v1/completions`` with
+    token-id prompts) and load weights over HTTP from checkpoints, as the distributed runtime does.
+    """
+    import httpx
     import torch
 
     from infra.bus.memory import MemoryBus
@@ -144,7 +151,7 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
     from trainer.groups import Intake
     from trainer.rollouts import RolloutPlanner
     from trainer.service import LoopConfig, TrainerService
-    from trainer.weights import InProcessSink, WeightSync
+    from trainer.weights import HttpSink, InProcessSink, WeightSink, WeightSync
 
     torch.set_num_threads(threads)
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
@@ -156,6 +163,29 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
     backend = TorchBackend(_load(model_dir), AlgorithmConfig(max_staleness=K))
     import tempfile
 
+    http = httpx.AsyncClient(timeout=120)
+    sink: WeightSink = HttpSink(engine_url, client=http) if engine_url else InProcessSink(engine.load_weights)
+
+    async def sample() -> list[tuple[list[int], list[float], int]]:
+        if engine_url is None:
+            result = await engine.complete(prompt, params)
+            return [(c.token_ids, c.logprobs, min(c.weight_versions)) for c in result.choices]
+        body = {
+            "model": "policy",
+            "prompt": list(prompt),
+            "n": G,
+            "max_tokens": NEW_TOKENS,
+            "ignore_eos": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_weight_versions": True,
+        }
+        resp = (await http.post(f"{engine_url}/v1/completions", json=body)).json()
+        return [
+            (c["token_ids"], c["logprobs"]["token_logprobs"], min(c["weight_versions"]))
+            for c in resp["choices"]
+        ]
+
     async with MemoryBus() as bus:
         gate = GateGateway(bus)
         await gate.start()
@@ -165,26 +195,26 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
         async def generate(req: RolloutRequested) -> None:
             await gate.enter()
             try:
-                result = await engine.complete(prompt, params)
+                choices = await sample()
             finally:
                 gate.leave()
-            for choice in result.choices:
-                reward = sum(t % 2 for t in choice.token_ids) / len(choice.token_ids)
+            for index, (ids, logprobs, version) in enumerate(choices):
+                reward = sum(t % 2 for t in ids) / len(ids)
                 t = Transition(
                     prompt_ids=list(prompt),
-                    response_ids=choice.token_ids,
-                    response_mask=[1] * len(choice.token_ids),
-                    behaviour_logprobs=choice.logprobs,
-                    weight_version=min(choice.weight_versions),
+                    response_ids=ids,
+                    response_mask=[1] * len(ids),
+                    behaviour_logprobs=logprobs,
+                    weight_version=version,
                     reward=reward,
                 )
                 await bus.publish(
                     TRANSITIONS,
                     EpisodeScored(
-                        episode_id=f"{req.group_id}-{choice.index}",
+                        episode_id=f"{req.group_id}-{index}",
                         group_id=req.group_id,
                         group_size=G,
-                        sample_index=choice.index,
+                        sample_index=index,
                         reward=reward,
                         transitions=[t],
                         num_calls=1,
@@ -206,7 +236,7 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
             service = TrainerService(
                 bus=bus,
                 backend=backend,
-                weights=WeightSync(bus, [InProcessSink(engine.load_weights)], expected_gateways=1),
+                weights=WeightSync(bus, [sink], expected_gateways=1),
                 store=CheckpointStore(Path(tmp)),
                 intake=Intake(),
                 algo=backend.cfg,
@@ -223,8 +253,40 @@ async def _pipeline(model_dir: Path, mode: str, updates: int, threads: int) -> f
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await service.stop(checkpoint=False)
+    await http.aclose()
     await engine.close()
     return elapsed
+
+
+class EngineProcess:
+    """``flywheel engine`` in its own process with ``threads`` torch threads."""
+
+    def __init__(self, model_dir: Path, threads: int, port: int = 8765) -> None:
+        import subprocess
+
+        self.url = f"http://127.0.0.1:{port}"
+        exe = Path(sys.executable).with_name("flywheel")
+        self.proc = subprocess.Popen(
+            [str(exe), "engine", "--model", str(model_dir), "--port", str(port), "--threads", str(threads)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def __enter__(self) -> str:
+        import httpx
+
+        for _ in range(600):
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("engine did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
@@ -313,13 +375,21 @@ def main() -> None:
         figures.update(measure_engine((1, 8), model_dir=model_dir))
     except ImportError:
         pass
+    # one process (embedded stack): engine and trainer share the interpreter
     sync_all = asyncio.run(_pipeline(model_dir, "sync", args.updates, cores))
-    sync_one = asyncio.run(_pipeline(model_dir, "sync", args.updates, 1))
     async_one = asyncio.run(_pipeline(model_dir, "async", args.updates, 1))
-    figures["sync_s_all_threads"] = round(sync_all, 2)
-    figures["sync_s_1_thread"] = round(sync_one, 2)
-    figures["async_s"] = round(async_one, 2)
-    figures["async_speedup_vs_best_sync"] = round(min(sync_all, sync_one) / async_one, 2)
+    figures["inproc_sync_s"] = round(sync_all, 2)
+    figures["inproc_async_s"] = round(async_one, 2)
+    figures["inproc_async_speedup"] = round(sync_all / async_one, 2)
+    # engine in its own process (flywheel engine + HTTP weight loads): sync gets every core for each
+    # phase, async splits them (one thread each) and overlaps
+    with EngineProcess(model_dir, cores) as url:
+        sync_proc = asyncio.run(_pipeline(model_dir, "sync", args.updates, cores, engine_url=url))
+    with EngineProcess(model_dir, 1) as url:
+        async_proc = asyncio.run(_pipeline(model_dir, "async", args.updates, 1, engine_url=url))
+    figures["proc_sync_s"] = round(sync_proc, 2)
+    figures["proc_async_s"] = round(async_proc, 2)
+    figures["async_speedup_vs_best_sync"] = round(min(sync_all, sync_proc) / min(async_one, async_proc), 2)
     torch.set_num_threads(cores)
     idle = asyncio.run(_update_latency(model_dir, 0))
     busy = asyncio.run(_update_latency(model_dir, 8))

@@ -23,23 +23,17 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
 
-from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate, TokenEvent
+from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate
 from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest
 from trainer.engine.sampling import InvalidRequestError, SamplingParams
+from trainer.engine.streaming import JSON, TextDelta, by_choice, chain, merge, prime, sse, usage
 
-JSON = dict[str, Any]
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def _lp(value: float) -> float:
     return value if math.isfinite(value) else -9999.0
-
-
-def sse(payload: JSON | str) -> str:
-    body = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {body}\n\n"
 
 
 class EngineServing:
@@ -160,7 +154,7 @@ class EngineServing:
         model = req.model or self.engine.model_name
         if req.stream:
             stream = self.engine.generate(prompt, params, request_id=request_id)
-            first = await _prime(stream)
+            first = await prime(stream)
             return self._chat_stream(req, params, prompt, request_id, model, first, stream)
         result = await self.engine.complete(prompt, params, request_id=request_id)
         as_id = req.return_tokens_as_token_ids
@@ -201,7 +195,7 @@ class EngineServing:
             "created": int(time.time()),
             "model": model,
             "choices": choices,
-            "usage": _usage(len(prompt), completion_tokens),
+            "usage": usage(len(prompt), completion_tokens),
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if req.return_token_ids else None,
         }
@@ -220,7 +214,7 @@ class EngineServing:
         try:
             created = int(time.time())
             base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
-            deltas = {i: _TextDelta(self.tokenizer, params) for i in range(params.n)}
+            deltas = {i: TextDelta(self.tokenizer, params) for i in range(params.n)}
             completion_tokens = 0
             for i in range(params.n):
                 chunk: JSON = {
@@ -237,8 +231,8 @@ class EngineServing:
                 if req.return_token_ids and i == 0:
                     chunk["prompt_token_ids"] = prompt
                 yield sse(chunk)
-            async for update in _chain(first, stream):
-                for index, tokens, done in _by_choice(update):
+            async for update in chain(first, stream):
+                for index, tokens, done in by_choice(update):
                     completion_tokens += len(tokens)
                     text = deltas[index].push([t.token_id for t in tokens], done)
                     choice: JSON = {
@@ -264,7 +258,7 @@ class EngineServing:
                         choice["weight_versions"] = [t.weight_version for t in tokens]
                     yield sse({**base, "choices": [choice]})
             if req.include_usage:
-                yield sse({**base, "choices": [], "usage": _usage(len(prompt), completion_tokens)})
+                yield sse({**base, "choices": [], "usage": usage(len(prompt), completion_tokens)})
             yield sse("[DONE]")
         finally:
             # a client that goes away mid-stream must not leave its request decoding
@@ -303,9 +297,7 @@ class EngineServing:
                 if req.return_weight_versions:
                     choice["weight_versions"] = c.weight_versions
                 choices.append(choice)
-        usage = _usage(
-            sum(len(p) for p in prompts), sum(len(c.token_ids) for r in results for c in r.choices)
-        )
+        usage = usage(sum(len(p) for p in prompts), sum(len(c.token_ids) for r in results for c in r.choices))
         return {
             "id": request_id,
             "object": "text_completion",
@@ -326,12 +318,12 @@ class EngineServing:
     ) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
         deltas = {
-            (pi, i): _TextDelta(self.tokenizer, params) for pi in range(len(prompts)) for i in range(params.n)
+            (pi, i): TextDelta(self.tokenizer, params) for pi in range(len(prompts)) for i in range(params.n)
         }
         sent_prompt: set[int] = set()
         completion_tokens = 0
-        async for pi, update in _merge(streams):
-            for index, tokens, done in _by_choice(update):
+        async for pi, update in merge(streams):
+            for index, tokens, done in by_choice(update):
                 completion_tokens += len(tokens)
                 ids = [t.token_id for t in tokens]
                 text = deltas[(pi, index)].push(ids, done)
@@ -364,92 +356,6 @@ class EngineServing:
                 yield sse({**base, "choices": [choice]})
         if req.include_usage:
             yield sse(
-                {**base, "choices": [], "usage": _usage(sum(len(p) for p in prompts), completion_tokens)}
+                {**base, "choices": [], "usage": usage(sum(len(p) for p in prompts), completion_tokens)}
             )
         yield sse("[DONE]")
-
-
-class _TextDelta:
-    """Incremental detokenisation for streaming: never sends text a later stop string would cut off."""
-
-    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
-        self.tokenizer = tokenizer
-        self.skip = params.skip_special_tokens
-        self.hold = max((len(s) for s in params.stop), default=1) - 1
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def push(self, ids: list[int], done: ChoiceResult | None) -> str:
-        self.ids.extend(ids)
-        if done is not None:
-            text = done.text  # the engine's final text, already cut at the stop string
-        else:
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character waits for its next byte
-            text = text[: max(len(text) - self.hold, 0)]
-        delta = text[self.sent :]
-        self.sent = max(self.sent, len(text))
-        return delta
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> JSON:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": None,
-    }
-
-
-def _by_choice(update: RequestUpdate) -> list[tuple[int, list[TokenEvent], ChoiceResult | None]]:
-    by: dict[int, list[TokenEvent]] = {}
-    for t in update.tokens:
-        by.setdefault(t.index, []).append(t)
-    done = {c.index: c for c in update.finished}
-    return [(i, by.get(i, []), done.get(i)) for i in sorted(set(by) | set(done))]
-
-
-async def _prime(stream: AsyncIterator[RequestUpdate]) -> RequestUpdate | None:
-    """Pull the first update before the HTTP response starts, so engine errors become a 4xx/5xx."""
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return None
-
-
-async def _chain(
-    first: RequestUpdate | None, rest: AsyncIterator[RequestUpdate]
-) -> AsyncIterator[RequestUpdate]:
-    if first is not None:
-        yield first
-    async for update in rest:
-        yield update
-
-
-async def _merge(streams: Sequence[AsyncIterator[RequestUpdate]]) -> AsyncIterator[tuple[int, RequestUpdate]]:
-    """Interleave several request streams as their updates arrive (a completions batch)."""
-    queue: asyncio.Queue[tuple[int, RequestUpdate | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: AsyncIterator[RequestUpdate]) -> None:
-        try:
-            async for update in stream:
-                queue.put_nowait((i, update))
-        except BaseException as exc:  # forwarded to the consumer, which re-raises it
-            queue.put_nowait((i, exc))
-        finally:
-            queue.put_nowait((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()

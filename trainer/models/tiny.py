@@ -26,6 +26,7 @@ ENDOFTEXT = "<|endoftext|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, PAD)
 BUILD_INFO_FILE = "flywheel_tiny.json"
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Qwen2.5-style ChatML. No default system message (a tiny model's context is short); tools are listed
 # in the system turn, assistant tool calls render as <tool_call>{json}</tool_call>, and consecutive
@@ -95,7 +96,7 @@ def build_tokenizer(
     The vocabulary always holds the 256 byte symbols and the special tokens, so any text encodes;
     ``vocab_size`` is an upper bound (a small corpus may yield fewer merges).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = [*SPECIAL_TOKENS, *(t for t in extra_special_tokens if t not in SPECIAL_TOKENS)]
@@ -118,6 +119,16 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    # transformers loads any qwen2 checkpoint's tokenizer as Qwen2Tokenizer, which installs Qwen's own
+    # normalizer and pre-tokenizer (its regex also puts every digit in its own piece). Use exactly that
+    # pipeline here too, so the tokenizer returned now and the one reloaded from disk encode alike.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,

@@ -155,10 +155,21 @@ def test_doctor_reports_chdb_held_by_another_process(cli: CliRunner, data_dir: P
     assert result.exit_code == 0  # a running `flywheel up` holding it is not a failure
 
 
-def test_completion_is_installable(cli: CliRunner) -> None:
-    result = cli.invoke(app, ["--show-completion", "bash"], env={"SHELL": "/bin/bash"})
-    assert result.exit_code == 0, result.output
-    assert "complete" in result.output and "flywheel" in result.output.lower()
+def test_completion_installs_and_completes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "flywheel")
+    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash", "PATH": "/usr/bin:/bin"}
+    installed = subprocess.run(
+        [exe, "--install-completion"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert (tmp_path / ".bash_completions" / "flywheel.sh").exists()
+    assert "flywheel.sh" in (tmp_path / ".bashrc").read_text()
+    words = {"_FLYWHEEL_COMPLETE": "complete_bash", "COMP_WORDS": "flywheel topics ", "COMP_CWORD": "2"}
+    completed = subprocess.run([exe], env={**env, **words}, capture_output=True, text=True, timeout=60)
+    assert completed.stdout.split() == ["create", "ls"]
 
 
 # ------------------------------------------------------------------- against a running stack's admin API

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-import httpx
+import httpx2
 import pytest
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from examples.calc_agent import agent, tasks
 
@@ -31,11 +31,11 @@ def test_react_accepts_only_the_exact_protocol() -> None:
 
 
 def _scripted(replies: list[str], seen: list[list[dict[str, str]]]) -> AsyncOpenAI:
-    def handle(request: httpx.Request) -> httpx.Response:
+    def handle(request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
         seen.append(body["messages"])
         text = replies[len(seen) - 1]
-        return httpx.Response(
+        return httpx2.Response(
             200,
             json={
                 "id": "x",
@@ -48,7 +48,7 @@ def _scripted(replies: list[str], seen: list[list[dict[str, str]]]) -> AsyncOpen
             },
         )
 
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    http = DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handle))
     return AsyncOpenAI(base_url="http://gw/episodes/e/v1", api_key="e", http_client=http, max_retries=0)
 
 
@@ -79,14 +79,18 @@ def test_splits_are_disjoint_and_cover_every_problem() -> None:
     assert sum(counts.values()) == 90 * 90 * 3
     assert 0.08 < counts["heldout"] / 24300 < 0.12
     heldout = {t["task_id"] for t in tasks.sample("heldout", 0, 200)}
-    train = {t["task_id"] for t in tasks.sample("rl", 0, 500)} | {t["task_id"] for t in tasks.sample("sft", 0, 500)}
+    train = {t["task_id"] for t in tasks.sample("rl", 0, 500)} | {
+        t["task_id"] for t in tasks.sample("sft", 0, 500)
+    }
     assert len(heldout) == 200 and not heldout & train
 
 
 def test_teacher_demonstrations_follow_the_agent() -> None:
     rng = random.Random(0)
     demos = [tasks.demonstration(t, rng) for t in tasks.sample("sft", 0, 300)]
-    perfect = tasks.demonstration(tasks.make_task(47, "*", 38), rng, p_format=0, p_copy_expr=0, p_copy_answer=0)
+    perfect = tasks.demonstration(
+        tasks.make_task(47, "*", 38), rng, p_format=0, p_copy_expr=0, p_copy_answer=0
+    )
     assert [m["content"] for m in perfect[2:]] == ["CALC: 47*38", "RESULT: 1786", "ANSWER: 1786"]
     for d in demos:
         assert d[0]["role"] == "system" and d[1]["role"] == "user"

@@ -17,7 +17,7 @@ def test_sample_masks_select_assistant_turns_only() -> None:
     demos = demonstrations(WarmStartConfig(demos=60))
     tokenizer = build_tokenizer([m["content"] for d in demos for m in d] + ["system", "user", "assistant"])
     rng = random.Random(1)
-    for i, messages in enumerate(demos[:20] + [tasks.demonstration(tasks.make_task(47, "*", 38), rng)]):
+    for i, messages in enumerate([*demos[:20], tasks.demonstration(tasks.make_task(47, "*", 38), rng)]):
         sample = conversation_sample(tokenizer, messages, i)
         assert len(sample.response_ids) == len(sample.response_mask)
         trained = [t for t, m in zip(sample.response_ids, sample.response_mask, strict=True) if m]

@@ -78,3 +78,25 @@ def test_bad_sizes_are_refused() -> None:
         build_model(tok, hidden=250, heads=4)
     with pytest.raises(ValueError, match="vocab_size"):
         build_tokenizer(CORPUS, 100)
+
+
+def test_reloaded_tokenizer_encodes_exactly_like_the_built_one(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.models.tiny import build_tokenizer as build
+
+    out = build_tiny(tmp_path / "m", CORPUS, vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1)
+    built, loaded = build(CORPUS, 300), AutoTokenizer.from_pretrained(out)
+    texts = [
+        "$hello 12+30",
+        "I'LL don't\r\n\r\n  x",
+        "Cafe\u0301 ﬁ 😀",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "  a\tb  ",
+    ]
+    for text in texts:
+        assert built.encode(text) == loaded.encode(text), text
+    msgs = [{"role": "user", "content": "What is 4+5?"}]
+    assert built.apply_chat_template(
+        msgs, add_generation_prompt=True, return_dict=False
+    ) == loaded.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
