@@ -71,7 +71,9 @@ def demo(
     from infra.demo.run import TARGET_POINTS, DemoConfig, run_seed
     from infra.demo.warmstart import DEFAULT_CACHE, WarmStartConfig
 
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal:  # logs and CI: wide enough for the summary table
+        console = Console(width=140)
     rl = (
         rl_seconds
         if rl_seconds is not None
@@ -121,6 +123,7 @@ def demo(
         "target": {"success_points": TARGET_POINTS, "transitions_per_episode": "falls"},
     }
     if seeds > 1:  # the top level holds the means over seeds; every seed's full result is kept
+        report = {k: report[k] for k in ("seed", "wall_seconds", "target")}
         report.update({k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")})
         report["seeds"] = [r["seed"] for r in runs]
         report["per_seed"] = [_jsonable(r) for r in runs]

@@ -15,8 +15,8 @@ from infra.demo.pipeline import StepPoint
 COLUMNS = (
     ("step", "step", "{:.0f}"),
     ("version", "version", "{:.0f}"),
-    ("reward", "reward_mean", "{:.3f}"),
-    ("success", "success_rate", "{:.1%}"),
+    ("reward", "reward", "{:.3f}"),
+    ("success", "success", "{:.1%}"),
     ("trans/ep", "calls_per_episode", "{:.2f}"),
     ("tokens/s", "tokens_per_s", "{:.0f}"),
     ("staleness", "staleness_mean", "{:.2f}"),

@@ -33,9 +33,9 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     for row, run in zip(axes, runs, strict=True):
         points: list[StepPoint] = run["points"]
         seed = run["seed"]
-        xs, reward = _series(points, "reward_mean")
+        xs, reward = _series(points, "reward")
         row[0].plot(xs, reward, color="tab:blue", label="reward (train batch)")
-        xs, success = _series(points, "success_rate")
+        xs, success = _series(points, "success")
         if success:
             row[0].plot(xs, success, color="tab:green", alpha=0.6, label="success (train batch)")
         row[0].set_title(f"seed {seed}: reward per step")

@@ -31,13 +31,13 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainer.engine.batch import BatchStepper, Request, Seq
 from trainer.engine.outputs import (
     ChoiceResult,
     EngineStepError,
@@ -48,40 +48,22 @@ from trainer.engine.outputs import (
     TokenEvent,
 )
 from trainer.engine.runner import KVRunner
-from trainer.engine.sampling import InvalidRequestError, SamplingParams, sample
+from trainer.engine.sampling import InvalidRequestError, SamplingParams
 from trainer.engine.weights import WeightLoadError, apply_state_dict, check_state_dict, read_state_dict
 
-
-@dataclass(eq=False)
-class _Request:
-    id: str
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    queue: asyncio.Queue[RequestUpdate | BaseException | None]
-    seqs: list[_Seq] = field(default_factory=list)
-    unfinished: int = 0
-    cancelled: bool = False
-
-
-@dataclass(eq=False)
-class _Seq:
-    req: _Request
-    index: int
-    generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    done: bool = False
-
-    @property
-    def cached(self) -> int:
-        """Positions in the KV cache: the prompt and every token but the newest (not yet fed)."""
-        return len(self.req.prompt) + len(self.tokens) - 1
+__all__ = [
+    "ChoiceResult",
+    "EngineStepError",
+    "FinishReason",
+    "GenerationResult",
+    "InferenceEngine",
+    "PauseMode",
+    "RequestUpdate",
+    "TokenEvent",
+]
 
 
-class InferenceEngine:
+class InferenceEngine(BatchStepper):
     """Serve one causal LM with continuous batching; see the module docstring."""
 
     def __init__(
@@ -108,8 +90,8 @@ class InferenceEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Seq] = []
+        self._waiting: deque[Request] = deque()
+        self._running: list[Seq] = []
         self._paused = False
         self._frozen = False
         self._closed = False
@@ -205,7 +187,7 @@ class InferenceEngine:
                 pass
         elif mode == "abort":
             async with self._step_lock:
-                updates: dict[_Request, RequestUpdate] = {}
+                updates: dict[Request, RequestUpdate] = {}
                 for seq in self._running:
                     if not seq.done:
                         self._finish(seq, "abort", None, updates)
@@ -297,10 +279,10 @@ class InferenceEngine:
 
     def _make_request(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
-    ) -> _Request:
+    ) -> Request:
         prompt = [int(t) for t in prompt_ids]
         max_tokens = self.check_prompt(prompt, params)
-        return _Request(request_id or uuid.uuid4().hex, prompt, params, max_tokens, asyncio.Queue())
+        return Request(request_id or uuid.uuid4().hex, prompt, params, max_tokens, asyncio.Queue())
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -343,11 +325,11 @@ class InferenceEngine:
                     self.runner.release()  # idle: give the KV cache's memory back
                 await self._wake.wait()
 
-    def _admissions(self) -> list[_Request]:
+    def _admissions(self) -> list[Request]:
         if self._paused:
             return []
         live = self.num_running
-        admits: list[_Request] = []
+        admits: list[Request] = []
         while self._waiting:
             req = self._waiting[0]
             if live and live + req.params.n > self.max_num_seqs:
@@ -365,7 +347,7 @@ class InferenceEngine:
                 seq.done = True
                 seq.req.unfinished -= 1
 
-    def _fail_all(self, admits: list[_Request], error: BaseException) -> None:
+    def _fail_all(self, admits: list[Request], error: BaseException) -> None:
         reqs = {s.req: None for s in self._running} | dict.fromkeys(admits)
         for req in reqs:
             req.unfinished = 0
@@ -373,119 +355,11 @@ class InferenceEngine:
         self._running = []
         self.runner.release()
 
-    def _dispatch(self, updates: dict[_Request, RequestUpdate]) -> None:
+    def _dispatch(self, updates: dict[Request, RequestUpdate]) -> None:
         for req, update in updates.items():
             req.queue.put_nowait(update)
             if req.unfinished == 0:
                 req.queue.put_nowait(None)
-
-    # ------------------------------------------------------------- the step (worker thread)
-    def _step(
-        self, admits: list[_Request], running: list[_Seq], decode: bool
-    ) -> dict[_Request, RequestUpdate]:
-        runner = self.runner
-        updates: dict[_Request, RequestUpdate] = {}
-        # 1. compact: live sequences move down into the slots of finished ones (ascending, so safe)
-        live: list[_Seq] = []
-        for slot, seq in enumerate(running):
-            if seq.done:
-                continue
-            if slot != len(live):
-                runner.move_slot(slot, len(live), seq.cached)
-            live.append(seq)
-        # 2. decode one token for every live sequence (before admitting, so rows are 0..B-1)
-        if decode and live:
-            runner.reserve(len(live), max(s.cached for s in live) + 1)  # grows by doubling, rarely
-            logits = runner.decode([s.tokens[-1] for s in live], [s.cached for s in live])
-            self._take(live, logits, updates)
-        # 3. admit: one batched prefill of the distinct prompts (a GRPO group sends the same prompt
-        #    G times: it is computed once), cache rows copied to every other sequence of that prompt,
-        #    then each sequence samples its first token.
-        if admits:
-            first = len(live)
-            total = first + sum(r.params.n for r in admits)
-            runner.reserve(total, max(len(r.prompt) for r in admits) + 1)
-            owners: dict[tuple[int, ...], int] = {}
-            slots: list[int] = []
-            slot = first
-            for req in admits:
-                slots.append(slot)
-                owners.setdefault(tuple(req.prompt), slot)
-                slot += req.params.n
-            distinct = list(owners)
-            logits = runner.prefill_many([list(p) for p in distinct], [owners[p] for p in distinct])
-            row_of = {p: i for i, p in enumerate(distinct)}
-            for req, start in zip(admits, slots, strict=True):
-                owner = owners[tuple(req.prompt)]
-                copies = [s for s in range(start, start + req.params.n) if s != owner]
-                if copies:
-                    runner.copy_slot(owner, copies, len(req.prompt))
-            new_seqs: list[_Seq] = []
-            rows: list[int] = []
-            for req in admits:
-                seeds = (
-                    [(req.params.seed + i) % 2**63 for i in range(req.params.n)]
-                    if req.params.seed is not None
-                    else [
-                        int(torch.randint(0, 2**62, (), generator=self._seed_source))
-                        for _ in range(req.params.n)
-                    ]
-                )
-                seqs = [_Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
-                req.seqs, req.unfinished = seqs, len(seqs)
-                new_seqs.extend(seqs)
-                rows.extend([row_of[tuple(req.prompt)]] * len(seqs))
-            self._take(new_seqs, logits[torch.tensor(rows)], updates)
-            live.extend(new_seqs)
-        self._running = live  # finished ones are compacted away at the start of the next step
-        self.steps += 1
-        return updates
-
-    def _take(self, seqs: list[_Seq], logits: torch.Tensor, updates: dict[_Request, RequestUpdate]) -> None:
-        result = sample(logits, [s.req.params for s in seqs], [s.generator for s in seqs])
-        version = self._version
-        for row, seq in enumerate(seqs):
-            token, lp, top = result.token_ids[row], result.logprobs[row], result.top[row]
-            seq.tokens.append(token)
-            seq.logprobs.append(lp)
-            seq.tops.append(top)
-            seq.versions.append(version)
-            self.generated_tokens += 1
-            update = updates.setdefault(seq.req, RequestUpdate())
-            update.tokens.append(TokenEvent(seq.index, token, lp, top, version))
-            self._check_stop(seq, token, updates)
-
-    def _check_stop(self, seq: _Seq, token: int, updates: dict[_Request, RequestUpdate]) -> None:
-        params = seq.req.params
-        if not params.ignore_eos and token in self.eos_token_ids:
-            self._finish(seq, "stop", None, updates)
-        elif token in params.stop_token_ids:
-            self._finish(seq, "stop", token, updates)
-        elif params.stop and (hit := self._stop_string(seq)) is not None:
-            self._finish(seq, "stop", hit, updates)
-        elif len(seq.tokens) >= seq.req.max_tokens or seq.cached + 1 >= self.max_model_len:
-            self._finish(seq, "length", None, updates)
-
-    def _stop_string(self, seq: _Seq) -> str | None:
-        params = seq.req.params
-        # A stop string of c characters spans at most 4c byte-level tokens: decode only that tail.
-        window = 4 * max(len(s) for s in params.stop) + 4
-        tail = self.tokenizer.decode(seq.tokens[-window:], skip_special_tokens=params.skip_special_tokens)
-        return next((s for s in params.stop if s in tail), None)
-
-    def _finish(
-        self, seq: _Seq, reason: FinishReason, stop: str | int | None, updates: dict[_Request, RequestUpdate]
-    ) -> None:
-        params = seq.req.params
-        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(stop, str):
-            at = text.find(stop)
-            if at >= 0:
-                text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
-        seq.done = True
-        seq.req.unfinished -= 1
-        choice = ChoiceResult(seq.index, seq.tokens, seq.logprobs, seq.tops, seq.versions, text, reason, stop)
-        updates.setdefault(seq.req, RequestUpdate()).finished.append(choice)
 
 
 def _eos_ids(model: nn.Module, tokenizer: Any) -> set[int]:

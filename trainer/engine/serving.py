@@ -297,14 +297,16 @@ class EngineServing:
                 if req.return_weight_versions:
                     choice["weight_versions"] = c.weight_versions
                 choices.append(choice)
-        usage = usage(sum(len(p) for p in prompts), sum(len(c.token_ids) for r in results for c in r.choices))
+        totals = usage(
+            sum(len(p) for p in prompts), sum(len(c.token_ids) for r in results for c in r.choices)
+        )
         return {
             "id": request_id,
             "object": "text_completion",
             "created": int(time.time()),
             "model": model,
             "choices": choices,
-            "usage": usage,
+            "usage": totals,
         }
 
     async def _completion_stream(

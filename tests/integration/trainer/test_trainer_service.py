@@ -171,3 +171,27 @@ async def test_pause_and_resume_through_control_events(tmp_path: Path) -> None:
         assert len(events.of(TrainerStepCompleted)) == 2
         await service.stop()
         await events.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_deadline_trains_a_partial_group_and_bad_episodes_are_counted(tmp_path: Path) -> None:
+    async with MemoryBus() as bus:
+        service, backend = make_trainer(tmp_path, bus, [], expected_gateways=0, group_timeout_s=0.5)
+        await service.start()
+        partial = group_events("slow", [1.0, 0.0, 1.0, 0.0])[:2]  # 2 of 4 ever arrive
+        out_of_vocab = group_events("bad", [1.0])[0].model_copy(
+            update={
+                "transitions": [
+                    group_events("x", [1.0])[0].transitions[0].model_copy(update={"response_ids": [999, 5]})
+                ]
+            }
+        )
+        await publish(bus, [*partial, out_of_vocab, partial[0]])  # the last one is a redelivery
+        await run_steps(service, 1, within_s=20)
+        assert backend.trained == [{"slow-e0-a0", "slow-e1-a0"}]
+        assert service.last_metrics["groups_partial"] == 1.0
+        registry = service.metrics.registry
+        for reason in ("malformed:token_out_of_vocab", "duplicate_event"):
+            value = registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason})
+            assert value == 1.0, reason
+        await service.stop()
