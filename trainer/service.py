@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -136,7 +137,7 @@ class TrainerService:
             await self.bus.subscribe(CONTROL, control_group, self._on_control, from_beginning=False)
         )
         if latest is not None and self.loop.push_on_start and latest.meta.version > 0:
-            path = latest.path if self.weights.needs_path else None
+            path = self._export() if self.weights.needs_path else None
             await self.weights.update(WeightUpdate(self.backend.version, self.backend.state_dict, path))
         self._subs.append(
             await self.bus.subscribe(TRANSITIONS, self.loop.consumer_group, self._on_transition)
@@ -311,9 +312,9 @@ class TrainerService:
             return False
         self.step += 1
         self._gen_started = time.perf_counter()  # generation for the next batch overlaps from here
-        ckpt_path: Path | None = None
-        if self.step % self.loop.checkpoint_every == 0 or (update_now and self.weights.needs_path):
-            ckpt_path = self.checkpoint()
+        if self.step % self.loop.checkpoint_every == 0:
+            self.checkpoint()
+        ckpt_path = self._export() if update_now and self.weights.needs_path else None
         activated, load_ms = True, 0.0
         if update_now and self.loop.mode == "sync":
             update = WeightUpdate(self.backend.version, self.backend.state_dict, ckpt_path)
@@ -404,6 +405,14 @@ class TrainerService:
         path = self.store.save(meta, self.backend.save_checkpoint)
         pending: list[EpisodeScored] = [e for g in self._ready for e in g.episodes()]
         self.store.rewrite_inbox([*pending, *self.intake.pending_events()])
+        return path
+
+    def _export(self) -> Path:
+        """Weights as a file a server can load (sinks with ``needs_path``); keeps the last three."""
+        root = self.store.root / "exports"
+        path = self.backend.export_weights(root / f"v{self.backend.version:06d}")
+        for old in sorted(p for p in root.iterdir() if p.is_dir())[:-3]:
+            shutil.rmtree(old, ignore_errors=True)
         return path
 
     def status(self) -> dict[str, Any]:

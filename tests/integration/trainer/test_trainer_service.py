@@ -17,7 +17,7 @@ from schemas import (
     WeightUpdateFailed,
     WeightUpdateRequested,
 )
-from trainer.weights import InProcessSink
+from trainer.weights import InProcessSink, WeightUpdate
 
 from .trainer_harness import (
     Collector,
@@ -194,4 +194,36 @@ async def test_deadline_trains_a_partial_group_and_bad_episodes_are_counted(tmp_
         for reason in ("malformed:token_out_of_vocab", "duplicate_event"):
             value = registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason})
             assert value == 1.0, reason
+        await service.stop()
+
+
+class PathSink:
+    """A server-like sink: it needs a file and records what it was given."""
+
+    name = "path-sink"
+    needs_path = True
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    async def load(self, update: WeightUpdate) -> None:
+        assert update.path is not None and update.path.is_file()
+        self.paths.append(update.path)
+
+
+@pytest.mark.timeout(60)
+async def test_sinks_that_need_a_path_get_an_exported_weights_file(tmp_path: Path) -> None:
+    async with MemoryBus() as bus:
+        sink = PathSink()
+        service, _ = make_trainer(tmp_path, bus, [sink], expected_gateways=0, checkpoint_every=100)
+        await service.start()
+        for i in range(4):
+            await publish(bus, group_events(f"g{i}", [1.0, 0.0]))
+        await run_steps(service, 4)
+        assert [p.parent.name for p in sink.paths] == ["v000001", "v000002", "v000003", "v000004"]
+        assert sorted(p.name for p in (tmp_path / "trainer" / "exports").iterdir()) == [
+            "v000002",
+            "v000003",
+            "v000004",
+        ]
         await service.stop()
