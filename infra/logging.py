@@ -19,7 +19,8 @@ _SECRET_KEYS = ("authorization", "api_key", "apikey", "token", "password", "secr
 def _mask(value: Any) -> Any:
     if isinstance(value, dict):
         return {
-            k: ("***" if any(s in str(k).lower() for s in _SECRET_KEYS) else _mask(v)) for k, v in value.items()
+            k: ("***" if any(s in str(k).lower() for s in _SECRET_KEYS) else _mask(v))
+            for k, v in value.items()
         }
     return value
 

@@ -24,8 +24,7 @@ def _root() -> None:
 
 def _register() -> None:
     # One line per command module; each module exposes ``register(app)``.
-    from infra.cli import version_cmd
-    from infra.cli import kafka_cmd
+    from infra.cli import kafka_cmd, version_cmd
 
     version_cmd.register(app)
     kafka_cmd.register(app)
