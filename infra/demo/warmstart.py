@@ -35,8 +35,10 @@ class WarmStartConfig:
     layers: int = 4
     vocab_size: int = 512
     demos: int = 4000
-    sft_steps: int = 800
-    sft_batch: int = 16
+    # 700 × 32 demonstrations: at 800 × 16 copying had not emerged (loss ~1.0, 0% held-out success);
+    # at 700 × 32 the loss reaches ~0.6 and the warm start solves ~12% of held-out problems.
+    sft_steps: int = 700
+    sft_batch: int = 32
     sft_lr: float = 3e-3
     p_format: float = 0.3
     p_copy_expr: float = 0.3
