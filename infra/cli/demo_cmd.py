@@ -41,7 +41,7 @@ def demo(
     ] = None,
     batch_groups: Annotated[int, typer.Option(min=1, help="B: tasks per training step")] = 8,
     group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
-    lr: Annotated[float, typer.Option(help="RL learning rate")] = 1e-4,
+    lr: Annotated[float, typer.Option(help="RL learning rate")] = 2e-4,
     eval_tasks: Annotated[int, typer.Option(min=1, help="held-out tasks per evaluation")] = 128,
     baseline: Annotated[bool, typer.Option(help="also run the equal-time SFT-only baseline")] = True,
     threads: Annotated[int, typer.Option(min=0, help="torch threads (0: torch's default)")] = 0,

@@ -41,7 +41,7 @@ class DemoConfig:
     batch_groups: int = 8  # B tasks per step
     group_size: int = 8  # G episodes per task
     max_in_flight: int = 12  # K groups requested ahead (async)
-    learning_rate: float = 1e-4
+    learning_rate: float = 2e-4  # measured: 1e-4 gave +7.0 points in 600 s of RL, 2e-4 gave +19.5
     eval_tasks: int = 128
     baseline: bool = True
     baseline_seconds: float | None = None  # None: the RL phase's wall-clock seconds (equal time)
