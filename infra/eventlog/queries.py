@@ -14,14 +14,17 @@ from infra.eventlog.models import Bucket, CallFilter, EpisodeFilter
 Params = dict[str, Any]
 
 
+def _bind(conds: list[str], params: Params, clause: str, name: str, value: Any) -> None:
+    """Add ``clause`` (which refers to ``{name:Type}``) and bind ``value`` — unless the filter is unset."""
+    if value is not None:
+        conds.append(clause)
+        params[name] = value
+
+
 def _time_conds(since: datetime | None, until: datetime | None, params: Params) -> list[str]:
-    conds = []
-    if since is not None:
-        conds.append("emitted_at >= {since:DateTime64(3, 'UTC')}")
-        params["since"] = since
-    if until is not None:
-        conds.append("emitted_at < {until:DateTime64(3, 'UTC')}")
-        params["until"] = until
+    conds: list[str] = []
+    _bind(conds, params, "emitted_at >= {since:DateTime64(3, 'UTC')}", "since", since)
+    _bind(conds, params, "emitted_at < {until:DateTime64(3, 'UTC')}", "until", until)
     return conds
 
 
@@ -48,31 +51,17 @@ def episodes(db: str, f: EpisodeFilter) -> tuple[str, Params]:
         if value is not None:
             inner.append(f"{column} = {{{column}:String}}")
             params[column] = value
-    if f.task_id_like is not None:
-        inner.append("task_id LIKE {task_like:String}")
-        params["task_like"] = f.task_id_like
+    _bind(inner, params, "task_id LIKE {task_like:String}", "task_like", f.task_id_like)
     if f.episode_ids is not None:
         inner.append("episode_id IN {episode_ids:Array(String)}")
         params["episode_ids"] = list(f.episode_ids)
-    having = []
-    if f.source is not None:
-        having.append("source = {source:String}")
-        params["source"] = f.source
-    if f.status is not None:
-        having.append("status = {status:String}")
-        params["status"] = f.status
-    if f.min_reward is not None:
-        having.append("reward >= {min_reward:Float64}")
-        params["min_reward"] = f.min_reward
-    if f.max_reward is not None:
-        having.append("reward <= {max_reward:Float64}")
-        params["max_reward"] = f.max_reward
-    if f.min_weight_version is not None:
-        having.append("min_weight_version >= {min_wv:Int64}")
-        params["min_wv"] = f.min_weight_version
-    if f.max_weight_version is not None:
-        having.append("max_weight_version <= {max_wv:Int64}")
-        params["max_wv"] = f.max_weight_version
+    having: list[str] = []
+    _bind(having, params, "source = {source:String}", "source", f.source)
+    _bind(having, params, "status = {status:String}", "status", f.status)
+    _bind(having, params, "reward >= {min_reward:Float64}", "min_reward", f.min_reward)
+    _bind(having, params, "reward <= {max_reward:Float64}", "max_reward", f.max_reward)
+    _bind(having, params, "min_weight_version >= {min_wv:Int64}", "min_wv", f.min_weight_version)
+    _bind(having, params, "max_weight_version <= {max_wv:Int64}", "max_wv", f.max_weight_version)
     params["limit"] = f.limit
     sql = f"""
         SELECT
@@ -126,24 +115,20 @@ def scored_page(
         if value is not None:
             conds.append(f"{column} = {{{column}:String}}")
             params[column] = value
-    if f.task_id_like is not None:
-        conds.append("task_id LIKE {task_like:String}")
-        params["task_like"] = f.task_id_like
+    _bind(conds, params, "task_id LIKE {task_like:String}", "task_like", f.task_id_like)
     if f.episode_ids is not None:
         conds.append("episode_id IN {episode_ids:Array(String)}")
         params["episode_ids"] = list(f.episode_ids)
-    if f.min_reward is not None:
-        conds.append("reward >= {min_reward:Float64}")
-        params["min_reward"] = f.min_reward
-    if f.max_reward is not None:
-        conds.append("reward <= {max_reward:Float64}")
-        params["max_reward"] = f.max_reward
-    if f.min_weight_version is not None:
-        conds.append("weight_version >= {min_wv:Int64}")
-        params["min_wv"] = f.min_weight_version
-    if f.max_weight_version is not None:
-        conds.append("weight_version <= {max_wv:Int64} AND weight_version >= 0")
-        params["max_wv"] = f.max_weight_version
+    _bind(conds, params, "reward >= {min_reward:Float64}", "min_reward", f.min_reward)
+    _bind(conds, params, "reward <= {max_reward:Float64}", "max_reward", f.max_reward)
+    _bind(conds, params, "weight_version >= {min_wv:Int64}", "min_wv", f.min_weight_version)
+    _bind(
+        conds,
+        params,
+        "weight_version <= {max_wv:Int64} AND weight_version >= 0",
+        "max_wv",
+        f.max_weight_version,
+    )
     where = " AND ".join(conds)
     # Choose the page on the small columns, then read only its payloads (the IN becomes a PREWHERE).
     inner = f"SELECT emitted_at, event_id, episode_id FROM {db}.events WHERE {where}"
@@ -171,21 +156,13 @@ def calls_page(db: str, f: CallFilter, after: tuple[str, int, str] | None, page:
     """One page of ``LLMCallRecorded`` payloads in (episode_id, call_seq, event_id) order."""
     params: Params = {"page": page}
     conds = ["type = 'llm_call_recorded'", *_time_conds(f.since, f.until, params)]
-    if f.tenant is not None:
-        conds.append("tenant = {tenant:String}")
-        params["tenant"] = f.tenant
-    if f.source is not None:
-        conds.append("source = {source:String}")
-        params["source"] = f.source
+    _bind(conds, params, "tenant = {tenant:String}", "tenant", f.tenant)
+    _bind(conds, params, "source = {source:String}", "source", f.source)
     if f.episode_ids is not None:
         conds.append("episode_id IN {episode_ids:Array(String)}")
         params["episode_ids"] = list(f.episode_ids)
-    if f.min_weight_version is not None:
-        conds.append("weight_version >= {min_wv:Int64}")
-        params["min_wv"] = f.min_weight_version
-    if f.max_weight_version is not None:
-        conds.append("weight_version <= {max_wv:Int64}")
-        params["max_wv"] = f.max_weight_version
+    _bind(conds, params, "weight_version >= {min_wv:Int64}", "min_wv", f.min_weight_version)
+    _bind(conds, params, "weight_version <= {max_wv:Int64}", "max_wv", f.max_weight_version)
     if f.token_faithful_only:
         conds.append("token_faithful = 1")
     if after is not None:
