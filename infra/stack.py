@@ -11,10 +11,12 @@ talk only through the bus, exactly as in the distributed runtime:
 
     worker ──RolloutRequested── flywheel.tasks ◄── trainer (its RolloutPlanner) / ``submit``
     agent ──HTTP──► gateway ──ASGI──► embedded engine            (no network hop to the engine)
+                            └─HTTP──► ``flywheel engine`` child  (``engine_process=True``)
     gateway ──LLMCallRecorded──► flywheel.episodes ◄── worker (EpisodeStarted/Finished)
     reward service: flywheel.episodes → EpisodeScored → flywheel.transitions → trainer
     trainer ⇄ gateway: WeightUpdateRequested / InferenceDrained / WeightsActivated on flywheel.control,
-                       weights loaded into the engine in-process (``InProcessSink``)
+                       weights loaded into the engine in-process (``InProcessSink``), or into the
+                       child through ``POST /load_weights`` with a checkpoint path (``HttpSink``)
     recorder: every topic → chdb (``<data_dir>/chdb``), readable at ``{gateway_url}/admin/eventlog/...``
 
 The gateway is served by uvicorn on a loopback port because agents (callables, subprocesses) speak
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
     from gateway.server import GatewayServer
     from infra.bus.memory import MemoryBus
+    from infra.engine_process import EngineProcess
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
@@ -74,6 +77,9 @@ class StackSettings(GatewaySettings, WorkerSettings, RewardSettings, TrainerSett
     gateway_port: int = 0  # 0: a free loopback port
     engine_max_num_seqs: int = Field(default=64, ge=1)
     engine_threads: int = Field(default=0, ge=0)  # torch threads for engine and trainer (0: torch's default)
+    # True: the engine runs as a child process (``flywheel engine`` on a loopback port) with its own GIL;
+    # False: in this process behind an ASGI transport (no process to start; what the tests use).
+    engine_process: bool = False
     record_events: bool = True  # the recorder writes every event to the event log (chdb or server)
     run_trainer: bool = True
 
@@ -105,6 +111,7 @@ class EmbeddedStack:
         self.store: ChdbStore | ServerStore | None = None
         self.recorder: Recorder | None = None
         self.engine: InferenceEngine | None = None
+        self.engine_process: EngineProcess | None = None
         self.gateway_app: FastAPI | None = None
         self.worker: RolloutWorker | None = None
         self.reward: RewardService | None = None
@@ -196,6 +203,19 @@ class EmbeddedStack:
 
         s = self.settings
         threads = s.engine_threads or None
+        if s.engine_process:
+            from infra.engine_process import EngineProcess
+
+            proc = await EngineProcess.start(
+                self.model_dir,
+                log_path=s.data_dir / "engine.log",
+                model_name=s.model,
+                max_num_seqs=s.engine_max_num_seqs,
+                threads=threads,
+            )
+            self._stoppers.append(("engine", proc.stop))
+            self.engine_process = proc
+            return
         engine = await asyncio.to_thread(
             InferenceEngine.from_pretrained,
             self.model_dir,
@@ -216,14 +236,21 @@ class EmbeddedStack:
         from trainer.engine.app import create_engine_app
 
         s = self.settings
-        engine_app = create_engine_app(self._engine)
-        upstream = make_upstream(
-            "http://embedded-engine/v1",
-            kind=UpstreamKind.embedded,
-            logprobs_mode=s.logprobs_mode,
-            timeout_s=s.upstream_timeout_s,
-            transport=httpx.ASGITransport(app=engine_app),
-        )
+        if self.engine_process is not None:
+            upstream = make_upstream(
+                self.engine_process.url + "/v1",
+                kind=UpstreamKind.embedded,
+                logprobs_mode=s.logprobs_mode,
+                timeout_s=s.upstream_timeout_s,
+            )
+        else:
+            upstream = make_upstream(
+                "http://embedded-engine/v1",
+                kind=UpstreamKind.embedded,
+                logprobs_mode=s.logprobs_mode,
+                timeout_s=s.upstream_timeout_s,
+                transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
+            )
         app = create_app(s, self._bus, [upstream])
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router
@@ -257,7 +284,7 @@ class EmbeddedStack:
     async def _start_trainer(self) -> None:
         from trainer.app import build_service, load_backend
         from trainer.rollouts import RolloutPlanner
-        from trainer.weights import InProcessSink
+        from trainer.weights import HttpSink, InProcessSink, WeightSink
 
         s = self.settings
         backend = await asyncio.to_thread(
@@ -277,14 +304,12 @@ class EmbeddedStack:
                 model=s.model,
                 deadline_s=self._deadline_s,
             )
-        engine = self._engine
-        service = build_service(
-            s,
-            self._bus,
-            backend,
-            [InProcessSink(engine.load_weights, name="embedded-engine")],
-            planner=planner,
-        )
+        sink: WeightSink
+        if self.engine_process is not None:
+            sink = HttpSink(self.engine_process.url, token=self.engine_process.admin_token)
+        else:
+            sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
+        service = build_service(s, self._bus, backend, [sink], planner=planner)
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service

@@ -30,22 +30,26 @@ from trainer.config import AlgorithmConfig
 
 AGENT = AgentRef(kind=AgentKind.callable, spec="examples.calc_agent.agent:run")
 TARGET_POINTS = 25.0
+TARGET_SECONDS = 600.0  # the RL run (evaluations and RL from the warm start) within 10 minutes
 
 
 @dataclass
 class DemoConfig:
     out: Path
     seed: int = 0
-    rl_seconds: float = 240.0
+    rl_seconds: float = 420.0
     max_steps: int | None = None
     batch_groups: int = 8  # B tasks per step
     group_size: int = 8  # G episodes per task
     max_in_flight: int = 12  # K groups requested ahead (async)
     learning_rate: float = 2e-4  # measured: 1e-4 gave +7.0 points in 600 s of RL, 2e-4 gave +19.5
-    eval_tasks: int = 128
+    eval_tasks: int = 512
     baseline: bool = True
     baseline_seconds: float | None = None  # None: the RL phase's wall-clock seconds (equal time)
     threads: int = 0
+    engine_process: bool = (
+        True  # its decode loop then never waits on this process's GIL (see infra/engine_process.py)
+    )
     cache: Path = DEFAULT_CACHE
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
 
@@ -72,6 +76,7 @@ def stack_settings(cfg: DemoConfig, data_dir: Path, trainer_dir: Path) -> StackS
         concurrency=max(64, cfg.batch_groups * cfg.group_size),
         engine_max_num_seqs=max(64, cfg.batch_groups * cfg.group_size),
         engine_threads=cfg.threads,
+        engine_process=cfg.engine_process,
     )
 
 
@@ -131,6 +136,9 @@ async def run_seed(
         )
         after = await evaluate(stack.bus, heldout, AGENT)
         say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
+        # The RL run: stack, evaluations and RL, from the warm start on. Building the warm start happens
+        # once per machine (it is cached outside the repo) and is reported as warm_start_seconds.
+        rl_run_seconds = time.perf_counter() - t0 - warm_s
         baseline: EvalResult | None = None
         baseline_steps = 0
         if cfg.baseline:
@@ -149,6 +157,7 @@ async def run_seed(
                 "sft_only_baseline": baseline.as_dict() if baseline else None,
                 "delta": _delta(before, after),
                 "rl_seconds": round(rl_seconds, 1),
+                "rl_run_seconds": round(rl_run_seconds, 1),
                 "rl_steps": len(monitor.points),
                 "rl_batches_without_signal": stack.trainer.batches_without_signal,
                 "rl_groups_received": len(stack.trainer.intake.consumed),
@@ -163,6 +172,7 @@ async def run_seed(
         report["met_target"] = bool(
             100.0 * (after.success - before.success) >= TARGET_POINTS
             and after.transitions_per_episode < before.transitions_per_episode
+            and rl_run_seconds <= TARGET_SECONDS
         )
     finally:
         await stack.stop()
@@ -182,7 +192,8 @@ async def _serve(stack: EmbeddedStack, model_dir: Path) -> None:
     if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     version = stack.trainer.weights.serving_version + 1
-    result = await stack.trainer.weights.update(WeightUpdate(version, lambda: state, None))
+    # The state for an in-process engine, the directory for one behind HTTP (``engine_process``).
+    result = await stack.trainer.weights.update(WeightUpdate(version, lambda: state, model_dir))
     if not result.activated:
         raise RuntimeError(f"could not serve the SFT-only baseline (version {version})")
 
