@@ -91,7 +91,8 @@ class Recorder:
         topic, key = topic_for(event), key_for(event)
         if self.spool.depth == 0:
             try:
-                await asyncio.wait_for(self.bus.publish(topic, event, key=key), self.publish_timeout_s)
+                async with asyncio.timeout(self.publish_timeout_s):  # no extra task, unlike wait_for
+                    await self.bus.publish(topic, event, key=key)
                 return
             except (BusError, TimeoutError, OSError) as exc:
                 log.warning("bus publish failed; spooling", error=type(exc).__name__, topic=topic)

@@ -89,6 +89,23 @@ async def _serve(
     )
 
 
+async def handle_call(request: Request, endpoint: Endpoint, episode_id: str | None) -> Response:
+    """One LLM call: a training episode's (``episode_id``) or production traffic (tenant key).
+
+    The FastAPI routes below and ``gateway.app.HotCalls`` (the same paths without FastAPI's
+    per-request machinery) both end here.
+    """
+    gw = _gw(request)
+    if episode_id is not None:
+        raw, data = await _parse(request, endpoint)
+        episode = await gw.episodes.training(episode_id)
+    else:
+        tenant = tenant_of(request)
+        raw, data = await _parse(request, endpoint)
+        episode = await gw.production_episode(tenant, _session_of(request, data))
+    return await _serve(gw, episode, endpoint, raw, data)
+
+
 def _session_of(request: Request, data: dict[str, Any]) -> str | None:
     header = request.headers.get("x-flywheel-session")
     if header:
@@ -110,15 +127,11 @@ def build_router() -> APIRouter:
     # ------------------------------------------------------------- training episodes (no key)
     @router.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body, tags=["episodes"])
     async def episode_chat(episode_id: str, request: Request) -> Response:
-        raw, data = await _parse(request, "chat.completions")
-        gw = _gw(request)
-        return await _serve(gw, await gw.episodes.training(episode_id), "chat.completions", raw, data)
+        return await handle_call(request, "chat.completions", episode_id)
 
     @router.post("/episodes/{episode_id}/v1/completions", openapi_extra=completion_body, tags=["episodes"])
     async def episode_completions(episode_id: str, request: Request) -> Response:
-        raw, data = await _parse(request, "completions")
-        gw = _gw(request)
-        return await _serve(gw, await gw.episodes.training(episode_id), "completions", raw, data)
+        return await handle_call(request, "completions", episode_id)
 
     @router.get("/episodes/{episode_id}/v1/models", tags=["episodes"])
     async def episode_models(episode_id: str, request: Request) -> Response:
@@ -135,19 +148,11 @@ def build_router() -> APIRouter:
     # ----------------------------------------------------------- production traffic (tenant key)
     @router.post("/v1/chat/completions", openapi_extra=chat_body, tags=["production"])
     async def chat(request: Request) -> Response:
-        tenant = tenant_of(request)
-        raw, data = await _parse(request, "chat.completions")
-        gw = _gw(request)
-        episode = await gw.production_episode(tenant, _session_of(request, data))
-        return await _serve(gw, episode, "chat.completions", raw, data)
+        return await handle_call(request, "chat.completions", None)
 
     @router.post("/v1/completions", openapi_extra=completion_body, tags=["production"])
     async def completions(request: Request) -> Response:
-        tenant = tenant_of(request)
-        raw, data = await _parse(request, "completions")
-        gw = _gw(request)
-        episode = await gw.production_episode(tenant, _session_of(request, data))
-        return await _serve(gw, episode, "completions", raw, data)
+        return await handle_call(request, "completions", None)
 
     @router.get("/v1/models", tags=["production"])
     async def models(request: Request) -> Response:

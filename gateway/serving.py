@@ -31,7 +31,7 @@ from gateway.episodes import EpisodeRegistry, EpisodeState
 from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.publishing import Recorder
-from gateway.upstream import Upstream, UpstreamPool
+from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from infra.logging import get_logger
 from schemas import LLMCallRecorded, LogprobsMode, new_event_id
 
@@ -131,7 +131,7 @@ class CallService:
             if not handed_off:
                 self.admission.leave()
 
-    async def _stream(self, ctx: _Ctx, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def _stream(self, ctx: _Ctx, response: UpstreamResponse) -> AsyncIterator[bytes]:
         endpoint = ctx.call.endpoint
         asm = StreamAssembler(endpoint)
         held: list[bytes] = []

@@ -9,20 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
 from gateway.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from gateway.wire import WirePool
 from schemas import LogprobsMode, UpstreamKind
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
+class UpstreamResponse(Protocol):
+    """What the gateway reads of an upstream response: ``httpx.Response`` or ``WireResponse``."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_lines(self) -> AsyncIterator[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass(slots=True)
 class Upstream:
-    """One model server. ``client.base_url`` ends with ``/v1`` (requests go to ``chat/completions``)."""
+    """One model server. ``client.base_url`` ends with ``/v1`` (requests go to ``chat/completions``).
+
+    ``wire`` (set by ``make_upstream`` for plain ``http://`` URLs without an injected transport) carries
+    the calls instead of ``client``: the same requests, a fraction of the CPU (``gateway/wire.py``).
+    """
 
     client: httpx.AsyncClient
     kind: UpstreamKind = UpstreamKind.vllm
@@ -30,6 +55,15 @@ class Upstream:
     name: str = ""
     request_weight_versions: bool = False
     timeout_s: float = 120.0  # until the response head (non-streamed: the whole body) has arrived
+    wire: WirePool | None = None
+
+    async def post(self, path: str, body: bytes, *, stream: bool) -> UpstreamResponse:
+        if self.wire is not None:
+            return await self.wire.post(path, body, stream=stream)
+        request = self.client.build_request(
+            "POST", path, content=body, headers={"Content-Type": "application/json"}
+        )
+        return await self.client.send(request, stream=stream)
 
     @property
     def token_faithful(self) -> bool:
@@ -49,8 +83,13 @@ def make_upstream(
     timeout_s: float = 120.0,
     transport: httpx.AsyncBaseTransport | None = None,
     request_weight_versions: bool = False,
+    wire: bool = True,
 ) -> Upstream:
-    """An upstream for ``url`` (``http://host:port/v1``) with a pooled client sized for many agents."""
+    """An upstream for ``url`` (``http://host:port/v1``) with a pooled client sized for many agents.
+
+    Plain ``http://`` without ``transport`` is served by the lean keep-alive client (``wire=False``:
+    httpx for everything).
+    """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = httpx.AsyncClient(
         base_url=url.rstrip("/") + "/",
@@ -61,7 +100,15 @@ def make_upstream(
     )
     if kind is UpstreamKind.openai:
         logprobs_mode = LogprobsMode.none
-    return Upstream(client, kind, logprobs_mode, url, request_weight_versions, timeout_s)
+    lean = None
+    if wire and transport is None and url.startswith("http://"):
+        lean = WirePool(
+            url.rstrip("/") + "/",
+            headers=headers,
+            connect_timeout_s=min(10.0, timeout_s),
+            read_timeout_s=timeout_s,
+        )
+    return Upstream(client, kind, logprobs_mode, url, request_weight_versions, timeout_s, lean)
 
 
 class UpstreamPool:
@@ -80,21 +127,20 @@ class UpstreamPool:
     async def aclose(self) -> None:
         for up in self.upstreams:
             await up.client.aclose()
+            if up.wire is not None:
+                await up.wire.aclose()
 
-    async def send(self, upstream: Upstream, path: str, body: bytes, *, stream: bool) -> httpx.Response:
+    async def send(self, upstream: Upstream, path: str, body: bytes, *, stream: bool) -> UpstreamResponse:
         """POST ``body`` to ``path``; retried on connection errors/429/5xx; errors translated.
 
         A streamed response is returned open (status 200); the caller closes it.
         """
         attempt = 0
         while True:
-            request = upstream.client.build_request(
-                "POST", path, content=body, headers={"Content-Type": "application/json"}
-            )
             try:
-                response = await asyncio.wait_for(
-                    upstream.client.send(request, stream=stream), upstream.timeout_s
-                )
+                # asyncio.timeout, not wait_for: wait_for runs the send in a task of its own per call
+                async with asyncio.timeout(upstream.timeout_s):
+                    response = await upstream.post(path, body, stream=stream)
             except (httpx.TimeoutException, TimeoutError) as exc:
                 raise UpstreamTimeoutError(
                     f"upstream {upstream.url} timed out", upstream=upstream.url, code="upstream_timeout"
@@ -130,7 +176,7 @@ class UpstreamPool:
             )
 
 
-def _retry_after(response: httpx.Response) -> float:
+def _retry_after(response: UpstreamResponse) -> float:
     try:
         return min(float(response.headers.get("retry-after", "0")), 5.0)
     except ValueError:

@@ -5,12 +5,24 @@
 Every server runs in its own process on loopback (the fake vLLM-compatible upstream from
 tests/fakes/upstream.py; a bare httpx pass-through proxy written here, the floor; the Flywheel gateway
 via `flywheel gateway` on the in-process bus and on real Kafka with acks=all; LiteLLM's proxy, if it can
-be found, as the peer a user would otherwise pick). The load generator drives `--concurrency` clients
-with one pooled httpx client and measures per-request latency.
+be found, as the peer a user would otherwise pick; and the same do-nothing proxy on the gateway's own
+stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). The load generator is
+this process; it drives `--concurrency` clients over gateway/wire.py's keep-alive client (~0.1 ms of
+CPU a request, where httpx took ~1.5 ms and so queued its own requests) and measures each request.
 
-Added latency = (p50/p99 through a proxy) − (p50/p99 calling the upstream directly), both measured in
-this run at the same concurrency. Serial (1 client) figures are printed too: they are the overhead
-without queueing. LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
+Three regimes, each against the upstream called directly in this run (added = proxy − direct):
+- open loop (the goals' added-latency figures): `--concurrency` pooled client connections, Poisson
+  arrivals at a fixed rate, `--offered` × the direct path's closed-loop capacity, the same rate for
+  every target; latency counts from each request's scheduled arrival. This is the proxy's own added
+  latency at a load the machine can carry.
+- closed loop: `--concurrency` clients back to back. The load generator, the upstream and the proxy
+  share the CPUs and saturate them, so its +p50/+p99 are mostly queueing; its req/s gives the
+  throughput ratios (vs the bare pass-through and vs LiteLLM).
+- serial: 1 client, the overhead without any queueing; the streaming TTFT overhead is serial too.
+Both do-nothing pass-throughs' own added latency is printed under the goals: the httpx one is the
+issue's throughput floor; the wire one is what any Python proxy on this stack (uvicorn, h11) adds at
+the least, so it bounds the added-latency goals from below.
+LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
 ~/.cache/flywheel/litellm-venv/bin/litellm) because its pins conflict with Flywheel's.
 """
 
@@ -20,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -32,8 +45,13 @@ from statistics import quantiles
 from typing import Any
 
 import httpx
+import orjson
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # before this file's own folder, where "gateway" would be this script
+
+from gateway.wire import WirePool  # noqa: E402 - needs the path above
+
 PY = sys.executable
 FLYWHEEL = str(Path(PY).with_name("flywheel"))
 LITELLM = os.environ.get("FLYWHEEL_LITELLM", str(Path.home() / ".cache/flywheel/litellm-venv/bin/litellm"))
@@ -67,6 +85,33 @@ PASSTHROUGH = textwrap.dedent(
                 break
         r = await client.post(scope["path"].removeprefix("/v1/"), content=body,
                               headers={"content-type": "application/json"})
+        await send({"type": "http.response.start", "status": r.status_code,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": r.content})
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
+                lifespan="off")
+    """
+)
+
+
+# The same do-nothing proxy on the gateway's own stack (uvicorn + gateway/wire.py instead of httpx): what
+# any Python proxy here adds at the least, so what bounds the gateway's added latency from below.
+PASSTHROUGH_WIRE = textwrap.dedent(
+    """
+    import asyncio, sys, uvicorn
+    from gateway.wire import WirePool
+    pool = WirePool(sys.argv[2])
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        async with asyncio.timeout(60):
+            r = await pool.post(scope["path"].removeprefix("/v1/"), body, stream=False)
         await send({"type": "http.response.start", "status": r.status_code,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": r.content})
@@ -128,26 +173,41 @@ async def wait_http(url: str, proc: Proc, within_s: float = 90) -> None:
             await asyncio.sleep(0.1)
 
 
+def _client(url: str, headers: dict[str, str]) -> tuple[WirePool, str]:
+    """A lean keep-alive HTTP/1.1 client for the load generator, and the path to POST to.
+
+    The load generator uses gateway/wire.py (not httpx) so that its own CPU per request (~0.1 ms
+    instead of ~1.5 ms) perturbs the shared CPUs as little as possible; it is the same for every target.
+    """
+    base, _, path = url.rpartition("/v1/")
+    return WirePool(base + "/v1/", headers=headers, read_timeout_s=60), path
+
+
+async def _post(pool: WirePool, path: str, body: bytes) -> bool:
+    try:
+        async with asyncio.timeout(60):
+            r = await pool.post(path, body, stream=False)
+    except (httpx.TransportError, TimeoutError):
+        return False
+    return r.status_code == 200
+
+
 async def load(url: str, n: int, concurrency: int, headers: dict[str, str]) -> dict[str, float]:
+    """Closed loop: ``concurrency`` clients, each sends its next request when the last one returned."""
     lat: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    transport = httpx.AsyncHTTPTransport(limits=limits, retries=1)
     failures = 0
-    async with httpx.AsyncClient(transport=transport, timeout=60, headers=headers) as c:
+    pool, path = _client(url, headers)
+    body = orjson.dumps(BODY)
 
-        async def one() -> None:
-            nonlocal failures
-            t = time.perf_counter()
-            try:
-                r = await c.post(url, json=BODY)
-                ok = r.status_code == 200
-            except httpx.TransportError:
-                ok = False
-            if ok:
-                lat.append((time.perf_counter() - t) * 1000)
-            else:
-                failures += 1
+    async def one() -> None:
+        nonlocal failures
+        t = time.perf_counter()
+        if await _post(pool, path, body):
+            lat.append((time.perf_counter() - t) * 1000)
+        else:
+            failures += 1
 
+    try:
         for _ in range(min(50, n)):  # warm-up: connections, caches
             await one()
         lat.clear()
@@ -161,19 +221,70 @@ async def load(url: str, n: int, concurrency: int, headers: dict[str, str]) -> d
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
+    finally:
+        await pool.aclose()
     if len(lat) < n * 0.9:
         raise RuntimeError(f"{failures} of {n} requests failed against {url}")
     q = quantiles(lat, n=100)
     return {"p50": q[49], "p99": q[98], "rps": len(lat) / elapsed, "failed": failures}
 
 
+async def open_loop(
+    url: str, rate: float, duration_s: float, concurrency: int, headers: dict[str, str], seed: int = 7
+) -> dict[str, float]:
+    """Poisson arrivals at ``rate`` req/s, at most ``concurrency`` in flight (open loop).
+
+    Latency runs from each request's scheduled arrival, not from when a client was free, so a stalled
+    target is charged for the requests that queue behind it (no coordinated omission).
+    """
+    rng = random.Random(seed)
+    lat: list[float] = []
+    failures = 0
+    loop = asyncio.get_running_loop()
+    pool, path = _client(url, headers)
+    body = orjson.dumps(BODY)
+    clients = asyncio.Semaphore(concurrency)
+
+    async def one(at: float) -> None:
+        nonlocal failures
+        async with clients:
+            ok = await _post(pool, path, body)
+        if ok:
+            lat.append((loop.time() - at) * 1000)
+        else:
+            failures += 1
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        await asyncio.gather(*(one(loop.time()) for _ in range(concurrency)))  # warm-up: connections
+        lat.clear()
+        failures = 0
+        start = at = loop.time()
+        while at - start < duration_s:
+            at += rng.expovariate(rate)
+            delay = at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(at)))
+        await asyncio.gather(*tasks)
+    finally:
+        await pool.aclose()
+    if len(lat) < len(tasks) * 0.9:
+        raise RuntimeError(f"{failures} of {len(tasks)} requests failed against {url}")
+    q = quantiles(lat, n=100)
+    return {"p50": q[49], "p99": q[98], "rate": len(tasks) / duration_s, "failed": failures}
+
+
 async def ttft(url: str, n: int, headers: dict[str, str]) -> float:
-    body = {**BODY, "stream": True, "max_tokens": 64}
+    """p50 time to the first chunk that carries content, one streamed request at a time."""
+    body = orjson.dumps({**BODY, "stream": True, "max_tokens": 64})
     firsts: list[float] = []
-    async with httpx.AsyncClient(timeout=60, headers=headers) as c:
+    pool, path = _client(url, headers)
+    try:
         for i in range(n + 10):
             t = time.perf_counter()
-            async with c.stream("POST", url, json=body) as r:
+            async with asyncio.timeout(60):
+                r = await pool.post(path, body, stream=True)
                 first = None
                 async for line in r.aiter_lines():
                     if (
@@ -183,8 +294,11 @@ async def ttft(url: str, n: int, headers: dict[str, str]) -> float:
                         and '"content":""' not in line
                     ):
                         first = (time.perf_counter() - t) * 1000
-                if i >= 10 and first is not None:
-                    firsts.append(first)
+                await r.aclose()
+            if i >= 10 and first is not None:
+                firsts.append(first)
+    finally:
+        await pool.aclose()
     return quantiles(firsts, n=100)[49]
 
 
@@ -239,6 +353,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[Proc] = []
     rows: dict[str, dict[str, float]] = {}
     serial: dict[str, dict[str, float]] = {}
+    opened: dict[str, dict[str, float]] = {}
+    sweep: dict[float, dict[str, dict[str, float]]] = {}
     notes: list[str] = []
     n, c = args.requests, args.concurrency
     try:
@@ -256,6 +372,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "passthrough": f"http://127.0.0.1:{pt_port}/v1/chat/completions",
         }
         owner: dict[str, Proc] = {"direct": fake, "passthrough": pt}
+        pw_port = free_port()
+        pw = Proc([PY, "-c", PASSTHROUGH_WIRE, str(pw_port), upstream + "/"])
+        procs.append(pw)
+        await wait_http(f"http://127.0.0.1:{pw_port}/", pw)
+        targets["passthrough_wire"] = f"http://127.0.0.1:{pw_port}/v1/chat/completions"
+        owner["passthrough_wire"] = pw
         gw, targets["gateway_memory"], _ = await start_gateway(upstream, "memory", data_dir)
         procs.append(gw)
         owner["gateway_memory"] = gw
@@ -290,21 +412,42 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 notes.append(f"{name}: dropped, {exc}")
                 rows.pop(name, None)
                 serial.pop(name, None)
+        # Open loop below saturation: the same offered rate for every target, fixed fractions of the
+        # direct path's closed-loop capacity measured above; --offered is the one the goals read.
+        for frac in sorted({args.offered, *args.sweep}):
+            rate = frac * rows["direct"]["rps"]
+            runs = sweep.setdefault(frac, {})
+            for name, url in targets.items():
+                if name not in rows:
+                    continue
+                if rows[name]["rps"] * 0.9 < rate:  # at or past its own capacity: the queue only grows
+                    notes.append(
+                        f"{name}: no open-loop figure at {frac:.2f}, its capacity ({rows[name]['rps']:.0f}"
+                        f" req/s) is below {rate:.0f} req/s / 0.9"
+                    )
+                    continue
+                runs[name] = await open_loop(url, rate, args.duration, c, headers)
+        opened.update(sweep[args.offered])
         ttft_direct = await ttft(targets["direct"], args.stream, headers)
         ttft_gw = await ttft(targets["gateway_memory"], args.stream, headers)
     finally:
         for p in procs:
             p.stop()
 
-    d = rows["direct"]
-    figures: dict[str, float] = {}
-    for name in ("gateway_memory", "gateway_kafka"):
-        if name in rows:
-            figures[f"{name}_added_p50_ms"] = rows[name]["p50"] - d["p50"]
-            figures[f"{name}_added_p99_ms"] = rows[name]["p99"] - d["p99"]
+    d, od = rows["direct"], opened["direct"]
+    figures: dict[str, float] = {"offered_rate_rps": od["rate"]}
+    for name in ("passthrough", "passthrough_wire", "gateway_memory", "gateway_kafka", "litellm"):
+        if name in opened:  # the goals' figures: 32 clients, open loop below saturation
+            figures[f"{name}_added_p50_ms"] = opened[name]["p50"] - od["p50"]
+            figures[f"{name}_added_p99_ms"] = opened[name]["p99"] - od["p99"]
+        if name in rows:  # 32 clients, closed loop: saturates the machine, so mostly queueing
+            figures[f"{name}_closed_added_p50_ms"] = rows[name]["p50"] - d["p50"]
+            figures[f"{name}_closed_added_p99_ms"] = rows[name]["p99"] - d["p99"]
             figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial["direct"]["p50"]
     g = rows["gateway_memory"]["rps"]
     figures["throughput_vs_passthrough"] = g / rows["passthrough"]["rps"]
+    if "passthrough_wire" in rows:  # not a goal: the do-nothing proxy on the gateway's own stack
+        figures["throughput_vs_passthrough_wire"] = g / rows["passthrough_wire"]["rps"]
     if "litellm" in rows:
         figures["throughput_vs_litellm"] = g / rows["litellm"]["rps"]
     figures["stream_ttft_overhead_p50_ms"] = ttft_gw - ttft_direct
@@ -322,14 +465,28 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "throughput_vs_litellm": "≥ 2",
         "stream_ttft_overhead_p50_ms": "≤ 2",
     }
-    return {"figures": figures, "goals": goals, "rows": rows, "serial": serial, "notes": notes}
+    return {
+        "figures": figures,
+        "goals": goals,
+        "rows": rows,
+        "serial": serial,
+        "opened": opened,
+        "sweep": sweep,
+        "notes": notes,
+    }
 
 
-def print_table(res: dict[str, Any], n: int, c: int) -> None:
-    rows, serial = res["rows"], res["serial"]
+def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
+    rows, serial, opened = res["rows"], res["serial"], res["opened"]
     d = rows["direct"]
+    n, c = args.requests, args.concurrency
     print(
-        f"gateway benchmark: {n} requests, {c} concurrent clients (serial: 1 client), loopback, fake upstream"
+        f"gateway benchmark, loopback, instant fake upstream; load generator, upstream and each proxy in"
+        f" separate processes on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"closed loop: {n} requests, {c} clients back to back (saturates the machine: +p50/+p99 are"
+        f" mostly queueing); serial: 1 client"
     )
     print(
         f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}{'req/s':>9}{'vs direct':>10}"
@@ -342,13 +499,50 @@ def print_table(res: dict[str, Any], n: int, c: int) -> None:
             f"{r['rps']:>9.0f}{r['rps'] / d['rps']:>9.2f}x{s['p50']:>11.2f}"
             f"{s['p50'] - serial['direct']['p50']:>9.2f}{r['cpu_ms']:>12.2f}"
         )
+    od = opened["direct"]
+    print()
+    print(
+        f"open loop (the goals' added latency): {c} clients, Poisson arrivals at {od['rate']:.0f} req/s"
+        f" = {args.offered:.2f} x direct capacity, {args.duration:.0f} s per target; latency from the"
+        " scheduled arrival"
+    )
+    print(f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}{'load':>8}")
+    for name, o in opened.items():
+        print(
+            f"{name:<16}{o['p50']:>9.2f}{o['p99']:>9.2f}{o['p50'] - od['p50']:>8.2f}"
+            f"{o['p99'] - od['p99']:>8.2f}{o['rate'] / rows[name]['rps']:>7.0%}"
+        )
+    print("(load: offered rate / the target's own closed-loop capacity)")
+    print()
+    print("open loop at other rates: +p50 / +p99 ms (load)")
+    for frac, runs in sorted(res["sweep"].items()):
+        base = runs["direct"]
+        cells = [
+            f"{name} {o['p50'] - base['p50']:.2f} / {o['p99'] - base['p99']:.2f} ({o['rate'] / rows[name]['rps']:.0%})"
+            for name, o in runs.items()
+            if name != "direct"
+        ]
+        print(f"  {frac:.2f} x direct = {base['rate']:.0f} req/s: " + "; ".join(cells))
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print()
     print(f"{'figure':<40}{'value':>10}  goal")
+    figures = res["figures"]
     for key, goal in res["goals"].items():
-        value = res["figures"].get(key)
+        value = figures.get(key)
         shown = f"{value:>10.2f}" if value is not None else f"{'n/a':>10}"
         print(f"{key:<40}{shown}  {goal}")
+    for name, what in (
+        ("passthrough", "bare httpx pass-through"),
+        ("passthrough_wire", "bare wire pass-through"),
+    ):
+        for kind in ("added_p50", "added_p99", "serial_added_p50"):
+            key = f"{name}_{kind}_ms"
+            if key in figures:  # what bounds the added-latency goals: a proxy that does nothing
+                print(f"{key:<40}{figures[key]:>10.2f}  ({what}: a floor)")
+    if "throughput_vs_passthrough_wire" in figures:
+        print(
+            f"{'throughput_vs_passthrough_wire':<40}{figures['throughput_vs_passthrough_wire']:>10.2f}  (not a goal)"
+        )
     for name, r in rows.items():
         if r.get("failed"):
             print(f"note: {name}: {r['failed']:.0f} requests failed (excluded from latency)")
@@ -363,9 +557,21 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--serial", type=int, default=200, help="requests for the 1-client figures")
     parser.add_argument("--stream", type=int, default=100, help="streamed requests for TTFT")
+    parser.add_argument(
+        "--offered", type=float, default=0.1, help="the goals' open-loop rate, a fraction of direct capacity"
+    )
+    parser.add_argument(
+        "--sweep",
+        type=lambda v: [float(x) for x in v.split(",") if x],
+        default=[0.05, 0.2],
+        help="more open-loop rates (fractions of direct capacity), printed for context",
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of open loop per target")
     a = parser.parse_args()
+    t_start = time.monotonic()
     result = asyncio.run(main(a))
+    result["notes"].append(f"benchmark ran {time.monotonic() - t_start:.0f} s")
     if a.json:
         print(json.dumps({"figures": result["figures"], "goals": result["goals"]}))
     else:
-        print_table(result, a.requests, a.concurrency)
+        print_table(result, a)
