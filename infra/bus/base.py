@@ -26,13 +26,19 @@ from schemas import AnyEvent
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One delivered event with where it came from (logical topic name, no prefix)."""
+    """One delivered event with where it came from (logical topic name, no prefix).
+
+    ``raw``: the record's bytes as read from the broker, when a bus keeps them (the event's JSON, so
+    a consumer that stores events, such as the recorder, need not serialise them again); ``None`` on
+    the in-process bus, which carries the objects themselves.
+    """
 
     event: AnyEvent
     topic: str
     partition: int
     offset: int
     key: str
+    raw: bytes | None = None
 
 
 Handler = Callable[[Message], Awaitable[None]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -99,3 +99,53 @@ def test_parse_when() -> None:
     assert parse_when("2026-11-30T10:00Z") == datetime(2026, 11, 30, 10, tzinfo=UTC)
     with pytest.raises(ValueError, match="not a time"):
         parse_when("yesterday-ish")
+
+
+def test_calls_in_a_mixed_batch_keep_their_order_and_columns() -> None:
+    # Calls are built column-wise and other events row-wise: a mixed batch must come back in order.
+    from tests.benchmarks.recorder import make_call_events
+
+    calls = make_call_events(3)
+    error_call = calls[1].model_copy(
+        update={
+            "tenant": "acme",
+            "error": "upstream 500",
+            "prefix_mismatch": True,
+            "source": s.EpisodeSource.production,
+            "emitted_at": datetime(2026, 11, 30, 14, 0, 0, 123999, tzinfo=timezone(timedelta(hours=2))),
+        }
+    )
+    others = sample_events()
+    events = [others[0], calls[0], others[1], error_call, calls[2], *others[2:]]
+    origins = [Origin(s.topic_for(e), s.key_for(e), i % 3, 100 + i) for i, e in enumerate(events)]
+    rows = to_arrow(events, origins).to_pylist()
+    assert [r["event_id"] for r in rows] == [e.event_id for e in events]
+    assert [r["bus_offset"] for r in rows] == [100 + i for i in range(len(events))]
+    assert [s.decode_any(r["payload"]) for r in rows] == events
+    call = rows[3]
+    assert {k: call[k] for k in ("episode_id", "task_id", "group_id", "tenant", "source", "mode", "model")} == {
+        "episode_id": error_call.episode_id, "task_id": "", "group_id": "", "tenant": "acme",
+        "source": "production", "mode": "", "model": "policy",
+    }  # fmt: skip
+    assert (call["status"], call["call_seq"], call["attempt"], call["weight_version"], call["reward"]) == (
+        "", 1, -1, 3, None,
+    )  # fmt: skip
+    assert (call["num_calls"], call["num_transitions"], call["prompt_tokens"], call["completion_tokens"]) == (
+        -1, -1, 60, 60,
+    )  # fmt: skip
+    assert (call["latency_ms"], call["token_faithful"], call["prefix_mismatch"], call["error"]) == (
+        12.5, 1, 1, "upstream 500",
+    )  # fmt: skip
+    assert call["emitted_at"] == datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)  # ms, in UTC
+    assert rows[1]["tenant"] == "" and rows[1]["error"] == "" and rows[1]["prefix_mismatch"] == 0
+    # The same calls alone (the all-calls path) give the same rows.
+    alone = to_arrow([calls[0], error_call, calls[2]], [origins[1], origins[3], origins[4]]).to_pylist()
+    strip = [{k: v for k, v in r.items() if k != "recorded_at"} for r in (rows[1], rows[3], rows[4])]
+    assert [{k: v for k, v in r.items() if k != "recorded_at"} for r in alone] == strip
+
+
+def test_invalid_utf8_payload_is_refused() -> None:
+    import pyarrow as pa
+
+    with pytest.raises(pa.ArrowInvalid, match="UTF8"):
+        to_arrow([sample_events()[0]], None, [b'{"x":"\xff"}'])
