@@ -48,6 +48,7 @@ def build_service(
         group_timeout_s=settings.group_timeout_s,
         sweep_interval_s=settings.sweep_interval_s,
         max_batch=settings.max_batch,
+        batch_wait_s=settings.reward_batch_wait_s,
     )
 
 

@@ -108,7 +108,7 @@ class RewardService:
             if record.finished is not None and is_rank(scorer_for(record, "none")) and record.started:
                 self.waiting_groups.setdefault(record.started.group_id or record.episode_id, time.monotonic())
         self._sub = await self.bus.subscribe_batch(
-            EPISODES, self.group, self.handle, max_batch=self.max_batch
+            EPISODES, self.group, self.handle, max_batch=self.max_batch, max_wait_s=self.batch_wait_s
         )
         self._sweeper = asyncio.create_task(self._sweep_forever())
         log.info("reward_service_started", group=self.group, open_episodes=len(self.store.open))

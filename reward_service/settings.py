@@ -29,6 +29,9 @@ class RewardSettings(FlywheelSettings):
     judge_api_key: SecretStr = SecretStr("")
     judge_model: str = "policy"
     max_batch: int = Field(default=500, ge=1)
+    # How long a batch waits to fill once its first event arrived: every episode's score waits up to
+    # this long (the bus's default, 0.2 s, was a fixed delay on every group's completion).
+    reward_batch_wait_s: float = Field(default=0.05, ge=0)
     scorer_timeout_s: float = Field(default=120.0, gt=0)
 
     def journal_path(self) -> Path | None:

@@ -33,7 +33,9 @@ log = get_logger("rollout_worker")
 def default_runners(settings: WorkerSettings) -> dict[AgentKind, AgentRunner]:
     return {
         AgentKind.command: CommandRunner(
-            kill_grace_s=settings.kill_grace_s, tail_chars=settings.stderr_tail_chars
+            kill_grace_s=settings.kill_grace_s,
+            tail_chars=settings.stderr_tail_chars,
+            nice=settings.agent_nice,
         ),
         AgentKind.callable: CallableRunner(threads=settings.concurrency),
         AgentKind.kubernetes: KubernetesRunner(

@@ -75,12 +75,15 @@ class RolloutStats:
     retries: int = 0
     handed_back: int = 0
     overhead_ms: list[float] = field(default_factory=list)  # everything but the agent's own run
+    agent_ms: list[float] = field(default_factory=list)  # the agent's own run (same episodes, same order)
 
-    def record(self, status: EpisodeStatus, overhead_ms: float) -> None:
+    def record(self, status: EpisodeStatus, overhead_ms: float, agent_ms: float) -> None:
         self.finished[status.value] = self.finished.get(status.value, 0) + 1
         self.overhead_ms.append(overhead_ms)
+        self.agent_ms.append(agent_ms)
         if len(self.overhead_ms) > 10_000:
             del self.overhead_ms[:5_000]
+            del self.agent_ms[:5_000]
 
 
 class RolloutRunner:
@@ -233,7 +236,7 @@ class RolloutRunner:
             self.stats.handed_back += 1
             HANDED_BACK_TOTAL.inc()
         overhead_s = watch.elapsed() - result.agent_s
-        self.stats.record(result.status, overhead_s * 1000)
+        self.stats.record(result.status, overhead_s * 1000, result.agent_s * 1000)
         EPISODES_TOTAL.labels(result.status.value).inc()
         OVERHEAD.observe(overhead_s)
         log.debug(

@@ -25,6 +25,11 @@ class WorkerSettings(FlywheelSettings):
     retry_statuses: list[EpisodeStatus] = Field(default=[EpisodeStatus.error, EpisodeStatus.timeout])
     kill_grace_s: float = Field(default=2.0, ge=0)  # SIGTERM → SIGKILL for a process group past its deadline
     stderr_tail_chars: int = Field(default=4000, ge=100)
+    # Command agents run this much nicer (lower CPU priority) than the worker. The worker's loop is on
+    # every episode's critical path (and, embedded, so is the gateway's): when many agent processes
+    # start at once on few cores, equal priority left it queued behind them, adding tens of ms to every
+    # episode. 0 = same priority as the worker.
+    agent_nice: int = Field(default=10, ge=0, le=19)
     drain_timeout_s: float = Field(default=30.0, ge=0)  # graceful shutdown: then hand back what is left
     batch_wait_s: float = Field(default=0.05, ge=0)
     # Kubernetes Jobs (kind=kubernetes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -136,3 +137,83 @@ def test_bad_callable_specs() -> None:
     for spec in ["no_colon", "nonexistent_module_xyz:run", "examples.agents_for_tests.async_callables:nope"]:
         with pytest.raises(AgentSpecError):
             load_callable(spec)
+
+
+@pytest.mark.timeout(20)
+async def test_command_agent_runs_nicer_than_the_worker() -> None:
+    script = "import os, json; print(json.dumps({'output': os.nice(0)}))"
+    run = make_run(AgentKind.command, f"python -c {json.dumps(script)}")
+    base = os.nice(0)
+    nicer = await CommandRunner(nice=5).run(run)
+    same = await CommandRunner().run(run)
+    assert nicer.status is EpisodeStatus.ok and same.status is EpisodeStatus.ok, (nicer.error, same.error)
+    assert (nicer.output, same.output) == (min(base + 5, 19), base)
+
+
+@pytest.mark.timeout(20)
+async def test_cancelled_command_agent_is_killed_with_its_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    runner = CommandRunner(kill_grace_s=0.5)
+    task = asyncio.ensure_future(
+        runner.run(make_run(AgentKind.command, f"python {AGENTS}/hanging_agent.py {pid_file}", 30))
+    )
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if _gone(child):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the cancelled agent's child process survived")
+    await runner.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_command_agent_exit_is_polled_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pidfd(pid: int) -> int:
+        raise OSError("pidfd_open not supported")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    result = await CommandRunner().run(make_run(AgentKind.command, f"python {AGENTS}/crashing_agent.py"))
+    assert result.status is EpisodeStatus.error and result.error is not None
+    assert "exit code 3" in result.error
+
+
+@pytest.mark.timeout(20)
+async def test_many_command_agents_at_once() -> None:
+    runner = CommandRunner()
+    script = "import sys, json; t = json.loads(sys.stdin.readline()); print(json.dumps({'reward': 1, 'output': t}))"
+    runs = [make_run(AgentKind.command, f"python -c {json.dumps(script)}", task_input=i) for i in range(12)]
+    results = await asyncio.gather(*(runner.run(r) for r in runs))
+    assert [r.status for r in results] == [EpisodeStatus.ok] * 12, [r.error for r in results]
+    assert [r.output["input"] for r in results if isinstance(r.output, dict)] == list(range(12))
+    await runner.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_cancelled_while_spawning_kills_what_was_spawned(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CommandRunner()
+    spawned: list[subprocess.Popen[bytes]] = []
+    popen = runner._popen
+
+    def slow_popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        time.sleep(0.3)  # the cancellation lands while the fork/exec is still running
+        spawned.append(popen(argv, env))
+        return spawned[-1]
+
+    monkeypatch.setattr(runner, "_popen", slow_popen)
+    task = asyncio.ensure_future(
+        runner.run(make_run(AgentKind.command, f"python {AGENTS}/hanging_agent.py", 30))
+    )
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(spawned) == 1 and spawned[0].returncode is not None  # killed and reaped
+    await runner.aclose()
