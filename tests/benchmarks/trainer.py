@@ -123,7 +123,12 @@ class GateGateway:
 
 
 async def _pipeline(
-    model_dir: Path, mode: str, updates: int, threads: int, engine_url: str | None = None
+    model_dir: Path,
+    mode: str,
+    updates: int,
+    threads: int,
+    engine_url: str | None = None,
+    engine_token: str | None = None,
 ) -> float:
     """Seconds for ``updates`` policy updates with generation by the embedded engine.
 
@@ -164,7 +169,11 @@ async def _pipeline(
     import tempfile
 
     http = httpx.AsyncClient(timeout=120)
-    sink: WeightSink = HttpSink(engine_url, client=http) if engine_url else InProcessSink(engine.load_weights)
+    sink: WeightSink = (
+        HttpSink(engine_url, client=http, token=engine_token)
+        if engine_url
+        else InProcessSink(engine.load_weights)
+    )
 
     async def sample() -> list[tuple[list[int], list[float], int]]:
         if engine_url is None:
@@ -258,35 +267,28 @@ async def _pipeline(
     return elapsed
 
 
-class EngineProcess:
-    """``flywheel engine`` in its own process with ``threads`` torch threads."""
+async def _pipeline_engine_process(
+    model_dir: Path, mode: str, updates: int, threads: int, engine_threads: int
+) -> float:
+    """``_pipeline`` with the engine as a ``flywheel engine`` child (the demo's setup), stopped after."""
+    import tempfile
 
-    def __init__(self, model_dir: Path, threads: int, port: int = 8765) -> None:
-        import subprocess
+    from infra.engine_process import EngineProcess
 
-        self.url = f"http://127.0.0.1:{port}"
-        exe = Path(sys.executable).with_name("flywheel")
-        self.proc = subprocess.Popen(
-            [str(exe), "engine", "--model", str(model_dir), "--port", str(port), "--threads", str(threads)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = await EngineProcess.start(
+            model_dir,
+            log_path=Path(tmp) / "engine.log",
+            model_name="policy",
+            max_num_seqs=64,
+            threads=engine_threads,
         )
-
-    def __enter__(self) -> str:
-        import httpx
-
-        for _ in range(600):
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self.url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("engine did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            return await _pipeline(
+                model_dir, mode, updates, threads, engine_url=proc.url, engine_token=proc.admin_token
+            )
+        finally:
+            await proc.stop()
 
 
 async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
@@ -383,10 +385,8 @@ def main() -> None:
     figures["inproc_async_speedup"] = round(sync_all / async_one, 2)
     # engine in its own process (flywheel engine + HTTP weight loads): sync gets every core for each
     # phase, async splits them (one thread each) and overlaps
-    with EngineProcess(model_dir, cores) as url:
-        sync_proc = asyncio.run(_pipeline(model_dir, "sync", args.updates, cores, engine_url=url))
-    with EngineProcess(model_dir, 1) as url:
-        async_proc = asyncio.run(_pipeline(model_dir, "async", args.updates, 1, engine_url=url))
+    sync_proc = asyncio.run(_pipeline_engine_process(model_dir, "sync", args.updates, cores, cores))
+    async_proc = asyncio.run(_pipeline_engine_process(model_dir, "async", args.updates, 1, 1))
     figures["proc_sync_s"] = round(sync_proc, 2)
     figures["proc_async_s"] = round(async_proc, 2)
     figures["async_speedup_vs_best_sync"] = round(min(sync_all, sync_proc) / min(async_one, async_proc), 2)
