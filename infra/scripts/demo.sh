@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export UV_PROJECT_ENVIRONMENT="${UV_PROJECT_ENVIRONMENT:-$HOME/.cache/flywheel/venv}"
-command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
+if ! command -v uv >/dev/null 2>&1; then
+    python3 -m pip install -q uv || python3 -m pip install -q --user uv
+    export PATH="$HOME/.local/bin:$PATH"
+fi
 uv sync --all-extras --frozen -q
 exec "$UV_PROJECT_ENVIRONMENT/bin/flywheel" demo "$@"
