@@ -61,7 +61,8 @@ def _token_id(token: Any) -> int | None:
 
 
 def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    # the element types collected at C speed: this runs on every id list of every call
+    if isinstance(value, list) and set(map(type, value)) <= {int}:
         return value
     return None
 

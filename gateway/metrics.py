@@ -28,6 +28,20 @@ class GatewayMetrics:
         )
         self.weight_version = Gauge("flywheel_gateway_weight_version", "weight version served", registry=r)
         self.open_episodes = Gauge("flywheel_gateway_open_episodes", "open episodes", registry=r)
+        # labelled children resolved once: ``labels()`` takes a lock and builds a key on every call
+        self.prompt_tokens = self.tokens.labels("prompt")
+        self.completion_tokens = self.tokens.labels("completion")
+        self._ok: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+    def ok_call(self, endpoint: str, source: str) -> tuple[Counter, Histogram]:
+        """The counter of successful calls and the latency histogram for one endpoint and source."""
+        children = self._ok.get((endpoint, source))
+        if children is None:
+            children = self._ok[endpoint, source] = (
+                self.calls.labels(endpoint, source, "ok"),
+                self.latency.labels(endpoint),
+            )
+        return children
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

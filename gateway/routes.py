@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 import orjson
 from fastapi import APIRouter, Request
@@ -26,9 +27,9 @@ from gateway.protocol import (
     validate,
 )
 from gateway.service import Gateway
-from gateway.serving import Answer, Call
+from gateway.serving import Answer, Call, StreamAnswer
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _MODELS: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "chat.completions": ChatCompletionRequest,
     "completions": CompletionRequest,
@@ -39,12 +40,12 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None
 
 
 def _gw(request: Request) -> Gateway:
@@ -53,8 +54,10 @@ def _gw(request: Request) -> Gateway:
 
 
 def tenant_of(request: Request) -> str:
-    gw = _gw(request)
-    key = _bearer(request)
+    return tenant_for_key(_gw(request), _bearer(request.headers))
+
+
+def tenant_for_key(gw: Gateway, key: str | None) -> str:
     if key is None:
         raise AuthenticationError("missing API key (Authorization: Bearer <key>)", code="missing_api_key")
     tenant = gw.keystore.tenant_for(key) if gw.keystore is not None else None
@@ -64,50 +67,64 @@ def tenant_of(request: Request) -> str:
 
 
 def require_admin(request: Request) -> None:
-    token = _bearer(request) or request.headers.get("x-admin-token") or ""
+    token = _bearer(request.headers) or request.headers.get("x-admin-token") or ""
     expected = _gw(request).settings.admin_token.get_secret_value()
     if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
         raise AuthenticationError("admin token required", code="invalid_admin_token")
 
 
-async def _parse(request: Request, endpoint: Endpoint) -> tuple[bytes, dict[str, Any]]:
-    raw = await request.body()
+def _parse(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
     data = parse_json(raw)
-    validate(_MODELS[endpoint], data)
-    return raw, data
+    validate(_MODELS[endpoint], data)  # a JSON object, or it raised
+    return cast(dict[str, Any], data)
 
 
-async def _serve(
-    gw: Gateway, episode: EpisodeState, endpoint: Endpoint, raw: bytes, data: dict[str, Any]
-) -> Response:
-    answer = await gw.calls.serve(Call(episode, endpoint, raw, data))
-    headers = {"X-Flywheel-Episode": episode.episode_id, "X-Flywheel-Call": answer.call_id}
+async def serve_call(
+    gw: Gateway,
+    endpoint: Endpoint,
+    episode_id: str | None,
+    headers: Mapping[str, str],
+    read_body: Callable[[], Awaitable[bytes]],
+) -> tuple[EpisodeState, Answer | StreamAnswer]:
+    """One LLM call: a training episode's (``episode_id``) or production traffic (tenant key).
+
+    Free of the HTTP framework: ``handle_call`` (the FastAPI routes) and ``gateway.app.HotCalls`` (the
+    same paths straight from the ASGI server) both end here and only shape the answer differently.
+    A production call is authenticated before its body is read.
+    """
+    if episode_id is not None:
+        raw = await read_body()
+        data = _parse(raw, endpoint)
+        episode = await gw.episodes.training(episode_id)
+    else:
+        tenant = tenant_for_key(gw, _bearer(headers))
+        raw = await read_body()
+        data = _parse(raw, endpoint)
+        episode = await gw.production_episode(tenant, _session_of(headers, data))
+    return episode, await gw.calls.serve(Call(episode, endpoint, raw, data))
+
+
+def call_headers(episode: EpisodeState, answer: Answer | StreamAnswer) -> dict[str, str]:
+    return {"X-Flywheel-Episode": episode.episode_id, "X-Flywheel-Call": answer.call_id}
+
+
+def call_response(episode: EpisodeState, answer: Answer | StreamAnswer) -> Response:
+    headers = call_headers(episode, answer)
     if isinstance(answer, Answer):
         return Response(answer.body, media_type="application/json", headers=headers)
     return StreamingResponse(
-        answer.chunks, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers}
+        answer.chunks, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
     )
 
 
 async def handle_call(request: Request, endpoint: Endpoint, episode_id: str | None) -> Response:
-    """One LLM call: a training episode's (``episode_id``) or production traffic (tenant key).
-
-    The FastAPI routes below and ``gateway.app.HotCalls`` (the same paths without FastAPI's
-    per-request machinery) both end here.
-    """
-    gw = _gw(request)
-    if episode_id is not None:
-        raw, data = await _parse(request, endpoint)
-        episode = await gw.episodes.training(episode_id)
-    else:
-        tenant = tenant_of(request)
-        raw, data = await _parse(request, endpoint)
-        episode = await gw.production_episode(tenant, _session_of(request, data))
-    return await _serve(gw, episode, endpoint, raw, data)
+    """The FastAPI routes' way into :func:`serve_call`."""
+    episode, answer = await serve_call(_gw(request), endpoint, episode_id, request.headers, request.body)
+    return call_response(episode, answer)
 
 
-def _session_of(request: Request, data: dict[str, Any]) -> str | None:
-    header = request.headers.get("x-flywheel-session")
+def _session_of(headers: Mapping[str, str], data: dict[str, Any]) -> str | None:
+    header = headers.get("x-flywheel-session")
     if header:
         return header[:256]
     meta = data.get("metadata")

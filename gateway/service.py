@@ -136,8 +136,8 @@ class Gateway:
             self.episodes.open(event)
         elif isinstance(event, EpisodeFinished):
             self.episodes.finish(event.episode_id)
-        elif isinstance(event, LLMCallRecorded):
-            self._remember_call(event)
+        elif isinstance(event, LLMCallRecorded) and event.producer != self.calls.producer:
+            self._remember_call(event)  # our own calls were remembered when they were recorded
         self.metrics.open_episodes.set(len(self.episodes))
 
     async def _on_control(self, msg: Message) -> None:

@@ -227,10 +227,11 @@ class CallService:
             self.episodes.prefix_mismatches += 1
             self.metrics.prefix_mismatches.inc()
         m = self.metrics
-        m.calls.labels(ctx.call.endpoint, ep.source.value, "ok").inc()
-        m.latency.labels(ctx.call.endpoint).observe(time.perf_counter() - ctx.t0)
-        m.tokens.labels("prompt").inc(n_prompt)
-        m.tokens.labels("completion").inc(n_completion)
+        calls, latency = m.ok_call(ctx.call.endpoint, ep.source.value)
+        calls.inc()
+        latency.observe(time.perf_counter() - ctx.t0)
+        m.prompt_tokens.inc(n_prompt)
+        m.completion_tokens.inc(n_completion)
 
     async def _record_failure(self, ctx: _Ctx, status: int, message: str, streamed: bool) -> None:
         """Failed calls are recorded too (best effort: the agent gets an error either way)."""

@@ -60,8 +60,28 @@ class WireResponse:
 
     async def _read_all(self, *, timed: bool) -> bytes:
         if self._content is None:
-            self._content = b"".join([piece async for piece in self._pieces(timed)])
+            if not timed and self._remaining >= 0 and self._conn is not None:
+                self._content = await self._read_exactly()
+            else:
+                self._content = b"".join([piece async for piece in self._pieces(timed)])
         return self._content
+
+    async def _read_exactly(self) -> bytes:
+        """A ``Content-Length`` body in one read (the common non-streamed answer), under the caller's
+        deadline: no per-piece timer, no async generator."""
+        assert self._conn is not None
+        try:
+            data = await self._conn[0].readexactly(self._remaining)
+        except asyncio.IncompleteReadError as exc:
+            self._discard()
+            raise httpx.RemoteProtocolError("upstream closed the connection mid-body") from exc
+        except OSError as exc:
+            self._discard()
+            raise httpx.ReadError(f"upstream read failed: {exc!r}") from exc
+        self._remaining = 0
+        conn, self._conn = self._conn, None
+        self._pool.release(conn, self._reusable)
+        return data
 
     async def aiter_lines(self) -> AsyncIterator[str]:
         pending = b""

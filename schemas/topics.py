@@ -95,6 +95,9 @@ def spec_for(topic: str) -> TopicSpec:
 
 def key_for(event: AnyEvent) -> str:
     """The partition key DESIGN.md fixes for ``event``."""
+    field = _KEY_FIELD.get(type(event))
+    if field is not None:  # every publish asks: one dict lookup instead of up to 16 class patterns
+        return getattr(event, field)  # type: ignore[no-any-return]
     match event:
         case RolloutRequested():
             return event.task.task_id
@@ -118,6 +121,25 @@ def key_for(event: AnyEvent) -> str:
         case DeadLetter():
             return event.key or ""
     raise TypeError(f"not an event: {type(event).__name__}")
+
+
+# The events whose key is one of their own string fields (the rest: the ``match`` in ``key_for``).
+_KEY_FIELD: dict[type, str] = {
+    RolloutCancelled: "task_id",
+    EpisodeStarted: "episode_id",
+    LLMCallRecorded: "episode_id",
+    RewardReported: "episode_id",
+    EpisodeFinished: "episode_id",
+    EpisodeScored: "group_id",
+    WeightUpdateRequested: "model",
+    InferenceDrained: "model",
+    WeightsActivated: "model",
+    InferenceResumed: "model",
+    WeightUpdateFailed: "model",
+    TrainerStepCompleted: "model",
+    TrainerPauseRequested: "model",
+    TrainerResumeRequested: "model",
+}
 
 
 def topic_for(event: AnyEvent) -> str:

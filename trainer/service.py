@@ -22,6 +22,7 @@ import contextlib
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +70,10 @@ class LoopConfig:
     consumer_group: str = "trainer"
     inbox_fsync: bool = True
     push_on_start: bool = True  # a resumed trainer loads its checkpoint into the engines first
+
+
+def _no_tensors() -> Mapping[str, Any]:
+    raise RuntimeError("every sink of this update loads from the exported path")
 
 
 class TrainerService:
@@ -324,8 +329,13 @@ class TrainerService:
             # Pipelined: the protocol for v runs while the next batch is collected and trained; at most
             # one update is outstanding, so serving lags training by at most one more version.
             await self._finish_update()
-            snapshot = self.backend.state_dict()
-            update = WeightUpdate(self.backend.version, lambda: snapshot, ckpt_path)
+            # The next step changes the weights while this update runs: sinks that read tensors get a
+            # copy taken now; path sinks read the file exported above, so no copy is spent on them.
+            if self.weights.needs_tensors:
+                snapshot = self.backend.state_dict()
+                update = WeightUpdate(self.backend.version, lambda: snapshot, ckpt_path)
+            else:
+                update = WeightUpdate(self.backend.version, _no_tensors, ckpt_path)
             self._pending_update = asyncio.create_task(self._apply_update(update))
             drain_ms, load_ms, missing = self._last_update
             activated = self._last_update_ok

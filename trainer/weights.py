@@ -194,6 +194,11 @@ class WeightSync:
     def needs_path(self) -> bool:
         return any(s.needs_path for s in self.sinks)
 
+    @property
+    def needs_tensors(self) -> bool:
+        """Whether a sink reads ``WeightUpdate.state_dict`` (in-process engines); path sinks do not."""
+        return any(not s.needs_path for s in self.sinks)
+
     async def observe(self, event: InferenceDrained | InferenceResumed) -> None:
         if event.model != self.model:
             return

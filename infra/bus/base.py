@@ -18,19 +18,21 @@ Exceptions:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from schemas import AnyEvent
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One delivered event with where it came from (logical topic name, no prefix).
+class Message(NamedTuple):
+    """One delivered event with where it came from (logical topic name, no prefix). Immutable.
 
     ``raw``: the record's bytes as read from the broker, when a bus keeps them (the event's JSON, so
     a consumer that stores events, such as the recorder, need not serialise them again); ``None`` on
     the in-process bus, which carries the objects themselves.
+
+    A named tuple rather than a frozen dataclass: a bus builds one per delivery, and a frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost ~1.5 µs of the in-process
+    bus's ~4 µs per event; a named tuple is built in ~0.2 µs (see ``new_message``).
     """
 
     event: AnyEvent
@@ -39,6 +41,16 @@ class Message:
     offset: int
     key: str
     raw: bytes | None = None
+
+
+_tuple_new = tuple.__new__
+
+
+def new_message(
+    event: AnyEvent, topic: str, partition: int, offset: int, key: str, raw: bytes | None = None
+) -> Message:
+    """``Message(...)`` without the generated ``__new__``'s Python frame (the buses' hot path)."""
+    return _tuple_new(Message, (event, topic, partition, offset, key, raw))
 
 
 Handler = Callable[[Message], Awaitable[None]]
@@ -112,6 +124,9 @@ class Bus(Protocol):
         max_retries: int = 2,
     ) -> Subscription:
         """Consume in batches of up to ``max_batch``; a batch is committed after the handler returned.
+
+        A batch waits up to ``max_wait_s`` after its first message for more, except right after a full
+        batch: the rest of a backlog is delivered at once.
 
         When a batch handler raises, the batch is retried; after ``max_retries`` each message is
         retried alone so only the poison ones go to the dead-letter topic.

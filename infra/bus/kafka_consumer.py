@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from infra.bus.base import BatchHandler, BusError, Handler, Message
+from infra.bus.base import BatchHandler, BusError, Handler, Message, new_message
 from infra.bus.deadletter import dead_letter
 from infra.logging import get_logger
 from schemas import DEADLETTER, EventDecodeError, decode
@@ -134,12 +134,14 @@ class KafkaSubscription:
         consumer = self._consumer
         assert consumer is not None
         wait_ms = int(self._max_wait_s * 1000)
+        draining = False  # the last batch was full: no wait for the rest of a backlog (see memory_group)
         while not self._stopping:
             fetched: dict[TopicPartition, list[Record]] = {}
             try:
                 fetched = await consumer.getmany(timeout_ms=1000, max_records=self._max_batch)
-                if self._batch_handler is not None and wait_ms:
+                if self._batch_handler is not None and wait_ms and not draining:
                     fetched = await self._fill(consumer, fetched, wait_ms)
+                draining = sum(len(v) for v in fetched.values()) >= self._max_batch
                 if not fetched:
                     continue
                 self.idle.clear()
@@ -195,11 +197,13 @@ class KafkaSubscription:
     def _message(self, record: Record) -> Message | str:
         """The decoded message, or the reason it cannot be decoded."""
         key = record.key.decode("utf-8", errors="replace") if record.key is not None else ""
+        raw = record.value or b""
         try:
-            event = decode(self.topic, record.value or b"")
+            event = decode(self.topic, raw)
         except EventDecodeError as exc:
             return str(exc)
-        return Message(event, self.topic, record.partition, record.offset, key)
+        # The bytes go along: a consumer that stores events (the recorder) need not encode them again.
+        return new_message(event, self.topic, record.partition, record.offset, key, raw)
 
     async def _handle_partition(self, records: list[Record]) -> None:
         for record in records:

@@ -26,6 +26,8 @@ log = get_logger(__name__)
 # docstring of infra.bus.memory).
 IN_CONSUMER: ContextVar[bool] = ContextVar("flywheel_memory_bus_consumer", default=False)
 
+_tuple_new = tuple.__new__  # builds a ``Message`` without its ``__new__`` frame (one per delivery)
+
 
 class Bad:
     """A raw message that did not decode, kept in the log where the event would be."""
@@ -246,7 +248,7 @@ class Group:
                     item, key = part.items[i], part.keys[i]
                     if handler is not None and not isinstance(item, Bad):
                         try:  # the hot path: one call, no retry bookkeeping
-                            await handler(Message(item, topic, p, offset, key))
+                            await handler(_tuple_new(Message, (item, topic, p, offset, key, None)))
                         except Exception:
                             await self._deliver(member, p, offset, key, item, first_failed=True)
                     else:
@@ -288,6 +290,10 @@ class Group:
     async def _run_batch(self, member: Member) -> None:
         IN_CONSUMER.set(True)
         loop = asyncio.get_running_loop()
+        # After a full batch the member is working through a backlog: the rest of it is delivered at
+        # once. Waiting ``max_wait_s`` gathers a trickle into fewer, larger batches; at the end of a
+        # backlog it would only delay what is already there.
+        draining = False
         while member in self.members:
             taken: dict[int, list[tuple[int, str, Item]]] = {}
             try:
@@ -295,8 +301,9 @@ class Group:
                 while True:
                     self._take(member, taken)
                     count = sum(len(v) for v in taken.values())
-                    if count >= member.max_batch:
+                    if count >= member.max_batch or (count and draining):
                         break
+                    draining = draining and count > 0
                     if count and deadline is None:
                         deadline = loop.time() + member.max_wait_s
                     timeout = None if deadline is None else deadline - loop.time()
@@ -305,6 +312,7 @@ class Group:
                     await self._wait_data(member, list(taken) + self._assigned(member), timeout)
                     if member not in self.members:
                         return
+                draining = count >= member.max_batch
                 member.busy = True
                 member.inflight += 1
                 await self._deliver_batch(member, taken)
@@ -349,12 +357,13 @@ class Group:
     async def _deliver_batch(self, member: Member, taken: dict[int, list[tuple[int, str, Item]]]) -> None:
         assert member.batch_handler is not None
         good: list[Message] = []
+        topic = self.topic.name
         for p, entries in taken.items():
             for offset, key, item in entries:
                 if isinstance(item, Bad):
                     await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
                 else:
-                    good.append(Message(item, self.topic.name, p, offset, key))
+                    good.append(_tuple_new(Message, (item, topic, p, offset, key, None)))
         attempts = 0
         while good:
             attempts += 1

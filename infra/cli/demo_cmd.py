@@ -74,7 +74,7 @@ def demo(
     from infra.demo.live import LiveDisplay
     from infra.demo.report import plot, write_json
     from infra.demo.run import TARGET_POINTS, DemoConfig, run_seed
-    from infra.demo.warmstart import DEFAULT_CACHE, WarmStartConfig
+    from infra.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
 
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
@@ -82,9 +82,10 @@ def demo(
     # Outside RL the run spends ~60 s (stack start, two evaluations of 512 episodes, shutdown); the rest
     # of the budget, less a margin of two minutes, is RL: 420 s at the default 10 minutes.
     rl = rl_seconds if rl_seconds is not None else minutes * 60.0 - 180.0
-    warm = WarmStartConfig()
+    warm, gate = WarmStartConfig(), GateConfig()
     if tiny:
         warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
+        gate = GateConfig(min_success=0.5, tasks=4, max_attempts=2)  # fails, and re-initialises once
         rl = rl_seconds if rl_seconds is not None else 20.0
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
@@ -106,6 +107,7 @@ def demo(
             threads=threads,
             cache=cache or DEFAULT_CACHE,
             warm=warm,
+            gate=gate,
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: async GRPO through gateway → bus → reward → trainer"

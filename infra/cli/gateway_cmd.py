@@ -74,7 +74,6 @@ def gateway_command(
     port: Annotated[int | None, typer.Option("--port")] = None,
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
-    import asyncio
 
     import uvicorn
 
@@ -110,7 +109,9 @@ def gateway_command(
         finally:
             await bus.stop()
 
-    asyncio.run(serve())
+    from gateway.server import run
+
+    run(serve())
 
 
 # ------------------------------------------------------------------------------------------ keys

@@ -23,7 +23,14 @@ from typing import Any
 
 from examples.calc_agent import tasks as calc_tasks
 from infra.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
-from infra.demo.warmstart import DEFAULT_CACHE, WarmStartConfig, sft_only_baseline, warm_start
+from infra.demo.warmstart import (
+    DEFAULT_CACHE,
+    GateConfig,
+    WarmStartConfig,
+    gate_record,
+    sft_only_baseline,
+    warm_start,
+)
 from infra.stack import EmbeddedStack, StackSettings
 from schemas import AgentKind, AgentRef, Task
 from trainer.config import AlgorithmConfig
@@ -52,6 +59,7 @@ class DemoConfig:
     )
     cache: Path = DEFAULT_CACHE
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 Say = Callable[[str], None]
@@ -98,7 +106,7 @@ async def run_seed(
     shutil.rmtree(trainer_dir, ignore_errors=True)  # a demo starts fresh, never resumes an old run
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
     say(f"[seed {cfg.seed}] warm start (cache {cfg.cache / warm_cfg.key()})")
-    warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say)
+    warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say, cfg.gate)
     say(f"[seed {cfg.seed}] warm start ready in {warm_s:.0f}s: {warm_dir}")
     heldout = [
         Task.model_validate(t) for t in calc_tasks.sample("heldout", 10_000 + cfg.seed, cfg.eval_tasks)
@@ -164,6 +172,7 @@ async def run_seed(
                 "baseline_sft_steps": baseline_steps,
                 "warm_start_seconds": round(warm_s, 1),
                 "warm_start_dir": str(warm_dir),
+                "warm_start_gate": gate_record(warm_cfg, cfg.gate, cfg.cache),
                 "heldout_tasks": len(heldout),
                 "recorded_events": stack.recorder.stats.events if stack.recorder else 0,
                 "points": monitor.points,

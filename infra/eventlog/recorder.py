@@ -27,6 +27,11 @@ from schemas import CONTROL, DEADLETTER, EPISODES, TASKS, TRANSITIONS
 log = get_logger(__name__)
 
 RECORDER_GROUP = "recorder"
+# Rows per consumer batch. chdb's insert costs ~16 µs CPU per row in 5k-row inserts and ~10 µs in 20k-row
+# ones; the recorder drained 50k call events fastest at 10k (34k/s vs 29k/s at 5k, 29k/s at 20k, where
+# serialising one batch while the previous one is inserted overlaps less). Two consumers on the
+# episodes topic and the group commit make one insert of up to 2 × 10k rows (~40 MB of Arrow).
+MAX_BATCH = 10_000
 ALL_TOPICS: tuple[str, ...] = (TASKS, EPISODES, TRANSITIONS, CONTROL, DEADLETTER)
 
 
@@ -103,7 +108,7 @@ class Recorder:
         *,
         topics: Sequence[str] = ALL_TOPICS,
         group: str = RECORDER_GROUP,
-        max_batch: int = 5000,
+        max_batch: int = MAX_BATCH,
         max_wait_s: float = 0.2,
         linger_s: float = 0.01,
         max_retries: int = 3,

@@ -12,7 +12,8 @@ class EventLogSettings(FlywheelSettings):
     admin_url: str = Field(default="", description="admin API of the process holding the chdb directory")
     recorder_host: str = "127.0.0.1"
     recorder_port: int = Field(default=8790, description="the recorder's admin API (event-log reads); 0: off")
-    recorder_max_batch: int = Field(default=5000, ge=1, le=100_000)
+    # = infra.eventlog.recorder.MAX_BATCH (why 10k: its comment)
+    recorder_max_batch: int = Field(default=10_000, ge=1, le=100_000)
     recorder_max_wait_s: float = Field(default=0.2, gt=0, le=60)
     recorder_task_pools: list[str] = Field(
         default_factory=list,

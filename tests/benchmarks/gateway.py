@@ -6,7 +6,9 @@ Every server runs in its own process on loopback (the fake vLLM-compatible upstr
 tests/fakes/upstream.py; a bare httpx pass-through proxy written here, the floor; the Flywheel gateway
 via `flywheel gateway` on the in-process bus and on real Kafka with acks=all; LiteLLM's proxy, if it can
 be found, as the peer a user would otherwise pick; and the same do-nothing proxy on the gateway's own
-stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). The load generator is
+stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). ``FLYWHEEL_BIN`` runs
+the gateway with another ``flywheel`` executable (e.g. a CLI change under test); the default is the
+venv's own. The load generator is
 this process; it drives `--concurrency` clients over gateway/wire.py's keep-alive client (~0.1 ms of
 CPU a request, where httpx took ~1.5 ms and so queued its own requests) and measures each request.
 
@@ -20,7 +22,7 @@ Three regimes, each against the upstream called directly in this run (added = pr
   throughput ratios (vs the bare pass-through and vs LiteLLM).
 - serial: 1 client, the overhead without any queueing; the streaming TTFT overhead is serial too.
 Both do-nothing pass-throughs' own added latency is printed under the goals: the httpx one is the
-issue's throughput floor; the wire one is what any Python proxy on this stack (uvicorn, h11) adds at
+issue's throughput floor; the wire one is what any Python proxy on this stack (uvicorn + httptools or h11) adds at
 the least, so it bounds the added-latency goals from below.
 LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
 ~/.cache/flywheel/litellm-venv/bin/litellm) because its pins conflict with Flywheel's.
@@ -53,7 +55,8 @@ sys.path.insert(0, str(ROOT))  # before this file's own folder, where "gateway" 
 from gateway.wire import WirePool  # noqa: E402 - needs the path above
 
 PY = sys.executable
-FLYWHEEL = str(Path(PY).with_name("flywheel"))
+# the `flywheel` that serves the gateway (FLYWHEEL_BIN: another build of the CLI, to compare one with it)
+FLYWHEEL = os.environ.get("FLYWHEEL_BIN", str(Path(PY).with_name("flywheel")))
 LITELLM = os.environ.get("FLYWHEEL_LITELLM", str(Path.home() / ".cache/flywheel/litellm-venv/bin/litellm"))
 KAFKA = os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 ADMIN = "bench-admin"

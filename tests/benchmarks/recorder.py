@@ -35,7 +35,7 @@ from infra.eventlog.store import ChdbStore
 from infra.logging import configure_logging
 
 GOAL_EVENTS_PER_S = 30_000
-BATCH = 5000
+BATCH = 5000  # the baseline's insert size
 
 
 def make_call_events(n: int, calls_per_episode: int = 8) -> list[s.LLMCallRecorded]:
@@ -85,7 +85,7 @@ async def _drain(events: list[s.LLMCallRecorded], store: ChdbStore) -> tuple[flo
         await bus.ensure_topics([s.EPISODES])
         for e in events:
             await bus.publish(s.EPISODES, e)
-        recorder = Recorder(bus, store, topics=[s.EPISODES], max_batch=BATCH)
+        recorder = Recorder(bus, store, topics=[s.EPISODES])  # its production settings
         started = time.perf_counter()
         cpu_started = time.process_time()  # all threads of this process, chdb's included
         await recorder.start()

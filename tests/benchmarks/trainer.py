@@ -7,10 +7,16 @@ Figures:
   (the embedded engine samples every group, the trainer requests rollouts itself): sync mode holds
   generation while it trains; async mode keeps up to K groups in flight and generates while it trains.
   The baseline is the faster of sync at 1 and at all torch threads, so async must beat sync's best.
+  Each configuration runs ``--repeats`` times, interleaved; the figures are medians.
+- ``gen_ms_*`` / ``train_ms_*``: one update's generation and training step alone, at one thread and at
+  every thread. They bound the ratio: async at one thread each needs at least ``max(gen, train)`` per
+  update, sync at least ``gen + train`` (``ideal_overlap_speedup``).
 - ``update_ms_inflight``: pause → resume of one weight update through the real gateway (engine
   upstream over ASGI) with 8 calls in flight: WeightUpdateRequested → drain → load → WeightsActivated.
+  ``inflight_calls_left_ms``: when the last of those calls ended, from the update's start: the drain is
+  the time the in-flight calls still needed to finish generating (64 tokens each).
 
-    python tests/benchmarks/trainer.py [--json] [--updates N]
+    python tests/benchmarks/trainer.py [--json] [--updates N] [--repeats R]
 """
 
 from __future__ import annotations
@@ -341,26 +347,105 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
             }
             url = f"/episodes/{episode}/v1/chat/completions"
             await client.post(url, json={**body, "max_tokens": 4})  # warm-up
-            calls = [asyncio.create_task(client.post(url, json=body)) for _ in range(in_flight)]
+            ended: list[float] = []
+
+            async def call() -> httpx.Response:
+                resp = await client.post(url, json=body)
+                ended.append(time.perf_counter())
+                return resp
+
+            calls = [asyncio.create_task(call()) for _ in range(in_flight)]
             for _ in range(1000):
                 if gateway.admission.in_flight >= in_flight or not in_flight:
                     break
                 await asyncio.sleep(0.005)
+            started = time.perf_counter()
             result = await sync.update(WeightUpdate(1, lambda: new_weights))
             responses = await asyncio.gather(*calls)
+            # the drain is the in-flight calls' remaining generation: compare it with when they ended
+            calls_left_ms = (max(ended) - started) * 1000 if ended else 0.0
             assert result.activated, result.error
             assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
             await client.aclose()
             await gateway.stop()
     await engine.close()
-    return {"total_ms": result.total_ms, "drain_ms": result.drain_ms, "load_ms": result.load_ms}
+    return {
+        "total_ms": result.total_ms,
+        "drain_ms": result.drain_ms,
+        "load_ms": result.load_ms,
+        "calls_left_ms": calls_left_ms,
+    }
+
+
+def measure_phases(model_dir: Path, threads: int, reps: int = 5) -> dict[str, float]:
+    """Median ms of one update's two phases alone, at ``threads`` torch threads.
+
+    ``gen``: the update's B groups (B calls of n = G, concurrently) on the engine; ``train``: one step
+    on their B × G transitions. Async mode at one thread each cannot beat ``max(gen_1t, train_1t)``;
+    sync mode costs at least ``gen + train`` at its best thread count: these bound the ratio.
+    """
+    import random
+    import statistics
+
+    import torch
+
+    from trainer.backends.torch_backend import TorchBackend
+    from trainer.batching import BatchStats, Sample, TrainBatch
+    from trainer.config import AlgorithmConfig
+    from trainer.engine import InferenceEngine, SamplingParams
+
+    torch.set_num_threads(threads)
+
+    async def gen_ms() -> tuple[float, int]:
+        engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
+        )
+        params = SamplingParams(n=G, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+        await engine.complete(prompt, SamplingParams(max_tokens=4))
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            await asyncio.gather(*(engine.complete(prompt, params) for _ in range(B)))
+            times.append(time.perf_counter() - start)
+        await engine.close()
+        return statistics.median(times) * 1000, len(prompt)
+
+    gen, prompt_len = asyncio.run(gen_ms())
+    rng = random.Random(0)
+    backend = TorchBackend(_load(model_dir), AlgorithmConfig())
+    vocab = backend.vocab_size or 512
+    rows = B * G
+    samples = [
+        Sample(
+            [rng.randrange(vocab) for _ in range(prompt_len)],
+            [rng.randrange(vocab) for _ in range(NEW_TOKENS)],
+            [1] * NEW_TOKENS,
+            [-2.0] * NEW_TOKENS,
+            rng.choice([-1.0, 1.0]),
+            1 / (rows * NEW_TOKENS),
+            f"e{i}",
+        )
+        for i in range(rows)
+    ]
+    batch = TrainBatch(samples, BatchStats(), [])
+    backend.train_step(batch)  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        backend.train_step(batch)
+        times.append(time.perf_counter() - start)
+    return {"gen_ms": gen, "train_ms": statistics.median(times) * 1000}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=8, help="timed updates per pipeline run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (medians reported)")
     args = parser.parse_args()
+    import statistics
+
     from infra.logging import configure_logging
 
     configure_logging("WARNING", json=False)
@@ -377,25 +462,50 @@ def main() -> None:
         figures.update(measure_engine((1, 8), model_dir=model_dir))
     except ImportError:
         pass
-    # one process (embedded stack): engine and trainer share the interpreter
-    sync_all = asyncio.run(_pipeline(model_dir, "sync", args.updates, cores))
-    async_one = asyncio.run(_pipeline(model_dir, "async", args.updates, 1))
-    figures["inproc_sync_s"] = round(sync_all, 2)
-    figures["inproc_async_s"] = round(async_one, 2)
-    figures["inproc_async_speedup"] = round(sync_all / async_one, 2)
-    # engine in its own process (flywheel engine + HTTP weight loads): sync gets every core for each
-    # phase, async splits them (one thread each) and overlaps
-    sync_proc = asyncio.run(_pipeline_engine_process(model_dir, "sync", args.updates, cores, cores))
-    async_proc = asyncio.run(_pipeline_engine_process(model_dir, "async", args.updates, 1, 1))
-    figures["proc_sync_s"] = round(sync_proc, 2)
-    figures["proc_async_s"] = round(async_proc, 2)
-    figures["async_speedup_vs_best_sync"] = round(min(sync_all, sync_proc) / min(async_one, async_proc), 2)
+    # What bounds the ratio: each phase alone at one thread and at every thread.
+    one, every = measure_phases(model_dir, 1), measure_phases(model_dir, cores)
+    figures["gen_ms_1t"], figures["gen_ms_all"] = round(one["gen_ms"], 1), round(every["gen_ms"], 1)
+    figures["train_ms_1t"], figures["train_ms_all"] = round(one["train_ms"], 1), round(every["train_ms"], 1)
+    figures["ideal_overlap_speedup"] = round(
+        (every["gen_ms"] + every["train_ms"]) / max(one["gen_ms"], one["train_ms"]), 2
+    )
+    # Sync gets every core for each phase (and, as a second candidate, one thread); async splits the
+    # cores (one thread each) and overlaps. In-process: engine and trainer share the interpreter; proc:
+    # the engine is a ``flywheel engine`` child with HTTP weight loads (the demo's setup). The runs of
+    # one repeat are interleaved so a slow moment of the machine hits every configuration alike.
+    runs: dict[str, list[float]] = {}
+    configs: list[tuple[str, Any]] = [
+        ("inproc_sync_s", lambda: _pipeline(model_dir, "sync", args.updates, cores)),
+        ("inproc_async_s", lambda: _pipeline(model_dir, "async", args.updates, 1)),
+        ("proc_sync_s", lambda: _pipeline_engine_process(model_dir, "sync", args.updates, cores, cores)),
+        ("proc_async_s", lambda: _pipeline_engine_process(model_dir, "async", args.updates, 1, 1)),
+        ("inproc_sync_1t_s", lambda: _pipeline(model_dir, "sync", args.updates, 1)),
+    ]
+    for _ in range(args.repeats):
+        for name, run in configs:
+            runs.setdefault(name, []).append(asyncio.run(run()))
+    for name, values in runs.items():
+        figures[name] = round(statistics.median(values), 3)
+    sync_names = [n for n in runs if "_sync" in n]
+    async_names = [n for n in runs if "_async" in n]
+    best_sync = min(figures[n] for n in sync_names)
+    best_async = min(figures[n] for n in async_names)
+    figures["sync_ms_per_update"] = round(best_sync / args.updates * 1000, 1)
+    figures["async_ms_per_update"] = round(best_async / args.updates * 1000, 1)
+    figures["async_speedup_vs_best_sync"] = round(best_sync / best_async, 2)
+    per_repeat = [
+        min(runs[n][i] for n in sync_names) / min(runs[n][i] for n in async_names)
+        for i in range(args.repeats)
+    ]
+    figures["speedup_min_of_repeats"] = round(min(per_repeat), 2)
+    figures["speedup_max_of_repeats"] = round(max(per_repeat), 2)
     torch.set_num_threads(cores)
     idle = asyncio.run(_update_latency(model_dir, 0))
     busy = asyncio.run(_update_latency(model_dir, 8))
     figures["update_ms_idle"] = round(idle["total_ms"], 1)
     figures["update_ms_inflight"] = round(busy["total_ms"], 1)
     figures["update_drain_ms_inflight"] = round(busy["drain_ms"], 1)
+    figures["inflight_calls_left_ms"] = round(busy["calls_left_ms"], 1)
     figures["update_load_ms"] = round(busy["load_ms"], 1)
     goals = {
         "async_speedup_vs_best_sync": "≥ 1.5",
@@ -409,7 +519,8 @@ def main() -> None:
     for name, value in figures.items():
         print(f"{name:<32} {value:>12}  {goals.get(name, '')}")
     print(
-        f"(async vs sync, {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K})"
+        f"(async vs sync: {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K}; "
+        f"medians of {args.repeats} interleaved runs; speedup = best sync median / best async median)"
     )
 
 

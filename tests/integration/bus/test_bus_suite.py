@@ -222,6 +222,18 @@ async def test_batch_subscriber(bus: Bus) -> None:
     assert max(got.batches) <= 16
 
 
+async def test_batch_subscriber_gets_the_end_of_a_backlog_without_waiting(bus: Bus) -> None:
+    # max_wait_s gathers a trickle; after a full batch the rest of the backlog must come at once.
+    ep = _ep()
+    for seq in range(15):
+        await bus.publish(s.EPISODES, call_event(ep, seq, size=300))
+    got = Collector()
+    await bus.subscribe_batch(s.EPISODES, "catch-up", got.batch, max_batch=10, max_wait_s=30.0)
+    await got.wait(15, within_s=10.0)
+    assert got.batches == [10, 5]
+    assert got.seqs() == {ep: list(range(15))}
+
+
 async def test_batch_poison_message_alone_goes_to_dead_letter(bus: Bus) -> None:
     ep = _ep()
     got, dead = Collector(), Collector()

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 import schemas as s
-from infra.bus import BusClosedError, BusUnavailableError
+from infra.bus import BusClosedError, BusUnavailableError, Message
 from infra.bus.kafka import KafkaBus
-from tests.integration.bus.helpers import call_event
+from tests.integration.bus.helpers import call_event, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,3 +41,21 @@ async def test_topics_are_created_under_the_prefix_with_their_partitions(
         assert len(await producer.partitions_for(topic_prefix + s.EPISODES)) == 16
         assert len(await producer.partitions_for(topic_prefix + s.CONTROL)) == 1
         assert await bus.lag(s.EPISODES, "nobody") == 0
+
+
+@pytest.mark.kafka
+async def test_consumed_messages_carry_the_record_bytes(kafka_bootstrap: str, topic_prefix: str) -> None:
+    # The recorder stores ``Message.raw`` as the payload instead of encoding the event again.
+    ep = uuid.uuid4().hex
+    event = call_event(ep, 0, size=300)
+    got: list[Message] = []
+
+    async def collect(message: Message) -> None:
+        got.append(message)
+
+    async with KafkaBus(kafka_bootstrap, prefix=topic_prefix) as bus:
+        await bus.subscribe(s.EPISODES, "raw-reader", collect)
+        await bus.publish(s.EPISODES, event)
+        await wait_until(lambda: bool(got), within_s=20, what="the message")
+    assert got[0].event == event
+    assert got[0].raw == s.encode(event)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +228,50 @@ async def test_sinks_that_need_a_path_get_an_exported_weights_file(tmp_path: Pat
             "v000004",
         ]
         await service.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_async_updates_copy_tensors_only_for_sinks_that_read_them(tmp_path: Path) -> None:
+    """Path sinks load the exported file: no in-memory copy; an in-process sink gets its version's."""
+    from safetensors.torch import load_file
+
+    async with MemoryBus() as bus:
+        sink = PathSink()
+        service, backend = make_trainer(
+            tmp_path / "a", bus, [sink], expected_gateways=0, checkpoint_every=100
+        )
+        copies = 0
+        real_state_dict = backend.state_dict
+
+        def counting_state_dict() -> Any:
+            nonlocal copies
+            copies += 1
+            return real_state_dict()
+
+        backend.state_dict = counting_state_dict  # type: ignore[method-assign]
+        await service.start()
+        for i in range(2):
+            await publish(bus, group_events(f"a{i}", [1.0, 0.0]))
+        await run_steps(service, 2)
+        await service.stop()
+        assert len(sink.paths) == 2 and copies == 0
+
+    async with MemoryBus() as bus:
+        received: list[tuple[int, dict[str, Any]]] = []
+
+        async def load(weights: Any, version: int) -> None:
+            received.append((version, {k: v.clone() for k, v in weights.items()}))
+
+        sink = PathSink()
+        service, backend = make_trainer(
+            tmp_path / "b", bus, [InProcessSink(load), sink], expected_gateways=0, checkpoint_every=100
+        )
+        await service.start()
+        for i in range(3):
+            await publish(bus, group_events(f"b{i}", [1.0, 0.0]))
+        await run_steps(service, 3)
+        await service.stop()
+        assert [v for v, _ in received] == [1, 2, 3]
+        for (_, tensors), path in zip(received, sink.paths, strict=True):
+            exported = load_file(str(path))  # the file of the same version holds the same weights
+            assert all(bool((tensors[k] == exported[k]).all()) for k in exported)

@@ -166,3 +166,10 @@ async def _noop(message: Message) -> None:
 
 async def _noop_batch(messages: object) -> None:
     return None
+
+
+def test_message_is_immutable() -> None:
+    message = Message(_ev(uuid.uuid4().hex, 0), s.EPISODES, 3, 7, "k")
+    assert (message.partition, message.offset, message.key, message.raw) == (3, 7, "k", None)
+    with pytest.raises(AttributeError):
+        message.offset = 8  # type: ignore[misc]

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from examples.calc_agent import tasks
-from infra.demo.warmstart import WarmStartConfig, conversation_sample, demonstrations
+from infra.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
 
 
 @pytest.mark.timeout(60)
@@ -33,3 +33,14 @@ def test_cache_key_changes_with_every_setting() -> None:
     base = WarmStartConfig()
     assert base.key() == WarmStartConfig().key()
     assert len({base.key(), WarmStartConfig(seed=1).key(), WarmStartConfig(p_format=0.1).key()}) == 3
+
+
+def test_gate_key_follows_the_warm_start_and_its_own_settings() -> None:
+    gate = GateConfig()
+    keys = {
+        gate.key(WarmStartConfig()),
+        gate.key(WarmStartConfig(seed=1)),
+        GateConfig(min_success=0.3).key(WarmStartConfig()),
+    }
+    assert len(keys) == 3
+    assert gate.key(WarmStartConfig()) == GateConfig().key(WarmStartConfig())

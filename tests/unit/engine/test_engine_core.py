@@ -242,6 +242,29 @@ async def test_failed_weight_loads_keep_the_old_weights_serving(
     assert (await engine.complete(chat_ids, greedy)).choices[0].token_ids == before
 
 
+@pytest.mark.parametrize(
+    ("values", "finite"),
+    [
+        ([1.0, -2.0, 3.0], True),
+        ([3e38, 3e38, 3e38], True),  # the sum overflows, every element is finite
+        ([1.0, float("nan"), 2.0], False),
+        ([1.0, float("inf"), 2.0], False),
+        ([float("inf"), float("-inf")], False),  # the sum is NaN
+        ([-float("inf")], False),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_weight_check_finds_every_non_finite_value(
+    values: list[float], finite: bool, dtype: torch.dtype
+) -> None:
+    from trainer.engine.weights import _all_finite
+
+    tensor = torch.tensor(values).to(dtype)  # 3e38 overflows to inf in fp16: ask torch what it holds
+    assert _all_finite(tensor) is bool(torch.isfinite(tensor).all())
+    if dtype == torch.float32:
+        assert _all_finite(tensor) is finite
+
+
 async def test_weights_loaded_mid_request_are_reported_per_token(
     engine: InferenceEngine, chat_ids: list[int]
 ) -> None:
