@@ -24,14 +24,35 @@ import secrets
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
+PARENT_ENV = "FLYWHEEL_ENGINE_PARENT_PID"
+
 
 class EngineProcessError(RuntimeError):
     pass
+
+
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """In the child: stop (SIGTERM to itself, so the server shuts down cleanly) once the process that
+    started it is gone. ``EngineProcess.stop`` covers an orderly exit; this covers a parent that was
+    killed (measured: a demo killed with SIGTERM left its engine serving for an hour). Does nothing
+    unless the launcher set ``FLYWHEEL_ENGINE_PARENT_PID``."""
+    raw = os.environ.get(PARENT_ENV)
+    if not raw or not raw.isdigit():
+        return
+    parent = int(raw)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _free_port() -> int:
@@ -85,7 +106,7 @@ class EngineProcess:
         if threads:
             cmd += ["--threads", str(threads)]
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "FLYWHEEL_ENGINE_ADMIN_TOKEN": token}
+        env = {**os.environ, "FLYWHEEL_ENGINE_ADMIN_TOKEN": token, PARENT_ENV: str(os.getpid())}
         with log_path.open("ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL, env=env
