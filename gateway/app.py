@@ -224,7 +224,8 @@ class HotCalls:
 
 
 def _declared_length(scope: Scope) -> int:
-    for name, value in scope["headers"]:
+    """The request's Content-Length, 0 when absent or unreadable (the body is then counted as it comes)."""
+    for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
                 return int(value)
@@ -244,15 +245,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > self.max_bytes
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await _send_413(send, self.max_bytes)
-                    return
+        if _declared_length(scope) > self.max_bytes:
+            await _send_413(send, self.max_bytes)
+            return
         seen = 0
 
         async def limited() -> Message:

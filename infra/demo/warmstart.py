@@ -260,8 +260,12 @@ def _scheduled_sft(cfg: WarmStartConfig, root: Path, init_seed: int, progress: P
 
 def gate_record(cfg: WarmStartConfig, gate: GateConfig, cache: Path = DEFAULT_CACHE) -> dict[str, Any] | None:
     """What the gate decided for this warm start (``None`` before it ran or when it is disabled)."""
-    path = cache / cfg.key() / f"gate-{gate.key(cfg)}" / "gate.json"
+    path = _gate_dir(cache / cfg.key(), cfg, gate) / "gate.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _gate_dir(root: Path, cfg: WarmStartConfig, gate: GateConfig) -> Path:
+    return root / f"gate-{gate.key(cfg)}"
 
 
 def gate_success(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], seed: int) -> float:
@@ -316,7 +320,7 @@ def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Prog
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stage = sft_dir.parent / f"gate-{gate.key(cfg)}"
+    stage = _gate_dir(sft_dir.parent, cfg, gate)
     record = stage / "gate.json"
     if record.is_file():
         return Path(json.loads(record.read_text())["model_dir"])
