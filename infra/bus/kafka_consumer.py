@@ -89,6 +89,8 @@ class KafkaSubscription:
             enable_auto_commit=False,
             auto_offset_reset="earliest" if self._from_beginning else "latest",
             max_poll_records=self._max_batch,
+            fetch_min_bytes=bus.fetch_min_bytes,
+            fetch_max_wait_ms=bus.fetch_max_wait_ms,
             session_timeout_ms=bus.session_timeout_ms,
             heartbeat_interval_ms=max(100, bus.session_timeout_ms // 5),
             max_poll_interval_ms=int(bus.max_poll_interval_s * 1000),

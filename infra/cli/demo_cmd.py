@@ -85,7 +85,10 @@ def demo(
     warm, gate = WarmStartConfig(), GateConfig()
     if tiny:
         warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
-        gate = GateConfig(min_success=0.5, tasks=4, max_attempts=2)  # fails, and re-initialises once
+        # fails: tops up once, re-initialises once, tops that up once
+        gate = GateConfig(
+            min_success=0.5, tasks=4, max_attempts=2, reinit_below=0.0, top_up_steps=2, max_top_ups=1
+        )
         rl = rl_seconds if rl_seconds is not None else 20.0
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)

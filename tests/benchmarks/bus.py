@@ -20,6 +20,7 @@ Figures (each with a baseline measured in the same run):
 - ``recorder_events_per_s``: ``tests/benchmarks/recorder.py``'s ``run_recorder_benchmark``.
 
     python tests/benchmarks/bus.py [--json] [--events N] [--kafka-events N] [--bootstrap HOST:PORT]
+                                   [--stages memory,kafka,recorder]   (all three by default)
 """
 
 from __future__ import annotations
@@ -195,10 +196,31 @@ def _kafka_reachable(bootstrap: str) -> bool:
         return False
 
 
-def measure(n_events: int, kafka_events: int, bootstrap: str, recorder_events: int) -> dict[str, Any]:
+STAGES = ("memory", "kafka", "recorder")
+
+
+def measure(
+    n_events: int,
+    kafka_events: int,
+    bootstrap: str,
+    recorder_events: int,
+    stages: tuple[str, ...] = STAGES,
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     notes: list[str] = []
     events = _events(n_events)
+    if "memory" in stages:
+        _measure_memory(figures, events, n_events)
+    if "kafka" in stages:
+        _measure_kafka(figures, notes, kafka_events, bootstrap)
+    if "recorder" in stages:
+        _measure_recorder(figures, notes, recorder_events)
+    if notes:
+        figures["notes"] = "; ".join(notes)
+    return figures
+
+
+def _measure_memory(figures: dict[str, Any], events: list[s.LLMCallRecorded], n_events: int) -> None:
     figures["event_json_bytes"] = len(s.encode(events[0]))
     figures["queue_baseline_events_per_s"] = asyncio.run(_queue_baseline(events))
     figures["memory_bus_events_per_s"] = max(asyncio.run(_memory_bus(events, False)) for _ in range(2))
@@ -212,6 +234,9 @@ def measure(n_events: int, kafka_events: int, bootstrap: str, recorder_events: i
     figures["gc_release_every_s"] = gc_policy.POLICY.release_every_s
     figures["gc_release_every_appends"] = gc_policy.POLICY.release_every_appends
     figures["validation_only_events_per_s"] = _validation_only(events[: n_events // 2])
+
+
+def _measure_kafka(figures: dict[str, Any], notes: list[str], kafka_events: int, bootstrap: str) -> None:
     if _kafka_reachable(bootstrap):
         k = asyncio.run(_kafka(bootstrap, _events(kafka_events, 500), in_flight=256))
         figures.update(k)
@@ -222,6 +247,9 @@ def measure(n_events: int, kafka_events: int, bootstrap: str, recorder_events: i
     else:
         figures["kafka_publish_ratio"] = None
         notes.append(f"Kafka at {bootstrap} unreachable: start one with `flywheel kafka start`")
+
+
+def _measure_recorder(figures: dict[str, Any], notes: list[str], recorder_events: int) -> None:
     try:
         from tests.benchmarks.recorder import run_recorder_benchmark
     except ImportError as exc:
@@ -229,9 +257,6 @@ def measure(n_events: int, kafka_events: int, bootstrap: str, recorder_events: i
         notes.append(f"recorder benchmark missing ({exc})")
     else:
         figures["recorder_events_per_s"] = run_recorder_benchmark(recorder_events)
-    if notes:
-        figures["notes"] = "; ".join(notes)
-    return figures
 
 
 def _fmt(value: Any) -> str:
@@ -249,14 +274,20 @@ def main() -> None:
     parser.add_argument("--kafka-events", type=int, default=10_000)
     parser.add_argument("--recorder-events", type=int, default=50_000)
     parser.add_argument("--bootstrap", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help="comma-separated subset of: " + ", ".join(STAGES)
+    )
     args = parser.parse_args()
+    stages = tuple(x.strip() for x in args.stages.split(",") if x.strip())
+    if unknown := set(stages) - set(STAGES):
+        parser.error(f"unknown stages: {', '.join(sorted(unknown))}")
     import logging
 
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     from infra.logging import configure_logging
 
     configure_logging("ERROR")
-    figures = measure(args.events, args.kafka_events, args.bootstrap, args.recorder_events)
+    figures = measure(args.events, args.kafka_events, args.bootstrap, args.recorder_events, stages)
     if args.json:
         print(json.dumps({"figures": figures, "goals": GOALS}))
         return

@@ -1,4 +1,9 @@
-"""Embedded engine throughput: tokens/s at batch 1, 8 and 32 on the demo-sized model.
+"""Embedded engine throughput: tokens/s at batch 1, 8 and 32 on the demo's model.
+
+The model is the demo's own base model: ``infra.demo.warmstart.build_base(WarmStartConfig())`` (its
+sizes, tokenizer and initialisation; untrained, which changes no speed), built once into a cache, so a
+change of the demo's model changes what is measured here too. The prompt is the calculator agent's
+first call (``examples.calc_agent.agent.first_messages``).
 
 Baseline, measured in the same run: Hugging Face ``model.generate`` (sampling, KV cache) on the same
 model, prompt and token count, with the batch padded together as ``generate`` requires. The engine
@@ -24,23 +29,47 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 NEW_TOKENS = 64
-CACHE = (
-    Path(os.environ.get("FLYWHEEL_CACHE", Path.home() / ".cache" / "flywheel"))
-    / "bench-models"
-    / "engine-demo"
-)
-CORPUS = [
-    f"<|im_start|>user\nWhat is {a}+{b}?<|im_end|>\n<|im_start|>assistant\nCALC: {a}+{b}\nThe answer is {a + b}.<|im_end|>"
-    for a in range(0, 100, 3)
-    for b in range(0, 100, 7)
-]
+CACHE = Path(os.environ.get("FLYWHEEL_CACHE", Path.home() / ".cache" / "flywheel")) / "bench-models" / "demo"
+QUESTION = "What is 47 * 38?"
 
 
 def demo_model_dir() -> Path:
-    """The demo-sized model (hidden 256, 4 layers, ~3.3 M parameters), built once into a cache."""
-    from trainer.models.tiny import build_tiny
+    """The demo's base model, built from ``WarmStartConfig()`` (one source of truth) into a cache."""
+    from infra.demo.warmstart import WarmStartConfig, build_base
 
-    return build_tiny(CACHE, CORPUS, vocab_size=512, hidden=256, layers=4, heads=4, kv_heads=2, seed=0)
+    return build_base(WarmStartConfig(), CACHE)
+
+
+def demo_model_label(model_dir: Path) -> str:
+    """``hidden H, L layers, vocab V, P M parameters`` of the model in ``model_dir``."""
+    import json
+
+    from safetensors import safe_open
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    hidden, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    params = 0
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:  # tied: stored once
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            params += _numel(f.get_slice(name).get_shape())
+    return f"hidden {hidden}, {layers} layers, vocab {vocab}, {params / 1e6:.2f} M parameters"
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def demo_prompt(tokenizer: object, question: str = QUESTION) -> list[int]:
+    """The calculator agent's first call, rendered by the model's chat template."""
+    from examples.calc_agent.agent import first_messages
+
+    ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        first_messages(question), add_generation_prompt=True, return_dict=False
+    )
+    return [int(i) for i in ids]
 
 
 def _threads(threads: int | None = None) -> int:
@@ -55,9 +84,7 @@ async def _engine_rates(model_dir: Path, batch_sizes: Sequence[int]) -> dict[int
     from trainer.engine import InferenceEngine, SamplingParams
 
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=512)
-    prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
-    )
+    prompt = demo_prompt(engine.tokenizer)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, temperature=1.0)
     await engine.complete(prompt, SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
     rates: dict[int, float] = {}
@@ -77,10 +104,9 @@ def _hf_rates(model_dir: Path, batch_sizes: Sequence[int]) -> dict[int, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
-    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.train(False)
+    prompt = demo_prompt(tokenizer)
     rates: dict[int, float] = {}
     with torch.no_grad():
         model.generate(
@@ -142,7 +168,8 @@ def main() -> None:
         print(json.dumps({"figures": figures, "goals": {k: v for k, v in goals.items() if k in figures}}))
         return
     print(
-        f"engine vs HF generate, demo model (hidden 256, 4 layers), {NEW_TOKENS} new tokens, {threads} threads"
+        f"engine vs HF generate, demo model ({demo_model_label(model_dir)}), {NEW_TOKENS} new tokens, "
+        f"{threads} threads"
     )
     print(f"{'batch':>5}  {'engine tok/s':>12}  {'HF generate tok/s':>17}  {'ratio':>5}")
     for b in args.batch:

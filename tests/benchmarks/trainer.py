@@ -1,9 +1,18 @@
-"""Trainer benchmark on the demo-sized model (Qwen2, hidden 256, 4 layers, ~3.3 M parameters).
+"""Trainer benchmark on the demo's model and the demo's settings.
+
+The model is the demo's own base model (``infra.demo.warmstart.build_base(WarmStartConfig())``, see
+``tests/benchmarks/engine.py``); B (groups per update), G (episodes per group), K (groups in flight),
+the algorithm settings (learning rate, staleness bound and policy) are the demo's
+(``infra.demo.run.stack_settings(DemoConfig(...))``), and NEW_TOKENS is the calculator agent's
+``MAX_TOKENS``. The prompt is the agent's first call. What the benchmark leaves out of the demo: the
+agent's further calls (one call per episode here, sampled as one ``n = G`` request per group), the
+gateway's recording, the bus to Kafka/ClickHouse and the reward service; each episode generates the
+full NEW_TOKENS (``ignore_eos``) so every update carries the same work.
 
 Figures:
-- ``trainer_tok_s``: forward+backward tokens/s of the torch backend (one GRPO step, 64 rows).
+- ``trainer_tok_s``: forward+backward tokens/s of the torch backend (one GRPO step, B × G rows).
 - ``engine_tok_s_b1`` / ``_b8``: the embedded engine's generation rate (``tests/benchmarks/engine.py``).
-- ``sync_s`` / ``async_s``: wall-clock for the same number of policy updates with real generation
+- ``*_sync_s`` / ``*_async_s``: wall-clock for the same number of policy updates with real generation
   (the embedded engine samples every group, the trainer requests rollouts itself): sync mode holds
   generation while it trains; async mode keeps up to K groups in flight and generates while it trains.
   The baseline is the faster of sync at 1 and at all torch threads, so async must beat sync's best.
@@ -14,7 +23,7 @@ Figures:
 - ``update_ms_inflight``: pause → resume of one weight update through the real gateway (engine
   upstream over ASGI) with 8 calls in flight: WeightUpdateRequested → drain → load → WeightsActivated.
   ``inflight_calls_left_ms``: when the last of those calls ended, from the update's start: the drain is
-  the time the in-flight calls still needed to finish generating (64 tokens each).
+  the time the in-flight calls still needed to finish generating (NEW_TOKENS each).
 
     python tests/benchmarks/trainer.py [--json] [--updates N] [--repeats R]
 """
@@ -27,21 +36,26 @@ import json
 import os
 import sys
 import time
-from itertools import count
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-G = 8  # episodes per group
-B = 2  # groups per update
-K = 4  # groups in flight (async)
-NEW_TOKENS = 24
+from examples.calc_agent.agent import MAX_TOKENS, first_messages
+from infra.demo.run import DemoConfig, stack_settings
+from tests.benchmarks.engine import QUESTION, demo_model_dir, demo_model_label, demo_prompt
+from trainer.config import AlgorithmConfig
+
+_DEMO = DemoConfig(out=Path("."))
+_DEMO_STACK = stack_settings(_DEMO, Path("."), Path("."))  # builds nothing, creates no directory
+G = _DEMO.group_size  # episodes per group
+B = _DEMO_STACK.trainer_batch_groups  # groups per update
+K = _DEMO_STACK.trainer_max_in_flight  # groups in flight (async)
+NEW_TOKENS = MAX_TOKENS  # the agent's max_tokens per call
+ALGO: AlgorithmConfig = _DEMO_STACK.trainer_algo
 
 
 def _model_dir() -> Path:
-    from tests.benchmarks.engine import demo_model_dir
-
     return demo_model_dir()
 
 
@@ -52,34 +66,56 @@ def _load(model_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
 
-def measure_trainer_tokens(model_dir: Path, rows: int = 64, steps: int = 3) -> float:
+def _questions(n: int) -> list[str]:
+    """The demo's first ``n`` RL tasks' questions (one per group, as the demo's groups)."""
+    from examples.calc_agent import tasks as calc_tasks
+
+    return [str(t["input"]["question"]) for t in calc_tasks.sample("rl", 0, n)]
+
+
+def _prompts(model_dir: Path, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [demo_prompt(tokenizer, q) for q in _questions(n)]
+
+
+def _samples(prompts: list[list[int]], vocab: int, seed: int = 0) -> Any:
+    """One update's B × G samples: G per prompt (a GRPO group), random NEW_TOKENS responses."""
     import random
 
-    from trainer.backends.torch_backend import TorchBackend
     from trainer.batching import BatchStats, Sample, TrainBatch
-    from trainer.config import AlgorithmConfig
 
-    rng = random.Random(0)
-    backend = TorchBackend(_load(model_dir), AlgorithmConfig())
-    vocab = backend.vocab_size or 512
+    rng = random.Random(seed)
+    rows = len(prompts) * G
     samples = [
         Sample(
-            [rng.randrange(vocab) for _ in range(40)],
-            [rng.randrange(vocab) for _ in range(24)],
-            [1] * 24,
-            [-2.0] * 24,
+            list(prompt),
+            [rng.randrange(vocab) for _ in range(NEW_TOKENS)],
+            [1] * NEW_TOKENS,
+            [-2.0] * NEW_TOKENS,
             rng.choice([-1.0, 1.0]),
-            1 / (rows * 24),
-            f"e{i}",
+            1 / (rows * NEW_TOKENS),
+            f"e{g}-{i}",
         )
-        for i in range(rows)
+        for g, prompt in enumerate(prompts)
+        for i in range(G)
     ]
-    batch = TrainBatch(samples, BatchStats(), [])
+    return TrainBatch(samples, BatchStats(), [])
+
+
+def measure_trainer_tokens(model_dir: Path, steps: int = 3) -> float:
+    """Forward+backward tokens/s (prompt and response) of one GRPO step on B × G rows."""
+    from trainer.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(_load(model_dir), ALGO)
+    batch = _samples(_prompts(model_dir, B), backend.vocab_size or 512)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.samples)
     backend.train_step(batch)  # warm-up
     start = time.perf_counter()
     for _ in range(steps):
         backend.train_step(batch)
-    return rows * 64 * steps / (time.perf_counter() - start)
+    return tokens * steps / (time.perf_counter() - start)
 
 
 class GateGateway:
@@ -157,7 +193,6 @@ async def _pipeline(
     )
     from trainer.backends.torch_backend import TorchBackend
     from trainer.checkpoints import CheckpointStore
-    from trainer.config import AlgorithmConfig
     from trainer.engine import InferenceEngine, SamplingParams
     from trainer.groups import Intake
     from trainer.rollouts import RolloutPlanner
@@ -166,13 +201,12 @@ async def _pipeline(
 
     torch.set_num_threads(threads)
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
-    prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
-    )
     params = SamplingParams(n=G, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    await engine.complete(prompt, SamplingParams(max_tokens=4))
-    backend = TorchBackend(_load(model_dir), AlgorithmConfig(max_staleness=K))
+    await engine.complete(demo_prompt(engine.tokenizer), SamplingParams(max_tokens=4))
+    backend = TorchBackend(_load(model_dir), ALGO)
     import tempfile
+
+    from examples.calc_agent import tasks as calc_tasks
 
     http = httpx.AsyncClient(timeout=120)
     sink: WeightSink = (
@@ -181,7 +215,7 @@ async def _pipeline(
         else InProcessSink(engine.load_weights)
     )
 
-    async def sample() -> list[tuple[list[int], list[float], int]]:
+    async def sample(prompt: list[int]) -> list[tuple[list[int], list[float], int]]:
         if engine_url is None:
             result = await engine.complete(prompt, params)
             return [(c.token_ids, c.logprobs, min(c.weight_versions)) for c in result.choices]
@@ -208,9 +242,11 @@ async def _pipeline(
         tasks: set[asyncio.Task[None]] = set()
 
         async def generate(req: RolloutRequested) -> None:
+            question = req.task.input["question"] if isinstance(req.task.input, dict) else QUESTION
+            prompt = demo_prompt(engine.tokenizer, str(question))  # the task's own first call
             await gate.enter()
             try:
-                choices = await sample()
+                choices = await sample(prompt)
             finally:
                 gate.leave()
             for index, (ids, logprobs, version) in enumerate(choices):
@@ -246,7 +282,8 @@ async def _pipeline(
 
         await bus.subscribe(TASKS, "bench-worker", worker)
         agent = AgentRef(kind=AgentKind.callable, spec="bench:agent")
-        planner = RolloutPlanner(bus, (Task(task_id=f"t{i}") for i in count()), agent, group_size=1)
+        demo_tasks = (Task.model_validate(t) for t in calc_tasks.tasks("rl", 0))  # the demo's RL tasks
+        planner = RolloutPlanner(bus, demo_tasks, agent, group_size=1)
         with tempfile.TemporaryDirectory() as tmp:
             service = TrainerService(
                 bus=bus,
@@ -341,8 +378,8 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
             )
             body = {
                 "model": "policy",
-                "messages": [{"role": "user", "content": "What is 47+38?"}],
-                "max_tokens": 64,
+                "messages": first_messages(QUESTION),
+                "max_tokens": NEW_TOKENS,
                 "extra_body": {},
             }
             url = f"/episodes/{episode}/v1/chat/completions"
@@ -384,51 +421,31 @@ def measure_phases(model_dir: Path, threads: int, reps: int = 5) -> dict[str, fl
     on their B × G transitions. Async mode at one thread each cannot beat ``max(gen_1t, train_1t)``;
     sync mode costs at least ``gen + train`` at its best thread count: these bound the ratio.
     """
-    import random
     import statistics
 
     import torch
 
     from trainer.backends.torch_backend import TorchBackend
-    from trainer.batching import BatchStats, Sample, TrainBatch
-    from trainer.config import AlgorithmConfig
     from trainer.engine import InferenceEngine, SamplingParams
 
     torch.set_num_threads(threads)
 
-    async def gen_ms() -> tuple[float, int]:
+    async def gen_ms() -> tuple[float, list[list[int]]]:
         engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
-        prompt = engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "What is 47+38?"}], add_generation_prompt=True, return_dict=False
-        )
+        prompts = [demo_prompt(engine.tokenizer, q) for q in _questions(B)]
         params = SamplingParams(n=G, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-        await engine.complete(prompt, SamplingParams(max_tokens=4))
+        await engine.complete(prompts[0], SamplingParams(max_tokens=4))
         times = []
         for _ in range(reps):
             start = time.perf_counter()
-            await asyncio.gather(*(engine.complete(prompt, params) for _ in range(B)))
+            await asyncio.gather(*(engine.complete(p, params) for p in prompts))
             times.append(time.perf_counter() - start)
         await engine.close()
-        return statistics.median(times) * 1000, len(prompt)
+        return statistics.median(times) * 1000, prompts
 
-    gen, prompt_len = asyncio.run(gen_ms())
-    rng = random.Random(0)
-    backend = TorchBackend(_load(model_dir), AlgorithmConfig())
-    vocab = backend.vocab_size or 512
-    rows = B * G
-    samples = [
-        Sample(
-            [rng.randrange(vocab) for _ in range(prompt_len)],
-            [rng.randrange(vocab) for _ in range(NEW_TOKENS)],
-            [1] * NEW_TOKENS,
-            [-2.0] * NEW_TOKENS,
-            rng.choice([-1.0, 1.0]),
-            1 / (rows * NEW_TOKENS),
-            f"e{i}",
-        )
-        for i in range(rows)
-    ]
-    batch = TrainBatch(samples, BatchStats(), [])
+    gen, prompts = asyncio.run(gen_ms())
+    backend = TorchBackend(_load(model_dir), ALGO)
+    batch = _samples(prompts, backend.vocab_size or 512)
     backend.train_step(batch)  # warm-up
     times = []
     for _ in range(reps):
@@ -443,6 +460,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--updates", type=int, default=8, help="timed updates per pipeline run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (medians reported)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        help="pipeline configurations to run (default: all; the ratio needs a sync and an async one)",
+    )
+    parser.add_argument("--no-extras", action="store_true", help="skip the engine and update-latency figures")
     args = parser.parse_args()
     import statistics
 
@@ -456,12 +480,10 @@ def main() -> None:
     torch.set_num_threads(cores)
     figures: dict[str, float] = {"cores": float(cores)}
     figures["trainer_tok_s"] = round(measure_trainer_tokens(model_dir), 1)
-    try:
+    if not args.no_extras:
         from tests.benchmarks.engine import measure_engine
 
         figures.update(measure_engine((1, 8), model_dir=model_dir))
-    except ImportError:
-        pass
     # What bounds the ratio: each phase alone at one thread and at every thread.
     one, every = measure_phases(model_dir, 1), measure_phases(model_dir, cores)
     figures["gen_ms_1t"], figures["gen_ms_all"] = round(one["gen_ms"], 1), round(every["gen_ms"], 1)
@@ -479,8 +501,15 @@ def main() -> None:
         ("inproc_async_s", lambda: _pipeline(model_dir, "async", args.updates, 1)),
         ("proc_sync_s", lambda: _pipeline_engine_process(model_dir, "sync", args.updates, cores, cores)),
         ("proc_async_s", lambda: _pipeline_engine_process(model_dir, "async", args.updates, 1, 1)),
+        # the demo's threads today (torch's default in both processes): what pinning one each saves
+        (
+            "proc_async_all_s",
+            lambda: _pipeline_engine_process(model_dir, "async", args.updates, cores, cores),
+        ),
         ("inproc_sync_1t_s", lambda: _pipeline(model_dir, "sync", args.updates, 1)),
     ]
+    if args.configs:
+        configs = [c for c in configs if c[0] in args.configs]
     for _ in range(args.repeats):
         for name, run in configs:
             runs.setdefault(name, []).append(asyncio.run(run()))
@@ -500,13 +529,14 @@ def main() -> None:
     figures["speedup_min_of_repeats"] = round(min(per_repeat), 2)
     figures["speedup_max_of_repeats"] = round(max(per_repeat), 2)
     torch.set_num_threads(cores)
-    idle = asyncio.run(_update_latency(model_dir, 0))
-    busy = asyncio.run(_update_latency(model_dir, 8))
-    figures["update_ms_idle"] = round(idle["total_ms"], 1)
-    figures["update_ms_inflight"] = round(busy["total_ms"], 1)
-    figures["update_drain_ms_inflight"] = round(busy["drain_ms"], 1)
-    figures["inflight_calls_left_ms"] = round(busy["calls_left_ms"], 1)
-    figures["update_load_ms"] = round(busy["load_ms"], 1)
+    if not args.no_extras:
+        idle = asyncio.run(_update_latency(model_dir, 0))
+        busy = asyncio.run(_update_latency(model_dir, 8))
+        figures["update_ms_idle"] = round(idle["total_ms"], 1)
+        figures["update_ms_inflight"] = round(busy["total_ms"], 1)
+        figures["update_drain_ms_inflight"] = round(busy["drain_ms"], 1)
+        figures["inflight_calls_left_ms"] = round(busy["calls_left_ms"], 1)
+        figures["update_load_ms"] = round(busy["load_ms"], 1)
     goals = {
         "async_speedup_vs_best_sync": "≥ 1.5",
         "engine_tok_s_b1": "≥ 200",
@@ -518,6 +548,7 @@ def main() -> None:
     print(f"{'figure':<32} {'value':>12}  goal")
     for name, value in figures.items():
         print(f"{name:<32} {value:>12}  {goals.get(name, '')}")
+    print(f"(model: the demo's, {demo_model_label(model_dir)})")
     print(
         f"(async vs sync: {args.updates} updates of {B} groups × {G} episodes × {NEW_TOKENS} tokens, K = {K}; "
         f"medians of {args.repeats} interleaved runs; speedup = best sync median / best async median)"

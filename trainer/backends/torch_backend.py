@@ -3,7 +3,9 @@
 Rows are ``prompt + response`` right-padded; the model predicts every next token and the loss reads
 only the response positions, weighted per token by :mod:`trainer.batching`. Rows are packed into
 microbatches of at most ``token_budget`` padded tokens (sorted by length so padding stays small) and
-gradients accumulate across them, so one optimiser step sees the whole batch.
+gradients accumulate across them, so one optimiser step sees the whole batch. Samples that share
+their prompt (a GRPO group's first calls) run the prompt once per microbatch instead of once per sample
+(:mod:`trainer.backends.prefix`; ``share_prompts=False`` turns that off).
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trainer.backends.base import BackendError
+from trainer.backends.prefix import (
+    SharedRows,
+    pack_clusters,
+    shared_logprobs,
+    split_by_prompt,
+    supports_shared_prompts,
+)
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
 from trainer.loss import gather_logprobs, policy_loss, sft_loss
@@ -69,6 +78,7 @@ class TorchBackend:
         pad_id: int = 0,
         device: str | torch.device = "cpu",
         vocab_size: int | None = None,
+        share_prompts: bool = True,
     ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
@@ -78,6 +88,7 @@ class TorchBackend:
         self._version = version
         config = getattr(model, "config", None)
         self._vocab_size = vocab_size or getattr(config, "vocab_size", None)
+        self.share_prompts = share_prompts and supports_shared_prompts(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
@@ -112,7 +123,17 @@ class TorchBackend:
             out.append(_Rows(current, self.pad_id, self.device))
         return out
 
-    def _logprobs(self, model: torch.nn.Module, rows: _Rows) -> torch.Tensor:
+    def _plan(self, samples: Sequence[Sample]) -> list[_Rows | SharedRows]:
+        """Microbatches for a policy step: shared-prompt clusters first, then every other sample."""
+        if not self.share_prompts:
+            return list(self._microbatches(samples))
+        clusters, rest = split_by_prompt(samples)
+        shared = pack_clusters(clusters, self.cfg.token_budget, self.pad_id, self.device)
+        return [*shared, *(self._microbatches(rest) if rest else [])]
+
+    def _logprobs(self, model: torch.nn.Module, rows: _Rows | SharedRows) -> torch.Tensor:
+        if isinstance(rows, SharedRows):
+            return shared_logprobs(model, rows)
         logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
         return gather_logprobs(logits, rows.targets)
 
@@ -121,7 +142,7 @@ class TorchBackend:
         if not batch.samples:
             raise BackendError("empty batch")
         t0 = time.perf_counter()
-        mbs = self._microbatches(batch.samples)
+        mbs = self._plan(batch.samples)
         olds: list[torch.Tensor | None] = [None] * len(mbs)
         refs: list[torch.Tensor | None] = [None] * len(mbs)
         with torch.no_grad():

@@ -137,3 +137,42 @@ async def test_failed_insert_is_retried_not_committed(store: ChdbStore) -> None:
         assert store.counts().total == len(events)
         assert await bus.lag(s.EPISODES, "recorder") == 0
         assert await bus.lag(s.DEADLETTER, "recorder") == 0
+
+
+async def test_chunked_batches_are_coalesced_and_committed_after_insert(store: ChdbStore) -> None:
+    """A batch built in chunks of 2 lands whole, in few inserts, before its offsets are committed."""
+    from infra.bus.memory import MemoryBus
+
+    async with MemoryBus() as bus:
+        events = [e for e in history() if s.topic_for(e) == s.EPISODES][:9]
+        await publish_all(bus, events)
+        inserted: list[int] = []
+        lag_at_insert: list[int] = []
+        loop = asyncio.get_running_loop()
+
+        class _Spy:
+            database = store.database
+
+            def insert_table(self, table) -> None:  # type: ignore[no-untyped-def]
+                fut = asyncio.run_coroutine_threadsafe(bus.lag(s.EPISODES, "recorder"), loop)
+                lag_at_insert.append(fut.result(timeout=5))
+                inserted.append(table.num_rows)
+                store.insert_table(table)
+
+        recorder = Recorder(
+            bus,
+            _Spy(),
+            topics=[s.EPISODES],
+            max_batch=100,
+            build_chunk=2,
+            busy_topic_consumers=1,  # type: ignore[arg-type]
+        )
+        await recorder.start()
+        try:
+            await wait_for(lambda: recorder.stats.events >= len(events))
+        finally:
+            await recorder.stop()
+        assert sum(inserted) == len(events) and len(inserted) < 5  # 5 chunks, coalesced
+        assert lag_at_insert[0] == len(events)  # nothing committed before the rows were in
+        assert await bus.lag(s.EPISODES, "recorder") == 0
+        assert store.counts().total == len(events)

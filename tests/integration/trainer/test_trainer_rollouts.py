@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from itertools import count
+from pathlib import Path
+
 import pytest
 
-from schemas import TASKS, AgentKind, AgentRef, RolloutRequested, Task
+from infra.bus.base import Message
+from schemas import TASKS, TRANSITIONS, AgentKind, AgentRef, RolloutRequested, Task
 from tests.fakes.gateway_harness import Collector
 from trainer.rollouts import RolloutPlanner
 
-from .trainer_harness import MemoryBus
+from .trainer_harness import (
+    FakeEngine,
+    FakeGateway,
+    InProcessSink,
+    MemoryBus,
+    group_events,
+    make_trainer,
+    run_steps,
+)
 
 
 @pytest.mark.timeout(30)
@@ -34,3 +46,33 @@ async def test_planner_keeps_k_groups_in_flight() -> None:
         assert await planner.top_up(4, version=6) == 1  # the iterator ran out after 4 tasks
         assert planner.exhausted and len(planner.in_flight) == 3
         await seen.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_async_keeps_k_groups_in_flight_while_it_trains(tmp_path: Path) -> None:
+    """The groups a step takes are replaced before the step trains, not after it."""
+    async with MemoryBus() as bus:
+        gw = await FakeGateway().attach(bus)
+        engine = FakeEngine()
+        service, backend = make_trainer(
+            tmp_path, bus, [InProcessSink(engine.load_weights)], mode="async", batch_groups=2, max_in_flight=5
+        )
+        tasks = (Task(task_id=f"t{i}") for i in count())
+        agent = AgentRef(kind=AgentKind.callable, spec="examples.x:agent")
+        planner = RolloutPlanner(bus, tasks, agent, group_size=2, deadline_s=30)
+        service.planner = planner
+
+        async def worker(msg: Message) -> None:  # a rollout worker that finishes every episode at once
+            req = msg.event
+            assert isinstance(req, RolloutRequested)
+            await bus.publish(TRANSITIONS, group_events(req.group_id, [1.0, 0.0])[req.sample_index])
+
+        sub = await bus.subscribe(TASKS, "fake-worker", worker)
+        in_flight_at_step: list[int] = []
+        backend.on_step = lambda: in_flight_at_step.append(len(planner.in_flight))
+        await service.start()
+        await run_steps(service, 3)
+        assert in_flight_at_step == [5, 5, 5]  # was K − B = 3 while each step trained
+        await service.stop(checkpoint=False)
+        await sub.stop()
+        await gw.stop()
