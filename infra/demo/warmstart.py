@@ -268,14 +268,19 @@ def _scheduled_sft(cfg: WarmStartConfig, root: Path, init_seed: int, progress: P
         seed=init_seed,
         progress=progress,
     )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
     info = {
         "config": asdict(cfg),
         "init_seed": init_seed,
         "steps": steps,
         "seconds": time.perf_counter() - t0,
     }
+    return _save(model, tokenizer, out, done, info)
+
+
+def _save(model: Any, tokenizer: Any, out: Path, done: Path, info: dict[str, Any]) -> Path:
+    """Save a trained stage into ``out``; ``done`` (written last) marks the cache entry complete."""
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
     done.write_text(json.dumps(info, indent=1))
     return out
 
@@ -359,14 +364,11 @@ def _top_up(cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path,
         lr=lr,
         seed=cfg.seed + 7 * n,
     )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
     link = root / "samples.json"
     if not link.exists():
         link.symlink_to((model_dir.parent / "samples.json").resolve())
     info = {"from": str(model_dir), "steps": steps, "lr": lr, "seconds": time.perf_counter() - t0}
-    done.write_text(json.dumps(info, indent=1))
-    return out
+    return _save(model, tokenizer, out, done, info)
 
 
 def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Progress | None) -> Path:

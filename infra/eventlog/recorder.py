@@ -100,10 +100,6 @@ class GroupCommit:
             self._task = asyncio.create_task(self._drain(), name="recorder-writer")
         return fut
 
-    async def submit(self, table: pa.Table, topic: str) -> None:
-        """Return once ``table``'s rows are written; raise what the write raised."""
-        await self.enqueue(table, topic)
-
     async def _gather(self) -> None:
         """Before an insert, wait for more rows: an insert costs ~40 ms plus a few µs per row in chdb.
 
