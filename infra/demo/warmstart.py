@@ -366,6 +366,7 @@ def _top_up(cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path,
     )
     link = root / "samples.json"
     if not link.exists():
+        root.mkdir(parents=True, exist_ok=True)
         link.symlink_to((model_dir.parent / "samples.json").resolve())
     info = {"from": str(model_dir), "steps": steps, "lr": lr, "seconds": time.perf_counter() - t0}
     return _save(model, tokenizer, out, done, info)

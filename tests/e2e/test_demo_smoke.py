@@ -25,7 +25,11 @@ def test_demo_tiny_runs_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "FLYWHEEL_ENV": "development"}
     env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
     proc = subprocess.run(
-        [sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--out", str(out), "--threads", "1"],
+        # an empty cache: every warm-start stage is built as on a fresh machine, none reused
+        [
+            *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--out", str(out)),
+            *("--threads", "1", "--cache", str(tmp_path / "cache")),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
