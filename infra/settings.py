@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEV_ADMIN_TOKEN = "dev-admin-token"  # accepted only when FLYWHEEL_ENV=development
@@ -19,6 +19,9 @@ class FlywheelSettings(BaseSettings):
     env: Literal["development", "production"] = "development"
     bus: Literal["memory", "kafka"] = "memory"
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # consumers of the episodes and transitions topics: a fetch returns at 16 KiB or after this long
+    # (see infra.bus.kafka.KafkaBus); what an idle consumer costs, and the longest a record waits
+    kafka_fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     topic_prefix: str = ""
     data_dir: Path = Path(".flywheel")
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db

@@ -282,18 +282,20 @@ class EmbeddedStack:
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from trainer.app import build_service, load_backend
+        from trainer.app import build_service, close_backend, start_backend
         from trainer.rollouts import RolloutPlanner
         from trainer.weights import HttpSink, InProcessSink, WeightSink
 
         s = self.settings
         backend = await asyncio.to_thread(
-            load_backend,
+            start_backend,
             self.model_dir,
             s.trainer_algo,
             device=s.trainer_device,
             torch_threads=s.engine_threads,
+            process=s.trainer_backend_process,
         )
+        self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(close_backend, backend)))
         planner = None
         if self._tasks is not None and self._agent is not None:
             planner = RolloutPlanner(

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from infra.bus.base import Bus
 from infra.logging import configure_logging, get_logger
+from trainer.backends.base import Backend
+from trainer.backends.process import ProcessBackend
 from trainer.backends.torch_backend import TorchBackend
 from trainer.checkpoints import CheckpointStore
 from trainer.config import AlgorithmConfig
@@ -42,6 +44,26 @@ def load_backend(
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pad = getattr(model.config, "pad_token_id", None)
     return TorchBackend(model, algo, device=device, pad_id=int(pad) if pad is not None else 0)
+
+
+def start_backend(
+    model_dir: Path,
+    algo: AlgorithmConfig,
+    *,
+    device: str = "cpu",
+    torch_threads: int = 0,
+    process: bool = True,
+) -> Backend:
+    """The training backend: in a child process (the default, see :mod:`trainer.backends.process`) or
+    in this one; :func:`close_backend` stops the child."""
+    if process:
+        return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
+    return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
+
+
+def close_backend(backend: Backend) -> None:
+    if isinstance(backend, ProcessBackend):
+        backend.close()
 
 
 def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
@@ -70,7 +92,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
 def build_service(
     settings: TrainerSettings,
     bus: Bus,
-    backend: TorchBackend,
+    backend: Backend,
     sinks: Sequence[WeightSink],
     *,
     planner: RolloutPlanner | None = None,
@@ -111,16 +133,24 @@ def build_service(
 
 async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None:
     """Run the trainer against the configured bus until a signal (or ``max_steps``)."""
-    from infra.bus.factory import make_bus
-
     if settings.trainer_base_model is None:
         raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
-    backend = load_backend(
+    backend = start_backend(
         settings.trainer_base_model,
         settings.trainer_algo,
         device=settings.trainer_device,
         torch_threads=settings.trainer_torch_threads,
+        process=settings.trainer_backend_process,
     )
+    try:
+        await _serve(settings, backend, max_steps)
+    finally:
+        close_backend(backend)
+
+
+async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | None) -> None:
+    from infra.bus.factory import make_bus
+
     bus = make_bus(settings)
     await bus.start()
     service = build_service(settings, bus, backend, sinks_from_settings(settings))

@@ -43,6 +43,8 @@ class TrainerSettings(FlywheelSettings):
     trainer_tracker: Literal["none", "tensorboard", "wandb"] = "none"
     trainer_device: str = "cpu"
     trainer_torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
+    # train in a child process (trainer.backends.process): the step never waits for this process's GIL
+    trainer_backend_process: bool = True
     trainer_metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics (0: off)
     trainer_algo: AlgorithmConfig = AlgorithmConfig()
 

@@ -11,7 +11,11 @@ def make_bus(settings: FlywheelSettings) -> Bus:
     if settings.bus == "kafka":
         from infra.bus.kafka import KafkaBus
 
-        return KafkaBus(settings.kafka_bootstrap, prefix=settings.topic_prefix)
+        return KafkaBus(
+            settings.kafka_bootstrap,
+            prefix=settings.topic_prefix,
+            fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        )
     from infra.bus.memory import MemoryBus
 
     return MemoryBus(prefix=settings.topic_prefix)

@@ -82,6 +82,7 @@ class KafkaSubscription:
 
     async def start(self) -> None:
         bus = self._bus
+        fetch_min_bytes, fetch_max_wait_ms = bus.fetch_params(self.topic)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bus.bootstrap,
             client_id=f"{bus.client_id}-{self.group}",
@@ -89,8 +90,8 @@ class KafkaSubscription:
             enable_auto_commit=False,
             auto_offset_reset="earliest" if self._from_beginning else "latest",
             max_poll_records=self._max_batch,
-            fetch_min_bytes=bus.fetch_min_bytes,
-            fetch_max_wait_ms=bus.fetch_max_wait_ms,
+            fetch_min_bytes=fetch_min_bytes,
+            fetch_max_wait_ms=fetch_max_wait_ms,
             session_timeout_ms=bus.session_timeout_ms,
             heartbeat_interval_ms=max(100, bus.session_timeout_ms // 5),
             max_poll_interval_ms=int(bus.max_poll_interval_s * 1000),

@@ -49,7 +49,9 @@ def demo(
     lr: Annotated[float, typer.Option(help="RL learning rate")] = 2e-4,
     eval_tasks: Annotated[int, typer.Option(min=1, help="held-out tasks per evaluation")] = 512,
     baseline: Annotated[bool, typer.Option(help="also run the equal-time SFT-only baseline")] = True,
-    threads: Annotated[int, typer.Option(min=0, help="torch threads (0: torch's default)")] = 0,
+    threads: Annotated[
+        int, typer.Option(min=0, help="torch threads of the engine and of training each (0: torch's default)")
+    ] = 1,
     tiny: Annotated[bool, typer.Option(help="a minute-long smoke run with a toy model (tests)")] = False,
     cache: Annotated[Path | None, typer.Option(help="model cache (default ~/.cache/flywheel/demo)")] = None,
 ) -> None:

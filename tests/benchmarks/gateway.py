@@ -6,7 +6,9 @@ Every server runs in its own process on loopback (the fake vLLM-compatible upstr
 tests/fakes/upstream.py; a bare httpx pass-through proxy written here, the floor; the Flywheel gateway
 via `flywheel gateway` on the in-process bus and on real Kafka with acks=all; LiteLLM's proxy, if it can
 be found, as the peer a user would otherwise pick; and the same do-nothing proxy on the gateway's own
-stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). ``FLYWHEEL_BIN`` runs
+stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). One proxy runs at a
+time: each is started, measured and stopped before the next, so no idle proxy (an idle Kafka consumer
+polls its broker; LiteLLM runs background loops) takes CPU from the one measured. ``FLYWHEEL_BIN`` runs
 the gateway with another ``flywheel`` executable (e.g. a CLI change under test); the default is the
 venv's own. The load generator is
 this process; it drives `--concurrency` clients over gateway/wire.py's keep-alive client (~0.1 ms of
@@ -364,100 +366,117 @@ async def start_litellm(upstream: str, data_dir: Path) -> tuple[Proc | None, str
     return proc, f"http://127.0.0.1:{port}/v1/chat/completions", ""
 
 
+async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc, str]:
+    """Start one proxy under test; raises RuntimeError (with why) when it cannot run here."""
+    if name in ("passthrough", "passthrough_wire"):
+        port = free_port()
+        script = PASSTHROUGH if name == "passthrough" else PASSTHROUGH_WIRE
+        proc = Proc([PY, "-c", script, str(port), upstream + "/"])
+        await wait_http(f"http://127.0.0.1:{port}/", proc)
+        return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+    if name in ("gateway_memory", "gateway_kafka"):
+        bus = name.removeprefix("gateway_")
+        if bus == "kafka" and not kafka_reachable():
+            raise RuntimeError(f"skipped, no broker at {KAFKA}")
+        proc, url, _ = await start_gateway(upstream, bus, data_dir)
+        return proc, url
+    lp, lurl, why = await start_litellm(upstream, data_dir)
+    if lp is None:
+        raise RuntimeError(f"unavailable, {why}")
+    return lp, lurl
+
+
+async def _measure(
+    name: str,
+    url: str,
+    proc: Proc,
+    args: argparse.Namespace,
+    rates: dict[float, float],
+) -> tuple[dict[str, float], dict[str, float], dict[float, dict[str, float]], list[str]]:
+    """One target's serial, closed-loop and open-loop figures (open loop at every rate it can carry).
+
+    ``rates``: offered rate (req/s) per fraction of the direct path's capacity; empty for the direct
+    path itself, which is measured first and fills it from its own closed loop.
+    """
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    n, c = args.requests, args.concurrency
+    notes: list[str] = []
+    serial = await load(url, args.serial, 1, headers)
+    cpu0 = proc.cpu_s()
+    row = await load(url, n, c, headers)
+    # CPU the proxy process spent per call: its share of the added latency that does not depend on how
+    # busy the machine is (the upstream's own CPU is in "direct")
+    row["cpu_ms"] = (proc.cpu_s() - cpu0) * 1000 / (n + min(50, n))  # + warm-up
+    if not rates:
+        rates.update({frac: frac * row["rps"] for frac in sorted({args.offered, *args.sweep})})
+    broker = local_broker_pid() if kafka_reachable() else None  # its idle work: direct's figure
+    opened: dict[float, dict[str, float]] = {}
+    for frac, rate in rates.items():
+        if row["rps"] * 0.9 < rate:  # at or past its own capacity: the queue only grows
+            notes.append(
+                f"{name}: no open-loop figure at {frac:.2f}, its capacity ({row['rps']:.0f} req/s) is"
+                f" below {rate:.0f} req/s / 0.9"
+            )
+            continue
+        cpu0 = proc.cpu_s()
+        broker0 = proc_cpu_s(broker) if broker is not None else 0.0
+        opened[frac] = o = await open_loop(url, rate, args.duration, c, headers)
+        calls = o["rate"] * args.duration + c  # + the warm-up round
+        # CPU a call at this offered rate (small produce batches, one fetch per call or so): the proxy's
+        # own, and the broker's, which shares these CPUs and so queues the proxy's work
+        o["cpu_ms"] = (proc.cpu_s() - cpu0) * 1000 / calls
+        if broker is not None:
+            o["broker_cpu_ms"] = (proc_cpu_s(broker) - broker0) * 1000 / calls
+    return serial, row, opened, notes
+
+
+TARGETS = ("passthrough", "passthrough_wire", "gateway_memory", "gateway_kafka", "litellm")
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Each proxy runs alone with the fake upstream: started, measured, stopped before the next.
+
+    An idle proxy beside the one measured is not part of that proxy's latency; an idle Kafka consumer
+    alone polls its broker (both on these CPUs), and LiteLLM runs background loops.
+    """
     data_dir = Path(tempfile.mkdtemp(prefix="fw-bench-"))
-    procs: list[Proc] = []
     rows: dict[str, dict[str, float]] = {}
     serial: dict[str, dict[str, float]] = {}
-    opened: dict[str, dict[str, float]] = {}
     sweep: dict[float, dict[str, dict[str, float]]] = {}
     notes: list[str] = []
-    n, c = args.requests, args.concurrency
+    rates: dict[float, float] = {}
+    ttfts: dict[str, float] = {}
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    up_port = free_port()
+    fake = Proc([PY, "-c", FAKE, str(up_port)])
     try:
-        up_port = free_port()
-        fake = Proc([PY, "-c", FAKE, str(up_port)])
-        procs.append(fake)
         upstream = f"http://127.0.0.1:{up_port}/v1"
         await wait_http(f"{upstream}/models", fake)
-        pt_port = free_port()
-        pt = Proc([PY, "-c", PASSTHROUGH, str(pt_port), upstream + "/"])
-        procs.append(pt)
-        await wait_http(f"http://127.0.0.1:{pt_port}/", pt)
-        targets: dict[str, str] = {
-            "direct": f"{upstream}/chat/completions",
-            "passthrough": f"http://127.0.0.1:{pt_port}/v1/chat/completions",
-        }
-        owner: dict[str, Proc] = {"direct": fake, "passthrough": pt}
-        pw_port = free_port()
-        pw = Proc([PY, "-c", PASSTHROUGH_WIRE, str(pw_port), upstream + "/"])
-        procs.append(pw)
-        await wait_http(f"http://127.0.0.1:{pw_port}/", pw)
-        targets["passthrough_wire"] = f"http://127.0.0.1:{pw_port}/v1/chat/completions"
-        owner["passthrough_wire"] = pw
-        gw, targets["gateway_memory"], _ = await start_gateway(upstream, "memory", data_dir)
-        procs.append(gw)
-        owner["gateway_memory"] = gw
-        if kafka_reachable():
+        for name in ("direct", *(t for t in TARGETS if t in args.targets)):
+            proc: Proc | None = None
             try:
-                gk, targets["gateway_kafka"], _ = await start_gateway(upstream, "kafka", data_dir)
-                procs.append(gk)
-                owner["gateway_kafka"] = gk
-            except RuntimeError as exc:
-                notes.append(f"gateway_kafka: skipped, gateway on Kafka did not start: {str(exc)[-200:]}")
-        else:
-            notes.append(f"gateway_kafka: skipped, no broker at {KAFKA}")
-        lp, lurl, why = await start_litellm(upstream, data_dir)
-        if lp is not None:
-            procs.append(lp)
-            targets["litellm"] = lurl
-            owner["litellm"] = lp
-        else:
-            notes.append(f"litellm: unavailable, {why}")
-        headers = {"Authorization": f"Bearer {MASTER_KEY}"}
-        broker = local_broker_pid() if "gateway_kafka" in targets else None
-        for name, url in targets.items():
-            try:
-                serial[name] = await load(url, args.serial, 1, headers)
-                cpu0 = owner[name].cpu_s()
-                rows[name] = await load(url, n, c, headers)
-                # CPU the proxy process spent per call: its share of the added latency that does not
-                # depend on how busy the machine is (the upstream's own CPU is in "direct")
-                rows[name]["cpu_ms"] = (owner[name].cpu_s() - cpu0) * 1000 / (n + min(50, n))  # + warm-up
+                if name == "direct":
+                    proc, url = fake, f"{upstream}/chat/completions"
+                else:
+                    proc, url = await _start_target(name, upstream, data_dir)
+                serial[name], rows[name], runs, more = await _measure(name, url, proc, args, rates)
+                notes.extend(more)
+                for frac, o in runs.items():
+                    sweep.setdefault(frac, {})[name] = o
+                if name in ("direct", "gateway_memory"):
+                    ttfts[name] = await ttft(url, args.stream, headers)
             except RuntimeError as exc:
                 if name in ("direct", "gateway_memory"):
                     raise
-                notes.append(f"{name}: dropped, {exc}")
+                notes.append(f"{name}: {str(exc)[-200:]}")
                 rows.pop(name, None)
                 serial.pop(name, None)
-        # Open loop below saturation: the same offered rate for every target, fixed fractions of the
-        # direct path's closed-loop capacity measured above; --offered is the one the goals read.
-        for frac in sorted({args.offered, *args.sweep}):
-            rate = frac * rows["direct"]["rps"]
-            runs = sweep.setdefault(frac, {})
-            for name, url in targets.items():
-                if name not in rows:
-                    continue
-                if rows[name]["rps"] * 0.9 < rate:  # at or past its own capacity: the queue only grows
-                    notes.append(
-                        f"{name}: no open-loop figure at {frac:.2f}, its capacity ({rows[name]['rps']:.0f}"
-                        f" req/s) is below {rate:.0f} req/s / 0.9"
-                    )
-                    continue
-                cpu0 = owner[name].cpu_s()
-                broker0 = proc_cpu_s(broker) if broker is not None else 0.0
-                runs[name] = o = await open_loop(url, rate, args.duration, c, headers)
-                calls = o["rate"] * args.duration + c  # + the warm-up round
-                # CPU a call at this offered rate (small produce batches, one fetch per call or so): the
-                # proxy's own, and the broker's, which shares these CPUs and so queues the proxy's work
-                o["cpu_ms"] = (owner[name].cpu_s() - cpu0) * 1000 / calls
-                if broker is not None:
-                    o["broker_cpu_ms"] = (proc_cpu_s(broker) - broker0) * 1000 / calls
-        opened.update(sweep[args.offered])
-        ttft_direct = await ttft(targets["direct"], args.stream, headers)
-        ttft_gw = await ttft(targets["gateway_memory"], args.stream, headers)
+            finally:
+                if proc is not None and proc is not fake:
+                    proc.stop()
     finally:
-        for p in procs:
-            p.stop()
+        fake.stop()
+    opened = sweep[args.offered]
 
     d, od = rows["direct"], opened["direct"]
     figures: dict[str, float] = {"offered_rate_rps": od["rate"]}
@@ -469,15 +488,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             figures[f"{name}_closed_added_p50_ms"] = rows[name]["p50"] - d["p50"]
             figures[f"{name}_closed_added_p99_ms"] = rows[name]["p99"] - d["p99"]
             figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial["direct"]["p50"]
-    g = rows["gateway_memory"]["rps"]
-    figures["throughput_vs_passthrough"] = g / rows["passthrough"]["rps"]
-    if "passthrough_wire" in rows:  # not a goal: the do-nothing proxy on the gateway's own stack
-        figures["throughput_vs_passthrough_wire"] = g / rows["passthrough_wire"]["rps"]
-    if "litellm" in rows:
-        figures["throughput_vs_litellm"] = g / rows["litellm"]["rps"]
-    figures["stream_ttft_overhead_p50_ms"] = ttft_gw - ttft_direct
+    if "gateway_memory" in rows:  # the throughput and streaming goals are the embedded-bus gateway's
+        g = rows["gateway_memory"]["rps"]
+        for name, key in (
+            ("passthrough", "throughput_vs_passthrough"),
+            ("passthrough_wire", "throughput_vs_passthrough_wire"),  # not a goal: same stack, no work
+            ("litellm", "throughput_vs_litellm"),
+        ):
+            if name in rows:
+                figures[key] = g / rows[name]["rps"]
+        figures["stream_ttft_overhead_p50_ms"] = ttfts["gateway_memory"] - ttfts["direct"]
     for name in ("gateway_memory", "gateway_kafka"):
-        if name in rows:  # CPU the gateway adds over the bare proxy per call: independent of machine load
+        if name in rows and "passthrough" in rows:  # CPU the gateway adds over the bare proxy per call
             figures[f"{name}_cpu_over_passthrough_ms"] = rows[name]["cpu_ms"] - rows["passthrough"]["cpu_ms"]
     for name in ("direct", "gateway_memory", "gateway_kafka"):
         if name in opened:  # CPU a call at the goals' open-loop rate (what bounds the Kafka goal)
@@ -606,6 +628,12 @@ if __name__ == "__main__":
         help="more open-loop rates (fractions of direct capacity), printed for context",
     )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of open loop per target")
+    parser.add_argument(
+        "--targets",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=list(TARGETS),
+        help=f"proxies to measure besides direct (default: all of {','.join(TARGETS)})",
+    )
     a = parser.parse_args()
     t_start = time.monotonic()
     result = asyncio.run(main(a))

@@ -15,7 +15,10 @@ Figures:
 - ``*_sync_s`` / ``*_async_s``: wall-clock for the same number of policy updates with real generation
   (the embedded engine samples every group, the trainer requests rollouts itself): sync mode holds
   generation while it trains; async mode keeps up to K groups in flight and generates while it trains.
-  The baseline is the faster of sync at 1 and at all torch threads, so async must beat sync's best.
+  The baseline is the fastest sync configuration (engine in-process or a child, training in a thread or
+  a child process, one or all torch threads), so async must beat sync's best. ``*_local_s``: training
+  in a thread of the trainer's process (``trainer_backend_process=false``), where each step waits for
+  the GIL whenever the service's event loop holds it.
   Each configuration runs ``--repeats`` times, interleaved; the figures are medians.
 - ``gen_ms_*`` / ``train_ms_*``: one update's generation and training step alone, at one thread and at
   every thread. They bound the ratio: async at one thread each needs at least ``max(gen, train)`` per
@@ -171,6 +174,7 @@ async def _pipeline(
     threads: int,
     engine_url: str | None = None,
     engine_token: str | None = None,
+    backend_process: bool = True,
 ) -> float:
     """Seconds for ``updates`` policy updates with generation by the embedded engine.
 
@@ -191,6 +195,8 @@ async def _pipeline(
         Task,
         Transition,
     )
+    from trainer.backends.base import Backend
+    from trainer.backends.process import ProcessBackend
     from trainer.backends.torch_backend import TorchBackend
     from trainer.checkpoints import CheckpointStore
     from trainer.engine import InferenceEngine, SamplingParams
@@ -203,7 +209,11 @@ async def _pipeline(
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
     params = SamplingParams(n=G, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
     await engine.complete(demo_prompt(engine.tokenizer), SamplingParams(max_tokens=4))
-    backend = TorchBackend(_load(model_dir), ALGO)
+    backend: Backend = (
+        ProcessBackend(model_dir, ALGO, torch_threads=threads)
+        if backend_process
+        else TorchBackend(_load(model_dir), ALGO)
+    )
     import tempfile
 
     from examples.calc_agent import tasks as calc_tasks
@@ -291,7 +301,7 @@ async def _pipeline(
                 weights=WeightSync(bus, [sink], expected_gateways=1),
                 store=CheckpointStore(Path(tmp)),
                 intake=Intake(),
-                algo=backend.cfg,
+                algo=ALGO,
                 loop=LoopConfig(mode=mode, batch_groups=B, max_in_flight=K, checkpoint_every=10_000),  # type: ignore[arg-type]
                 planner=planner,
             )
@@ -307,11 +317,13 @@ async def _pipeline(
             await service.stop(checkpoint=False)
     await http.aclose()
     await engine.close()
+    if isinstance(backend, ProcessBackend):
+        backend.close()
     return elapsed
 
 
 async def _pipeline_engine_process(
-    model_dir: Path, mode: str, updates: int, threads: int, engine_threads: int
+    model_dir: Path, mode: str, updates: int, threads: int, engine_threads: int, backend_process: bool = True
 ) -> float:
     """``_pipeline`` with the engine as a ``flywheel engine`` child (the demo's setup), stopped after."""
     import tempfile
@@ -328,7 +340,13 @@ async def _pipeline_engine_process(
         )
         try:
             return await _pipeline(
-                model_dir, mode, updates, threads, engine_url=proc.url, engine_token=proc.admin_token
+                model_dir,
+                mode,
+                updates,
+                threads,
+                engine_url=proc.url,
+                engine_token=proc.admin_token,
+                backend_process=backend_process,
             )
         finally:
             await proc.stop()
@@ -496,17 +514,25 @@ def main() -> None:
     # the engine is a ``flywheel engine`` child with HTTP weight loads (the demo's setup). The runs of
     # one repeat are interleaved so a slow moment of the machine hits every configuration alike.
     runs: dict[str, list[float]] = {}
+    u = args.updates
     configs: list[tuple[str, Any]] = [
-        ("inproc_sync_s", lambda: _pipeline(model_dir, "sync", args.updates, cores)),
-        ("inproc_async_s", lambda: _pipeline(model_dir, "async", args.updates, 1)),
-        ("proc_sync_s", lambda: _pipeline_engine_process(model_dir, "sync", args.updates, cores, cores)),
-        ("proc_async_s", lambda: _pipeline_engine_process(model_dir, "async", args.updates, 1, 1)),
-        # the demo's threads today (torch's default in both processes): what pinning one each saves
+        # engine in the trainer's process, training in a thread of it (no second process at all)
+        ("inproc_sync_s", lambda: _pipeline(model_dir, "sync", u, cores, backend_process=False)),
+        ("inproc_sync_1t_s", lambda: _pipeline(model_dir, "sync", u, 1, backend_process=False)),
+        # the demo's setup: the engine is a `flywheel engine` child, training runs in a child process
+        ("proc_sync_s", lambda: _pipeline_engine_process(model_dir, "sync", u, cores, cores)),
+        ("proc_async_s", lambda: _pipeline_engine_process(model_dir, "async", u, 1, 1)),
+        # training in a thread of the trainer's process instead: what the second process saves
         (
-            "proc_async_all_s",
-            lambda: _pipeline_engine_process(model_dir, "async", args.updates, cores, cores),
+            "proc_sync_local_s",
+            lambda: _pipeline_engine_process(model_dir, "sync", u, cores, cores, backend_process=False),
         ),
-        ("inproc_sync_1t_s", lambda: _pipeline(model_dir, "sync", args.updates, 1)),
+        (
+            "proc_async_local_s",
+            lambda: _pipeline_engine_process(model_dir, "async", u, 1, 1, backend_process=False),
+        ),
+        # every thread in both children: what pinning one each saves
+        ("proc_async_all_s", lambda: _pipeline_engine_process(model_dir, "async", u, cores, cores)),
     ]
     if args.configs:
         configs = [c for c in configs if c[0] in args.configs]

@@ -1,7 +1,8 @@
-"""Kafka-only behaviour: an unreachable broker, physical names under the prefix."""
+"""Kafka-only behaviour: an unreachable broker, physical names under the prefix, fetch settings."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import uuid
 
@@ -59,3 +60,27 @@ async def test_consumed_messages_carry_the_record_bytes(kafka_bootstrap: str, to
         await wait_until(lambda: bool(got), within_s=20, what="the message")
     assert got[0].event == event
     assert got[0].raw == s.encode(event)
+
+
+@pytest.mark.kafka
+async def test_quiet_topic_record_is_delivered_without_waiting_out_the_fetch(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    # Control and task consumers fetch from 1 byte: a record ends the broker's wait at once, so a long
+    # idle wait (cheap when nothing happens) never delays a weight update. Batched topics instead
+    # wait for 16 KiB or their max wait: the quiet wait here is 10 s, which would hold it that long.
+    async with KafkaBus(kafka_bootstrap, prefix=topic_prefix, quiet_fetch_max_wait_ms=10_000) as bus:
+        assert bus.fetch_params(s.CONTROL) == (1, 10_000)
+        assert bus.fetch_params(s.EPISODES) == (bus.fetch_min_bytes, bus.fetch_max_wait_ms)
+        got: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def handler(msg: Message) -> None:
+            got.append(loop.time())
+
+        await bus.subscribe(s.CONTROL, "quiet", handler, from_beginning=False)
+        await asyncio.sleep(0.5)  # the consumer's first fetch is now waiting at the broker
+        sent = loop.time()
+        await bus.publish(s.CONTROL, s.WeightUpdateRequested(model="policy", version=1))
+        await wait_until(lambda: bool(got), within_s=8.0, what="the control record")
+        assert got[0] - sent < 5.0, got[0] - sent
