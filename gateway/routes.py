@@ -198,6 +198,10 @@ def build_router() -> APIRouter:
         gw = _gw(request)
         if not gw.started:
             raise ServiceUnavailableError("gateway not started", code="not_ready")
+        if gw.starting:
+            raise ServiceUnavailableError(
+                f"still starting: {', '.join(sorted(gw.starting))}", code="not_ready"
+            )
         return _json({"ok": True, **gw.state()})
 
     @router.get("/metrics", tags=["operations"])

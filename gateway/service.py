@@ -91,6 +91,8 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._pause_lock = asyncio.Lock()
         self.started = False
+        # parts of a larger process still starting (the embedded stack): /readyz answers 503 until empty
+        self.starting: set[str] = set()
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

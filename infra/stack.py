@@ -122,12 +122,21 @@ class EmbeddedStack:
         self.gateway_url = ""
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
+    async def start(self, *, ready: bool = True) -> None:
+        """Start every part; the gateway's ``/readyz`` answers 503 until all are up, and with
+        ``ready=False`` until :meth:`ready` (for a caller that adds routes of its own first)."""
         try:
             await self._start()
+            if ready:
+                self.ready()
         except Exception as exc:
             await self.stop()
             raise StackError(f"the embedded stack could not start: {type(exc).__name__}: {exc}") from exc
+
+    def ready(self) -> None:
+        """Let the gateway's ``/readyz`` answer 200 (see :meth:`start`)."""
+        if self.gateway_app is not None:
+            self.gateway_app.state.gateway.starting.discard("stack")
 
     async def _start(self) -> None:
         s = self.settings
@@ -252,6 +261,7 @@ class EmbeddedStack:
                 transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
             )
         app = create_app(s, self._bus, [upstream])
+        app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router
 

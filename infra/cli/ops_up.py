@@ -111,7 +111,7 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stack.start()
+    await stack.start(ready=False)  # ready once the ops routes below are mounted
     ctx: OpsContext | None = None
     try:
         if stack.bus is None or stack.gateway_app is None:
@@ -125,6 +125,7 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
         )
         await ctx.watch_control()
         stack.gateway_app.include_router(create_ops_router(ctx))
+        stack.ready()
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
         url = stack.gateway_url
         console.print(f"flywheel up: gateway and admin API on {url} (data in {stack.settings.data_dir})")

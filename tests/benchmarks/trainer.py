@@ -56,6 +56,7 @@ B = _DEMO_STACK.trainer_batch_groups  # groups per update
 K = _DEMO_STACK.trainer_max_in_flight  # groups in flight (async)
 NEW_TOKENS = MAX_TOKENS  # the agent's max_tokens per call
 ALGO: AlgorithmConfig = _DEMO_STACK.trainer_algo
+ENGINE_SEQS = _DEMO_STACK.engine_max_num_seqs  # sequences the engine decodes at once
 
 
 def _model_dir() -> Path:
@@ -323,7 +324,13 @@ async def _pipeline(
 
 
 async def _pipeline_engine_process(
-    model_dir: Path, mode: str, updates: int, threads: int, engine_threads: int, backend_process: bool = True
+    model_dir: Path,
+    mode: str,
+    updates: int,
+    threads: int,
+    engine_threads: int,
+    backend_process: bool = True,
+    max_num_seqs: int | None = None,
 ) -> float:
     """``_pipeline`` with the engine as a ``flywheel engine`` child (the demo's setup), stopped after."""
     import tempfile
@@ -335,7 +342,7 @@ async def _pipeline_engine_process(
             model_dir,
             log_path=Path(tmp) / "engine.log",
             model_name="policy",
-            max_num_seqs=64,
+            max_num_seqs=max_num_seqs or ENGINE_SEQS,
             threads=engine_threads,
         )
         try:
@@ -533,6 +540,11 @@ def main() -> None:
         ),
         # every thread in both children: what pinning one each saves
         ("proc_async_all_s", lambda: _pipeline_engine_process(model_dir, "async", u, cores, cores)),
+        # the engine decodes every in-flight episode at once (K × G), so no call queues inside it
+        (
+            "proc_async_kg_s",
+            lambda: _pipeline_engine_process(model_dir, "async", u, 1, 1, max_num_seqs=K * G),
+        ),
     ]
     if args.configs:
         configs = [c for c in configs if c[0] in args.configs]

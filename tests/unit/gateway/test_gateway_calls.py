@@ -234,3 +234,14 @@ async def test_replicas_are_sticky(tmp_path):
         for c in calls:
             per_ep.setdefault(c.episode_id, set()).add(c.upstream_url)
         assert all(len(urls) == 1 for urls in per_ep.values())
+
+
+async def test_readyz_waits_for_the_parts_still_starting(tmp_path):
+    # the embedded stack marks its gateway "starting" until the worker, reward service and trainer are up
+    async with GatewayHarness(tmp_path) as h:
+        assert (await h.client.get("/readyz")).status_code == 200
+        h.gateway.starting.add("stack")
+        r = await h.client.get("/readyz")
+        assert r.status_code == 503 and "still starting: stack" in r.json()["error"]["message"], r.text
+        h.gateway.starting.discard("stack")
+        assert (await h.client.get("/readyz")).status_code == 200
