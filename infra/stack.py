@@ -292,7 +292,7 @@ class EmbeddedStack:
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from trainer.app import build_service, close_backend, start_backend
+        from trainer.app import build_service, start_backend
         from trainer.rollouts import RolloutPlanner
         from trainer.weights import HttpSink, InProcessSink, WeightSink
 
@@ -305,7 +305,7 @@ class EmbeddedStack:
             torch_threads=s.engine_threads,
             process=s.trainer_backend_process,
         )
-        self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(close_backend, backend)))
+        self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         planner = None
         if self._tasks is not None and self._agent is not None:
             planner = RolloutPlanner(

@@ -55,15 +55,10 @@ def start_backend(
     process: bool = True,
 ) -> Backend:
     """The training backend: in a child process (the default, see :mod:`trainer.backends.process`) or
-    in this one; :func:`close_backend` stops the child."""
+    in this one; ``close()`` it at the end."""
     if process:
         return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
     return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
-
-
-def close_backend(backend: Backend) -> None:
-    if isinstance(backend, ProcessBackend):
-        backend.close()
 
 
 def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
@@ -145,7 +140,7 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
     try:
         await _serve(settings, backend, max_steps)
     finally:
-        close_backend(backend)
+        backend.close()
 
 
 async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | None) -> None:

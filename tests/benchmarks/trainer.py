@@ -318,8 +318,7 @@ async def _pipeline(
             await service.stop(checkpoint=False)
     await http.aclose()
     await engine.close()
-    if isinstance(backend, ProcessBackend):
-        backend.close()
+    backend.close()
     return elapsed
 
 

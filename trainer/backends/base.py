@@ -3,7 +3,7 @@
 The service owns everything around the optimiser: intake, grouping, advantages, staleness, the
 weight-update protocol, checkpoints' metadata, metrics. A backend owns the model and the optimiser and
 answers five questions: train on this batch, what are your weights (in memory, or as a file a server can
-load), save and restore yourself, and which weight version you hold. ``version`` increments with every
+load), save and restore yourself, and which weight version you hold; ``close`` releases it. ``version`` increments with every
 step that changes the weights; the service publishes it in ``WeightUpdateRequested``.
 
 Exceptions:
@@ -63,3 +63,6 @@ class Backend(Protocol):
 
     def load_checkpoint(self, directory: Path, version: int) -> None:
         """Restore what :meth:`save_checkpoint` wrote and set ``version``."""
+
+    def close(self) -> None:
+        """Release what the backend holds (a training process, workers); called once, at the end."""

@@ -275,3 +275,6 @@ class TorchBackend:
         except (OSError, RuntimeError, ValueError) as exc:
             raise BackendError(f"cannot load checkpoint {directory}: {exc}") from exc
         self._version = version
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""

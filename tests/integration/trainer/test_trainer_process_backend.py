@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.processes import child_gone_after_parent_killed
 from tests.unit.trainer.helpers import episode, transition
 from trainer.app import load_backend, start_backend
 from trainer.backends.base import Backend, BackendError
@@ -105,31 +104,7 @@ sys.stdin.readline()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(120)
 def test_child_exits_when_its_parent_is_killed(model_dir: Path) -> None:
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(model_dir)],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert parent.stdout is not None and parent.stdin is not None
-    child_pid = int(parent.stdout.readline())
-    assert _alive(child_pid)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    parent.stdout.close()
-    parent.stdin.close()
-    deadline = time.monotonic() + 20
-    while _alive(child_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child_pid), "the training process outlived its killed parent"
+    gone = child_gone_after_parent_killed([sys.executable, "-c", PARENT, str(model_dir)], REPO, within_s=20)
+    assert gone, "the training process outlived its killed parent"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.processes import child_gone_after_parent_killed
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,27 +29,10 @@ child.wait()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(60)
 def test_child_stops_when_its_parent_is_killed() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert parent.stdout is not None
-    child_pid = int(parent.stdout.readline())
-    assert _alive(child_pid)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    parent.stdout.close()
-    deadline = time.monotonic() + 10
-    while _alive(child_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child_pid), "the child outlived its killed parent"
+    gone = child_gone_after_parent_killed([sys.executable, "-c", PARENT], REPO, within_s=10)
+    assert gone, "the child outlived its killed parent"
 
 
 @pytest.mark.timeout(30)
