@@ -91,8 +91,8 @@ class Recorder:
         topic, key = topic_for(event), key_for(event)
         if self.spool.depth == 0:
             try:
-                async with asyncio.timeout(self.publish_timeout_s):  # no extra task, unlike wait_for
-                    await self.bus.publish(topic, event, key=key)
+                # Bus.publish is bounded by the bus itself (its own publish timeout): no timer per call here
+                await self.bus.publish(topic, event, key=key)
                 return
             except (BusError, TimeoutError, OSError) as exc:
                 log.warning("bus publish failed; spooling", error=type(exc).__name__, topic=topic)

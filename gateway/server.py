@@ -44,6 +44,7 @@ class GatewayServer:
             port=port,
             log_level=log_level,
             access_log=False,
+            proxy_headers=False,  # nothing reads the client's address: no X-Forwarded-* rewriting
             lifespan="on",
             timeout_graceful_shutdown=5,
             loop="asyncio",

@@ -43,4 +43,3 @@ class GatewaySettings(FlywheelSettings):
     pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After
     drain_timeout_s: float = 30.0  # default when a WeightUpdateRequested names none
     initial_weight_version: int = 0
-    publish_timeout_s: float = 10.0

@@ -22,6 +22,8 @@ class FlywheelSettings(BaseSettings):
     # consumers of the episodes and transitions topics: a fetch returns at 16 KiB or after this long
     # (see infra.bus.kafka.KafkaBus); what an idle consumer costs, and the longest a record waits
     kafka_fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
+    # a publish that the bus has not acknowledged in this long fails (the gateway then spools the event)
+    publish_timeout_s: float = Field(default=10.0, gt=0)
     topic_prefix: str = ""
     data_dir: Path = Path(".flywheel")
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db

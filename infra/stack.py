@@ -176,7 +176,7 @@ class EmbeddedStack:
     async def _start_bus(self) -> None:
         from infra.bus.memory import MemoryBus
 
-        bus = MemoryBus(prefix=self.settings.topic_prefix)
+        bus = MemoryBus(prefix=self.settings.topic_prefix, publish_timeout_s=self.settings.publish_timeout_s)
         await bus.start()
         self._stoppers.append(("bus", bus.stop))
         await bus.ensure_topics(list(TOPICS))

@@ -7,7 +7,7 @@ uniqueness; they are what every consumer deduplicates on.
 
 from __future__ import annotations
 
-import os
+import random
 import re
 import time
 import uuid
@@ -20,16 +20,23 @@ def new_episode_id() -> str:
     return uuid.uuid4().hex
 
 
+_MS_MASK = (1 << 48) - 1
+_VERSION_7 = 0x7 << 76
+_VARIANT = 0b10 << 62
+_RAND_B = (1 << 62) - 1
+
+
 def new_event_id() -> str:
-    """A fresh event id: 48-bit millisecond timestamp + 74 random bits, UUIDv7 layout, hex form."""
+    """A fresh event id: 48-bit millisecond timestamp + 74 random bits, UUIDv7 layout, hex form.
+
+    Event ids need uniqueness, not secrecy (they carry no capability, unlike episode ids), so the bits
+    come from ``random`` (seeded from the OS at start and again in a forked child): 0.8 µs a call
+    against 3.2 µs for ``os.urandom`` and ``uuid.UUID``; the gateway mints two per LLM call.
+    """
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76  # version
-    value |= ((rand >> 62) & 0xFFF) << 64  # rand_a (12 bits)
-    value |= 0b10 << 62  # variant
-    value |= rand & ((1 << 62) - 1)  # rand_b (62 bits)
-    return uuid.UUID(int=value).hex
+    rand = random.getrandbits(74)
+    value = ((ms & _MS_MASK) << 80) | _VERSION_7 | ((rand >> 62) << 64) | _VARIANT | (rand & _RAND_B)
+    return f"{value:032x}"
 
 
 def new_group_id() -> str:

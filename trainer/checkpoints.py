@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,10 +114,11 @@ class CheckpointStore:
         return out
 
     # ------------------------------------------------------------------ inbox
-    def append_inbox(self, event: EpisodeScored, fsync: bool = True) -> None:
+    def append_inbox(self, events: Sequence[EpisodeScored], fsync: bool = True) -> None:
+        """Append ``events`` (one JSON line each) with one write and, if ``fsync``, one fsync."""
         self.root.mkdir(parents=True, exist_ok=True)
         with self.inbox_path.open("a", encoding="utf-8") as f:
-            f.write(event.model_dump_json() + "\n")
+            f.write("".join(e.model_dump_json() + "\n" for e in events))
             f.flush()
             if fsync:
                 os.fsync(f.fileno())

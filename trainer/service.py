@@ -22,7 +22,7 @@ import contextlib
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +69,8 @@ class LoopConfig:
     model: str = "policy"
     consumer_group: str = "trainer"
     inbox_fsync: bool = True
+    # after a scored episode arrives, wait this long for more before the inbox write (one fsync for all)
+    intake_wait_s: float = 0.005
     push_on_start: bool = True  # a resumed trainer loads its checkpoint into the engines first
 
 
@@ -145,7 +147,13 @@ class TrainerService:
             path = self._export() if self.weights.needs_path else None
             await self.weights.update(WeightUpdate(self.backend.version, self.backend.state_dict, path))
         self._subs.append(
-            await self.bus.subscribe(TRANSITIONS, self.loop.consumer_group, self._on_transition)
+            await self.bus.subscribe_batch(
+                TRANSITIONS,
+                self.loop.consumer_group,
+                self._on_transitions,
+                max_batch=1024,
+                max_wait_s=self.loop.intake_wait_s,
+            )
         )
 
     def request_stop(self) -> None:
@@ -167,21 +175,33 @@ class TrainerService:
         self.tracker.close()
 
     # ------------------------------------------------------------------ handlers
-    async def _on_transition(self, msg: Message) -> None:
-        event = msg.event
-        if not isinstance(event, EpisodeScored):
-            self.metrics.skipped.labels("wrong_type").inc()
-            self.intake.skipped["wrong_type"] += 1
-            return
-        reason = "other_model" if event.model != self.loop.model else self.intake.add(event)
-        if reason == "other_model":
-            self.intake.skipped[reason] += 1
-        if reason is None:
-            self.store.append_inbox(event, fsync=self.loop.inbox_fsync)
-        else:
-            self.metrics.skipped.labels(reason).inc()
-            log.info("episode_skipped", episode_id=event.episode_id, group_id=event.group_id, reason=reason)
-        self._offsets[f"{msg.topic}/{msg.partition}"] = msg.offset + 1
+    async def _on_transitions(self, msgs: Sequence[Message]) -> None:
+        """A batch of scored episodes: into the intake, then into the inbox with one write and one fsync.
+
+        The bus commits the batch once this returns, so every accepted episode is durable in the inbox
+        by then. Per episode, the open-write-fsync cost ~1 ms of the event loop: 64 of them per demo
+        update, while the loop also dispatches the next rollouts.
+        """
+        accepted: list[EpisodeScored] = []
+        for msg in msgs:
+            event = msg.event
+            self._offsets[f"{msg.topic}/{msg.partition}"] = msg.offset + 1
+            if not isinstance(event, EpisodeScored):
+                self.metrics.skipped.labels("wrong_type").inc()
+                self.intake.skipped["wrong_type"] += 1
+                continue
+            reason = "other_model" if event.model != self.loop.model else self.intake.add(event)
+            if reason == "other_model":
+                self.intake.skipped[reason] += 1
+            if reason is None:
+                accepted.append(event)
+            else:
+                self.metrics.skipped.labels(reason).inc()
+                log.info(
+                    "episode_skipped", episode_id=event.episode_id, group_id=event.group_id, reason=reason
+                )
+        if accepted:
+            self.store.append_inbox(accepted, fsync=self.loop.inbox_fsync)
         self._wake.set()
 
     async def _on_control(self, msg: Message) -> None:
@@ -324,7 +344,8 @@ class TrainerService:
         self._gen_started = time.perf_counter()  # generation for the next batch overlaps from here
         if self.step % self.loop.checkpoint_every == 0:
             self.checkpoint()
-        ckpt_path = self._export() if update_now and self.weights.needs_path else None
+        # off the event loop: the export is a file write (and, for a training child, a call to it)
+        ckpt_path = await asyncio.to_thread(self._export) if update_now and self.weights.needs_path else None
         activated, load_ms = True, 0.0
         if update_now and self.loop.mode == "sync":
             update = WeightUpdate(self.backend.version, self.backend.state_dict, ckpt_path)

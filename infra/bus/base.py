@@ -96,7 +96,11 @@ class Bus(Protocol):
         """Messages of ``topic`` that consumer group ``group`` has not committed yet."""
 
     async def publish(self, topic: str, event: AnyEvent, *, key: str | None = None) -> None:
-        """Publish and wait for the broker's acknowledgement. ``key`` defaults to ``schemas.key_for``."""
+        """Publish and wait for the broker's acknowledgement. ``key`` defaults to ``schemas.key_for``.
+
+        Bounded: returns or raises :class:`BusError` within the bus's ``publish_timeout_s`` (no
+        acknowledgement, no room in a full backlog), so callers need no timer of their own around it.
+        """
 
     async def publish_raw(self, topic: str, data: bytes, *, key: str) -> None:
         """Publish undecoded bytes (tests of bad input; replaying raw records)."""

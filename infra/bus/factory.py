@@ -15,7 +15,8 @@ def make_bus(settings: FlywheelSettings) -> Bus:
             settings.kafka_bootstrap,
             prefix=settings.topic_prefix,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+            publish_timeout_s=settings.publish_timeout_s,
         )
     from infra.bus.memory import MemoryBus
 
-    return MemoryBus(prefix=settings.topic_prefix)
+    return MemoryBus(prefix=settings.topic_prefix, publish_timeout_s=settings.publish_timeout_s)

@@ -30,7 +30,7 @@ import asyncio
 from collections.abc import Sequence
 
 from infra.bus import gc_policy
-from infra.bus.base import BatchHandler, BusClosedError, BusError, Handler
+from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
 from infra.bus.deadletter import dead_letter
 from infra.bus.memory_group import (
     IN_CONSUMER,
@@ -63,6 +63,7 @@ class MemoryBus:
         max_retained: int = 200_000,
         retry_backoff_s: float = 0.01,
         stop_grace_s: float = 10.0,
+        publish_timeout_s: float = 10.0,
     ) -> None:
         self.prefix = prefix  # one MemoryBus is one namespace; the prefix is kept for parity and logs
         self.max_backlog = max_backlog
@@ -70,6 +71,7 @@ class MemoryBus:
         self._max_retained = max(max_retained, retain)
         self._retry_backoff_s = retry_backoff_s
         self.stop_grace_s = stop_grace_s  # how long stop() lets an in-flight handler finish
+        self.publish_timeout_s = publish_timeout_s  # how long a publish waits for backlog room
         self._topics: dict[str, Topic] = {}
         self._running = False
         self._gc = gc_policy.POLICY  # process-wide: see infra.bus.gc_policy
@@ -184,12 +186,24 @@ class MemoryBus:
         self._gc.appended()
 
     async def _wait_for_room(self, topic: Topic, p: int) -> None:
-        """Backpressure: wait until every active group's backlog on partition ``p`` has room."""
-        for group in tuple(topic.active):
-            while group.members and group.backlog(p) >= self.max_backlog:
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                group.space[p].append(fut)
-                await fut
+        """Backpressure: wait until every active group's backlog on partition ``p`` has room.
+
+        Bounded like a broker's acknowledgement: after ``publish_timeout_s`` the publish fails with
+        :class:`BusUnavailableError` (a consumer that stopped making progress), so callers need no timer
+        of their own around :meth:`publish`.
+        """
+        try:
+            async with asyncio.timeout(self.publish_timeout_s):
+                for group in tuple(topic.active):
+                    while group.members and group.backlog(p) >= self.max_backlog:
+                        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                        group.space[p].append(fut)
+                        await fut
+        except TimeoutError:
+            raise BusUnavailableError(
+                f"{topic.spec.name}[{p}]: a consumer group's backlog stayed at {self.max_backlog} messages"
+                f" for {self.publish_timeout_s}s"
+            ) from None
 
     def _trim(self, topic: Topic, part: Partition) -> None:
         p = part.index

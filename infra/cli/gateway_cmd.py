@@ -101,6 +101,8 @@ def gateway_command(
                 port=settings.gateway_port,
                 access_log=False,
                 log_level="warning",
+                # nothing reads the client's address: no X-Forwarded-* rewriting on every request
+                proxy_headers=False,
             )
             typer.echo(
                 f"gateway {settings.gateway_id} on http://{settings.gateway_host}:{settings.gateway_port}"

@@ -482,7 +482,12 @@ def measure_phases(model_dir: Path, threads: int, reps: int = 5) -> dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--updates", type=int, default=8, help="timed updates per pipeline run")
+    parser.add_argument(
+        "--updates",
+        type=int,
+        default=24,
+        help="timed updates per pipeline run (the steady state: async's first generation overlaps nothing)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (medians reported)")
     parser.add_argument(
         "--configs",

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import schemas as s
-from infra.bus import BusClosedError, BusError, Message
+from infra.bus import BusClosedError, BusError, BusUnavailableError, Message
 from infra.bus.memory import MemoryBus
 from tests.integration.bus.helpers import call_event, wait_until
 
@@ -48,6 +48,29 @@ async def test_publish_waits_while_a_group_backlog_is_full(small_bus: MemoryBus)
     await asyncio.wait_for(fifth, 5)
     await wait_until(lambda: len(seen) == 5, what="all five handled")
     assert seen == [0, 1, 2, 3, 4]
+
+
+async def test_publish_into_a_stuck_backlog_fails_after_the_publish_timeout() -> None:
+    """Publishes are bounded (the Bus contract): callers such as the gateway set no timer of their own."""
+    bus = MemoryBus(max_backlog=2, stop_grace_s=0.2, publish_timeout_s=0.2)
+    await bus.start()
+    key = uuid.uuid4().hex
+    stuck = asyncio.Event()
+
+    async def never_returns(message: Message) -> None:
+        await stuck.wait()
+
+    try:
+        await bus.subscribe(s.EPISODES, "stuck", never_returns)
+        for seq in range(2):
+            await bus.publish(s.EPISODES, _ev(key, seq))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BusUnavailableError, match="backlog stayed at 2 messages"):
+            await bus.publish(s.EPISODES, _ev(key, 2))
+        assert 0.15 < asyncio.get_running_loop().time() - started < 2.0
+    finally:
+        stuck.set()
+        await bus.stop()
 
 
 async def test_handler_publishing_to_its_own_full_topic_does_not_deadlock(small_bus: MemoryBus) -> None:

@@ -85,3 +85,26 @@ async def test_neither_bus_nor_spool_means_503(tmp_path):
 async def _until(cond) -> None:
     while not cond():  # noqa: ASYNC110 - the spool row is deleted right after the bus acknowledged it
         await asyncio.sleep(0.002)
+
+
+async def test_a_stuck_consumer_spools_calls_instead_of_holding_them(tmp_path):
+    """The recorder sets no timer of its own: the bus's bounded publish is what ends the wait."""
+    bus = MemoryBus(max_backlog=1, publish_timeout_s=0.2, stop_grace_s=0.2)
+    await bus.start()
+    stuck = asyncio.Event()
+
+    async def never_returns(msg: Any) -> None:
+        await stuck.wait()
+
+    try:
+        async with GatewayHarness(tmp_path, bus=bus) as h:
+            ep = await h.open_episode()
+            await bus.subscribe("flywheel.episodes", "stuck-consumer", never_returns, from_beginning=False)
+            url = f"/episodes/{ep}/v1/chat/completions"
+            codes = [(await h.client.post(url, json={"messages": MSGS})).status_code for _ in range(2)]
+            assert codes == [200, 200]
+            assert h.gateway.recorder.spool_depth >= 1  # the second call found the backlog full
+            stuck.set()
+    finally:
+        stuck.set()
+        await bus.stop()
