@@ -172,6 +172,7 @@ class TrainerService:
         self._subs.clear()
         if checkpoint and self.step > 0:
             self.checkpoint()
+        await self.weights.aclose()
         self.tracker.close()
 
     # ------------------------------------------------------------------ handlers

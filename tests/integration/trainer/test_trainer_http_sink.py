@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -65,3 +66,31 @@ async def test_serve_wires_a_trainer_from_settings(model_dir: Path, tmp_path: Pa
     await serve(settings, max_steps=0)
     with pytest.raises(SystemExit):
         await serve(TrainerSettings(data_dir=tmp_path), max_steps=0)
+
+
+@pytest.mark.timeout(30)
+async def test_http_sink_keeps_one_client_for_every_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client per update rebuilt an SSL context (15-35 ms of the trainer's loop) every time."""
+    from trainer import weights
+
+    loads: list[dict[str, object]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        loads.append(json.loads(request.content))
+        return httpx.Response(200, json={"version": loads[-1]["version"]})
+
+    made: list[httpx.AsyncClient] = []
+    real_client = httpx.AsyncClient
+
+    def client(**kwargs: object) -> httpx.AsyncClient:
+        made.append(real_client(transport=httpx.MockTransport(engine), **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(weights.httpx, "AsyncClient", client)
+    sink = HttpSink("http://engine")
+    for version in (1, 2, 3):
+        await sink.load(WeightUpdate(version, dict, Path(f"/exports/v{version}")))
+    assert [body["version"] for body in loads] == [1, 2, 3]
+    assert len(made) == 1 and not made[0].is_closed
+    await sink.aclose()
+    assert made[0].is_closed
