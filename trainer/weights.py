@@ -137,7 +137,6 @@ class HttpSink:
         if resp.status_code >= 400:
             raise WeightLoadError(self.name, update.version, f"HTTP {resp.status_code}: {resp.text[:500]}")
 
-
     async def aclose(self) -> None:
         """Close the client this sink made (a client passed in belongs to the caller)."""
         own, self._own = self._own, None
