@@ -71,12 +71,11 @@ class Recorder:
         bus: Bus,
         spool: Spool,
         *,
-        publish_timeout_s: float = 10.0,
         retry_s: float = 0.5,
     ) -> None:
+        # No timeout of its own around a publish: Bus.publish is bounded by the bus (publish_timeout_s).
         self.bus = bus
         self.spool = spool
-        self.publish_timeout_s = publish_timeout_s
         self.retry_s = retry_s
         self._wake = asyncio.Event()
         self._drainer: asyncio.Task[None] | None = None
@@ -91,7 +90,6 @@ class Recorder:
         topic, key = topic_for(event), key_for(event)
         if self.spool.depth == 0:
             try:
-                # Bus.publish is bounded by the bus itself (its own publish timeout): no timer per call here
                 await self.bus.publish(topic, event, key=key)
                 return
             except (BusError, TimeoutError, OSError) as exc:
@@ -131,7 +129,7 @@ class Recorder:
                 return sent
             for seq, topic, key, data in rows:
                 event = decode_any(data)
-                await asyncio.wait_for(self.bus.publish(topic, event, key=key), self.publish_timeout_s)
+                await self.bus.publish(topic, event, key=key)
                 await asyncio.to_thread(self.spool.remove, seq)
                 sent += 1
 

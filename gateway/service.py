@@ -75,7 +75,7 @@ class Gateway:
         )
         # one spool per data dir, not per process: a restarted gateway drains what its predecessor spooled
         spool_path = settings.data_dir / "gateway" / "spool.sqlite"
-        self.recorder = Recorder(bus, Spool(spool_path), publish_timeout_s=settings.publish_timeout_s)
+        self.recorder = Recorder(bus, Spool(spool_path))
         self.calls = CallService(
             pool=self.pool,
             episodes=self.episodes,
