@@ -103,7 +103,11 @@ class ProcessBackend:
             self._conn = Connection(os.dup(ours.fileno()))
         self._version = 0
         self._vocab_size: int | None = None
-        status, first, version = self._receive(start_timeout_s, "start")
+        try:
+            status, first, version = self._receive(start_timeout_s, "start")
+        except BackendError:
+            self.close(timeout_s=1.0)  # a child that is slow to start or already gone is not left behind
+            raise
         if status != "ready":
             self.close()
             raise BackendError(f"the training process did not start: {first}")

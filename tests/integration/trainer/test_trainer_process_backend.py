@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -108,3 +110,22 @@ sys.stdin.readline()
 def test_child_exits_when_its_parent_is_killed(model_dir: Path) -> None:
     gone = child_gone_after_parent_killed([sys.executable, "-c", PARENT, str(model_dir)], REPO, within_s=20)
     assert gone, "the training process outlived its killed parent"
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_misses_its_start_deadline_is_stopped(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.backends import process
+
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(process.subprocess, "Popen", popen)
+    with pytest.raises(BackendError, match="did not answer start"):
+        ProcessBackend(model_dir, ALGO, torch_threads=1, start_timeout_s=0.01)
+    assert len(started) == 1 and started[0].returncode is not None  # stopped and reaped, not left running
