@@ -33,44 +33,38 @@ class SharedRows:
         prefix_len = max(len(c[0].prompt_ids) for c in clusters) - 1
         rows = [s for c in clusters for s in c]
         width = max(len(s.response_ids) for s in rows)
-        n, c_count = len(rows), len(clusters)
-        prefix_ids = torch.full((c_count, prefix_len), pad_id, dtype=torch.long)
-        prefix_attn = torch.zeros((c_count, prefix_len), dtype=torch.long)
-        index: list[int] = []
-        for ci, cluster in enumerate(clusters):
-            head = cluster[0].prompt_ids[:-1]
-            prefix_ids[ci, : len(head)] = torch.tensor(head, dtype=torch.long)
-            prefix_attn[ci, : len(head)] = 1
-            index += [ci] * len(cluster)
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        targets = torch.full((n, width), pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        positions = torch.zeros((n, width), dtype=torch.long)
-        self.weights = torch.zeros((n, width))
-        self.adv = torch.zeros((n, width))
-        self.behaviour = torch.zeros((n, width))
-        for r, s in enumerate(rows):
-            length = len(s.response_ids)
-            ids[r, :length] = torch.tensor(s.prompt_ids[-1:] + s.response_ids[:-1], dtype=torch.long)
-            targets[r, :length] = torch.tensor(s.response_ids, dtype=torch.long)
-            attn[r, :length] = 1
-            positions[r] = torch.arange(width) + len(s.prompt_ids) - 1
-            mask = torch.tensor(s.response_mask, dtype=torch.float32)
-            self.weights[r, :length] = mask * s.token_weight
-            self.adv[r, :length] = s.advantage
-            self.behaviour[r, :length] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32) * mask
-        select = torch.tensor(index, dtype=torch.long)
-        self.prefix_ids = prefix_ids.to(device)
+        heads = [c[0].prompt_ids[:-1] for c in clusters]
+        # padded Python lists, one tensor per field: a tensor per row and field cost ~4 ms a demo step
+        prefix_attn = torch.tensor(
+            [[1] * len(h) + [0] * (prefix_len - len(h)) for h in heads], dtype=torch.long
+        )
+        select = torch.tensor([ci for ci, c in enumerate(clusters) for _ in c], dtype=torch.long)
+        ids, targets, attn, positions, weights, adv, behaviour = [], [], [], [], [], [], []
+        for s in rows:
+            pad = width - len(s.response_ids)
+            ids.append(s.prompt_ids[-1:] + s.response_ids[:-1] + [pad_id] * pad)
+            targets.append(s.response_ids + [pad_id] * pad)
+            attn.append([1] * len(s.response_ids) + [0] * pad)
+            start = len(s.prompt_ids) - 1
+            positions.append(list(range(start, start + width)))
+            weights.append([m * s.token_weight for m in s.response_mask] + [0.0] * pad)
+            adv.append([s.advantage] * len(s.response_ids) + [0.0] * pad)
+            behaviour.append(
+                [lp * m for lp, m in zip(s.behaviour_logprobs, s.response_mask, strict=True)] + [0.0] * pad
+            )
+        self.prefix_ids = torch.tensor(
+            [h + [pad_id] * (prefix_len - len(h)) for h in heads], dtype=torch.long
+        ).to(device)
         self.prefix_attn = prefix_attn.to(device)
         self.index = select.to(device)
-        self.ids = ids.to(device)
-        self.attn = torch.cat([prefix_attn[select], attn], dim=1).to(device)
-        self.positions = positions.to(device)
-        self.targets = targets.to(device)
-        self.weights = self.weights.to(device)
-        self.adv = self.adv.to(device)
-        self.behaviour = self.behaviour.to(device)
-        self.padded_tokens = c_count * prefix_len + n * width
+        self.ids = torch.tensor(ids, dtype=torch.long).to(device)
+        self.attn = torch.cat([prefix_attn[select], torch.tensor(attn, dtype=torch.long)], dim=1).to(device)
+        self.positions = torch.tensor(positions, dtype=torch.long).to(device)
+        self.targets = torch.tensor(targets, dtype=torch.long).to(device)
+        self.weights = torch.tensor(weights, dtype=torch.float32).to(device)
+        self.adv = torch.tensor(adv, dtype=torch.float32).to(device)
+        self.behaviour = torch.tensor(behaviour, dtype=torch.float32).to(device)
+        self.padded_tokens = len(clusters) * prefix_len + len(rows) * width
         self.real_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
 
 
