@@ -1,3 +1,33 @@
 """Shared fixtures. Kafka fixtures live in tests/kafka_fixtures.py (registered below)."""
 
+from __future__ import annotations
+
+import gc
+import subprocess
+
+import pytest
+
 pytest_plugins = ["tests.kafka_fixtures"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Name child processes a test left running, then stop them.
+
+    Every fixture has been torn down by now, so a live ``Popen`` here is a leak; left alone, Python
+    would only say ``ResourceWarning: subprocess N is still running`` at exit, without saying whose.
+    """
+    leaked = [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, subprocess.Popen) and obj.returncode is None and obj.poll() is None
+    ]
+    if not leaked:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for proc in leaked:
+        line = f"LEAKED CHILD PROCESS pid {proc.pid}: {proc.args!r}"
+        if reporter is not None:
+            reporter.write_line(line, red=True)
+        proc.kill()
+        proc.wait(10)
