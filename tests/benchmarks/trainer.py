@@ -16,7 +16,11 @@ Figures:
   (the embedded engine samples every group, the trainer requests rollouts itself): sync mode holds
   generation while it trains; async mode keeps up to K groups in flight and generates while it trains.
   The baseline is the fastest sync configuration (engine in-process or a child, training in a thread or
-  a child process, one or all torch threads), so async must beat sync's best. ``*_local_s``: training
+  a child process, one or all torch threads), so async must beat sync's best; async likewise runs with
+  the engine in-process (``inproc_async_s``: the engine's decode thread in the trainer's process, as
+  ``flywheel up`` runs it, training in a child) or as a child behind HTTP (``proc_async*``: the demo's
+  setup, where the gateway, agents and reward service share the trainer's process), one torch thread
+  each, and the best async is the figure. ``*_local_s``: training
   in a thread of the trainer's process (``trainer_backend_process=false``), where each step waits for
   the GIL whenever the service's event loop holds it.
   Each configuration runs ``--repeats`` times, interleaved; the figures are medians.
@@ -532,6 +536,9 @@ def main() -> None:
         # engine in the trainer's process, training in a thread of it (no second process at all)
         ("inproc_sync_s", lambda: _pipeline(model_dir, "sync", u, cores, backend_process=False)),
         ("inproc_sync_1t_s", lambda: _pipeline(model_dir, "sync", u, 1, backend_process=False)),
+        # engine in the trainer's process (`flywheel up`'s default), training in a child process
+        ("inproc_sync_proc_s", lambda: _pipeline(model_dir, "sync", u, cores, backend_process=True)),
+        ("inproc_async_s", lambda: _pipeline(model_dir, "async", u, 1, backend_process=True)),
         # the demo's setup: the engine is a `flywheel engine` child, training runs in a child process
         ("proc_sync_s", lambda: _pipeline_engine_process(model_dir, "sync", u, cores, cores)),
         ("proc_async_s", lambda: _pipeline_engine_process(model_dir, "async", u, 1, 1)),
