@@ -36,6 +36,16 @@ class Sample:
     def response_tokens(self) -> int:
         return sum(self.response_mask)
 
+    def token_rows(self, pad: int) -> tuple[list[float], list[float], list[float]]:
+        """Per response token, then ``pad`` zeros: loss weight, advantage, behaviour logprob (masked)."""
+        after = [0.0] * pad
+        mask = self.response_mask
+        return (
+            [m * self.token_weight for m in mask] + after,
+            [self.advantage] * len(self.response_ids) + after,
+            [lp * m for lp, m in zip(self.behaviour_logprobs, mask, strict=True)] + after,
+        )
+
 
 @dataclass
 class BatchStats:

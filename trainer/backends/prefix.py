@@ -47,11 +47,10 @@ class SharedRows:
             attn.append([1] * len(s.response_ids) + [0] * pad)
             start = len(s.prompt_ids) - 1
             positions.append(list(range(start, start + width)))
-            weights.append([m * s.token_weight for m in s.response_mask] + [0.0] * pad)
-            adv.append([s.advantage] * len(s.response_ids) + [0.0] * pad)
-            behaviour.append(
-                [lp * m for lp, m in zip(s.behaviour_logprobs, s.response_mask, strict=True)] + [0.0] * pad
-            )
+            w, a, b = s.token_rows(pad)
+            weights.append(w)
+            adv.append(a)
+            behaviour.append(b)
         self.prefix_ids = torch.tensor(
             [h + [pad_id] * (prefix_len - len(h)) for h in heads], dtype=torch.long
         ).to(device)

@@ -49,12 +49,10 @@ class _Rows:
             attn.append([1] * length + [0] * pad)
             # shifted by one: the logits at len(prompt) - 1 predict the first response token
             before = [0.0] * (len(s.prompt_ids) - 1)
-            after = [0.0] * pad
-            weights.append(before + [m * s.token_weight for m in s.response_mask] + after)
-            adv.append(before + [s.advantage] * len(s.response_ids) + after)
-            behaviour.append(
-                before + [lp * m for lp, m in zip(s.behaviour_logprobs, s.response_mask, strict=True)] + after
-            )
+            w, a, b = s.token_rows(pad)
+            weights.append(before + w)
+            adv.append(before + a)
+            behaviour.append(before + b)
         tokens = torch.tensor(ids, dtype=torch.long)
         self.ids = tokens.to(device)
         self.attn = torch.tensor(attn, dtype=torch.long).to(device)
