@@ -247,6 +247,13 @@ class EpisodeScored(EventBase):
         description="another episode replaces this one for its group member (a retry, a handed-back or "
         "redelivered task): do not count it toward the group (added, optional)",
     )
+    score_revision: int = Field(
+        default=0,
+        ge=0,
+        description="0 for an episode's first score; each re-score (feedback that arrived after scoring) "
+        "publishes the same episode again with a higher revision, which supersedes the lower ones "
+        "(added, optional)",
+    )
 
 
 # ------------------------------------------------------------------------------------- control
