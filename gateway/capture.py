@@ -7,6 +7,15 @@ Pure functions and small accumulators over vLLM's OpenAI-compatible JSON (API-NO
 - ``choices[i].weight_versions`` when ``return_weight_versions`` was asked.
 The agent receives an ordinary OpenAI response: whatever it did not ask for is removed; the recorded
 event keeps everything.
+
+Batched prompts (``/v1/completions`` with ``prompt`` a list of strings or of token-id lists): vLLM and
+the embedded engine answer ``n`` choices per prompt, choice ``index = prompt_i * n + j``, each carrying
+its own prompt's ``prompt_token_ids`` (streamed: on the choice's first chunk). Each choice is recorded
+with its own prompt ids (``CallChoice.prompt_token_ids``; the call's ``prompt_token_ids`` is None). A
+call whose choices cannot be matched to its prompts — a choice count other than prompts × n, an index
+outside that layout, a choice without prompt ids, two choices of one prompt with different ids, or ids
+that differ from a token-id prompt as sent — is recorded with no prompt ids outside its raw response and
+``token_faithful=False``, so no transition is ever built on another prompt's ids.
 """
 
 from __future__ import annotations
@@ -18,6 +27,36 @@ from schemas import CallChoice, TokenLogprob
 from schemas.events import UpstreamKind
 
 Endpoint = Literal["chat.completions", "completions"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLayout:
+    """How a request's prompts map onto its response's choices: ``index = prompt_i * n + j``."""
+
+    prompts: int  # how many prompts the request carries (chat: 1)
+    n: int  # choices per prompt
+    ids: tuple[list[int] | None, ...] = ()  # per prompt: the ids it was sent as, None for text
+
+    @property
+    def batched(self) -> bool:
+        return self.prompts != 1
+
+
+SINGLE = PromptLayout(prompts=1, n=1, ids=(None,))
+
+
+def prompt_layout(data: dict[str, Any], endpoint: Endpoint) -> PromptLayout:
+    """The prompts of a (validated) request body: one for chat, one or a list for completions."""
+    n = data.get("n")
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+    prompt = data.get("prompt") if endpoint == "completions" else None
+    if not isinstance(prompt, list):
+        return PromptLayout(prompts=1, n=n, ids=(None,))
+    if prompt and _ints(prompt) is not None:  # one prompt given as token ids
+        return PromptLayout(prompts=1, n=n, ids=(prompt,))
+    return PromptLayout(
+        prompts=len(prompt), n=n, ids=tuple(p if isinstance(p, list) else None for p in prompt)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +197,7 @@ class _ChoiceAcc:
         msg.update(self.extra_message)
         return msg
 
-    def to_choice(self, endpoint: Endpoint) -> CallChoice:
+    def to_choice(self, endpoint: Endpoint, prompt_token_ids: list[int] | None = None) -> CallChoice:
         faithful = self.token_ids is not None and self.has_logprobs
         return CallChoice(
             index=self.index,
@@ -169,28 +208,65 @@ class _ChoiceAcc:
             logprobs=self.logprobs if faithful else (self.logprobs or None),
             top_logprobs=self.top if any(self.top) else None,
             weight_versions=self.weight_versions,
+            prompt_token_ids=prompt_token_ids,
         )
 
 
 @dataclass(slots=True)
 class Captured:
-    prompt_token_ids: list[int] | None
-    choices: list[CallChoice]
+    prompt_token_ids: list[int] | None  # the single prompt's ids (None for a batched call)
+    choices: list[CallChoice]  # a batched call's choices carry their own prompt's ids
     response: dict[str, Any]  # the full response (assembled when streamed), ids included
+    layout: PromptLayout = SINGLE
+    matched: bool = True  # every choice's prompt ids are known and consistent with the layout
 
     @property
     def token_faithful(self) -> bool:
-        return (
-            self.prompt_token_ids is not None
-            and bool(self.choices)
-            and all(
-                c.token_ids is not None and c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
-                for c in self.choices
-            )
+        if not self.matched or not self.choices:
+            return False
+        if self.layout.batched:
+            prompts_known = all(c.prompt_token_ids is not None for c in self.choices)
+        else:
+            prompts_known = self.prompt_token_ids is not None
+        return prompts_known and all(
+            c.token_ids is not None and c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+            for c in self.choices
         )
 
 
-def capture_response(data: dict[str, Any], endpoint: Endpoint) -> Captured:
+def _resolve(
+    accs: list[_ChoiceAcc],
+    top: list[int] | None,
+    layout: PromptLayout,
+    endpoint: Endpoint,
+    response: dict[str, Any],
+) -> Captured:
+    """Match each choice to its prompt's ids (module docstring); unmatched calls keep no prompt ids."""
+    accs = sorted(accs, key=lambda a: a.index)
+    if not layout.batched:
+        prompt = top
+        if prompt is None:
+            prompt = next((a.prompt_token_ids for a in accs if a.prompt_token_ids is not None), None)
+        sent = layout.ids[0] if layout.ids else None
+        matched = all(a.prompt_token_ids in (None, prompt) for a in accs) and (
+            sent is None or prompt is None or prompt == sent
+        )
+        choices = [a.to_choice(endpoint) for a in accs]
+        return Captured(prompt if matched else None, choices, response, layout, matched)
+    n = layout.n
+    groups: dict[int, list[int]] = {}
+    matched = [a.index for a in accs] == list(range(layout.prompts * n))
+    for a in accs if matched else ():
+        p, ids = a.index // n, a.prompt_token_ids
+        sent = layout.ids[p] if p < len(layout.ids) else None
+        if ids is None or groups.setdefault(p, ids) != ids or (sent is not None and ids != sent):
+            matched = False
+            break
+    choices = [a.to_choice(endpoint, groups[a.index // n] if matched else None) for a in accs]
+    return Captured(None, choices, response, layout, matched)
+
+
+def capture_response(data: dict[str, Any], endpoint: Endpoint, layout: PromptLayout = SINGLE) -> Captured:
     """Read ids, logprobs and text from a complete (non-streamed) response."""
     accs: list[_ChoiceAcc] = []
     prompt = _ints(data.get("prompt_token_ids"))
@@ -216,10 +292,9 @@ def capture_response(data: dict[str, Any], endpoint: Endpoint) -> Captured:
         else:
             acc.text.append(str(raw.get("text") or ""))
             acc.add_completion_logprobs(raw.get("logprobs"))
-            if prompt is None:
-                prompt = _ints(raw.get("prompt_token_ids"))
+            acc.prompt_token_ids = _ints(raw.get("prompt_token_ids"))
         accs.append(acc)
-    return Captured(prompt, [a.to_choice(endpoint) for a in accs], data)
+    return _resolve(accs, prompt, layout, endpoint, data)
 
 
 def strip_response(data: dict[str, Any], endpoint: Endpoint, asked: Asked) -> None:
@@ -241,8 +316,9 @@ def strip_response(data: dict[str, Any], endpoint: Endpoint, asked: Asked) -> No
 class StreamAssembler:
     """Accumulates SSE chunks into the response the stream amounts to."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, layout: PromptLayout = SINGLE) -> None:
         self.endpoint = endpoint
+        self.layout = layout
         self.prompt_token_ids: list[int] | None = None
         self.choices: dict[int, _ChoiceAcc] = {}
         self.head: dict[str, Any] = {}
@@ -278,8 +354,8 @@ class StreamAssembler:
             else:
                 if isinstance(raw.get("text"), str):
                     acc.text.append(raw["text"])
-                if self.prompt_token_ids is None:
-                    self.prompt_token_ids = _ints(raw.get("prompt_token_ids"))
+                if acc.prompt_token_ids is None:  # vLLM: on each choice's first chunk
+                    acc.prompt_token_ids = _ints(raw.get("prompt_token_ids"))
                 acc.add_completion_logprobs(raw.get("logprobs"))
 
     @staticmethod
@@ -292,7 +368,6 @@ class StreamAssembler:
 
     def result(self) -> Captured:
         accs = [self.choices[k] for k in sorted(self.choices)]
-        choices = [a.to_choice(self.endpoint) for a in accs]
         if self.endpoint == "chat.completions":
             body_choices: list[dict[str, Any]] = [
                 {
@@ -320,22 +395,26 @@ class StreamAssembler:
         for a, c in zip(accs, body_choices, strict=True):
             if a.weight_versions is not None:
                 c["weight_versions"] = a.weight_versions
+            if a.prompt_token_ids is not None:
+                c["prompt_token_ids"] = a.prompt_token_ids
         response: dict[str, Any] = {**self.head, "object": obj, "choices": body_choices}
         if self.prompt_token_ids is not None:
             response["prompt_token_ids"] = self.prompt_token_ids
         if self.usage is not None:
             response["usage"] = self.usage
-        return Captured(self.prompt_token_ids, choices, response)
+        return _resolve(accs, self.prompt_token_ids, self.layout, self.endpoint, response)
 
 
 def count_tokens(captured: Captured) -> tuple[int, int]:
     """(prompt tokens, completion tokens) from ids, else from the reported usage."""
     usage = captured.response.get("usage") or {}
-    prompt = (
-        len(captured.prompt_token_ids)
-        if captured.prompt_token_ids is not None
-        else int(usage.get("prompt_tokens") or 0)
-    )
+    if captured.prompt_token_ids is not None:
+        prompt = len(captured.prompt_token_ids)
+    elif captured.layout.batched and captured.token_faithful:  # each prompt once, not once per choice
+        n = captured.layout.n
+        prompt = sum(len(c.prompt_token_ids or []) for c in captured.choices if c.index % n == 0)
+    else:
+        prompt = int(usage.get("prompt_tokens") or 0)
     if all(c.token_ids is not None for c in captured.choices) and captured.choices:
         completion = sum(len(c.token_ids or []) for c in captured.choices)
     else:

@@ -91,7 +91,7 @@ class EpisodeRegistry:
         self.wait_s = wait_s
         self.max_waiters = max_waiters
         self._open: OrderedDict[str, EpisodeState] = OrderedDict()
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished: OrderedDict[str, float] = OrderedDict()  # episode → when it ended (monotonic)
         self._waiters: dict[str, asyncio.Event] = {}
         self._sessions: dict[tuple[str, str], str] = {}
         self._session_history: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -138,7 +138,7 @@ class EpisodeRegistry:
 
     def finish(self, episode_id: str) -> EpisodeState | None:
         state = self._open.pop(episode_id, None)
-        self._finished[episode_id] = None
+        self._finished.setdefault(episode_id, time.monotonic())
         while len(self._finished) > self.max_episodes:
             self._finished.popitem(last=False)
         if state is not None and state.tenant is not None and state.session_id is not None:
@@ -152,6 +152,11 @@ class EpisodeRegistry:
 
     def get(self, episode_id: str) -> EpisodeState | None:
         return self._open.get(episode_id)
+
+    def ended_s_ago(self, episode_id: str) -> float | None:
+        """Seconds since the episode ended; None when it is open or no longer remembered."""
+        ended = self._finished.get(episode_id)
+        return None if ended is None else time.monotonic() - ended
 
     async def training(self, episode_id: str) -> EpisodeState:
         """The open training episode ``episode_id``; waits briefly for its ``EpisodeStarted``."""

@@ -6,6 +6,7 @@
      ├── AuthenticationError          401  authentication_error    (missing/wrong key or admin token)
      ├── PermissionDeniedError        403  permission_error
      ├── NotFoundError                404  not_found_error         (unknown/finished episode, session, call)
+     ├── ConflictError                409  invalid_request_error   (feedback too late for its session)
      ├── PayloadTooLargeError         413  invalid_request_error
      ├── UpstreamError                (upstream's status)          forwarded upstream failures
      │    ├── UpstreamUnavailableError 502                          connection refused/reset after retries
@@ -74,6 +75,11 @@ class PermissionDeniedError(GatewayError):
 class NotFoundError(GatewayError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class ConflictError(GatewayError):
+    status_code = 409
+    error_type = "invalid_request_error"
 
 
 class PayloadTooLargeError(GatewayError):

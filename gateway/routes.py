@@ -179,8 +179,17 @@ def build_router() -> APIRouter:
     @router.post("/v1/feedback", tags=["production"])
     async def feedback(body: FeedbackRequest, request: Request) -> Response:
         tenant = tenant_of(request)
-        event = await _gw(request).feedback(tenant, body)
-        return _json({"ok": True, "event_id": event.event_id, "episode_id": event.episode_id})
+        event, is_open = await _gw(request).feedback(tenant, body)
+        # an ended session is re-scored with this feedback (a new EpisodeScored, one revision up)
+        return _json(
+            {
+                "ok": True,
+                "event_id": event.event_id,
+                "episode_id": event.episode_id,
+                "session_open": is_open,
+                "rescore": not is_open,
+            }
+        )
 
     @router.post("/v1/sessions/{session_id}/end", tags=["production"])
     async def end_session(session_id: str, request: Request) -> Response:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.control import Admission, DrainResult
 from gateway.episodes import EpisodeRegistry, EpisodeState
-from gateway.errors import NotFoundError
+from gateway.errors import ConflictError, NotFoundError, ValidationFailedError
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
@@ -294,7 +294,14 @@ class Gateway:
         await self.publish(event)
         return event
 
-    async def feedback(self, tenant: str, req: FeedbackRequest) -> RewardReported:
+    async def feedback(self, tenant: str, req: FeedbackRequest) -> tuple[RewardReported, bool]:
+        """Publish feedback on a session (or one of its calls); returns it and whether the session is open.
+
+        Every path is explicit: an open session is scored with its feedback when it ends; an ended one
+        within ``feedback_window_s`` is re-scored by the reward service (a new ``EpisodeScored``, one
+        ``score_revision`` up); past the window, or when this gateway no longer remembers when the
+        session ended, the answer is 409 and nothing is published; an unknown session or call is 404.
+        """
         call_seq: int | None = None
         if req.call_id is not None:
             found = self.episodes.call(req.call_id)
@@ -309,9 +316,10 @@ class Gateway:
                 )
             episode_id = maybe
         else:
-            from gateway.errors import ValidationFailedError
-
             raise ValidationFailedError("feedback needs session_id or call_id", param="session_id")
+        is_open = self.episodes.get(episode_id) is not None
+        if not is_open:
+            self._check_feedback_window(episode_id)
         event = RewardReported(
             producer=f"gateway:{self.id}",
             episode_id=episode_id,
@@ -324,7 +332,27 @@ class Gateway:
             tenant=tenant,
         )
         await self.publish(event)
-        return event
+        return event, is_open
+
+    def _check_feedback_window(self, episode_id: str) -> None:
+        window = self.settings.feedback_window_s
+        ago = self.episodes.ended_s_ago(episode_id)
+        if ago is None:
+            raise ConflictError(
+                f"the session of episode {episode_id} ended and this gateway no longer holds its state, so "
+                "the feedback could not be applied to its score; send feedback while the session is open "
+                f"or within {window:g}s after it ends",
+                code="session_expired",
+                episode_id=episode_id,
+            )
+        if ago > window:
+            raise ConflictError(
+                f"the session of episode {episode_id} ended {ago:.0f}s ago; feedback is accepted until "
+                f"{window:g}s after a session ends (FLYWHEEL_FEEDBACK_WINDOW_S), so it would not change "
+                "the session's score",
+                code="feedback_window_closed",
+                episode_id=episode_id,
+            )
 
     async def _reap_sessions(self) -> None:
         interval = max(0.05, min(30.0, self.settings.session_idle_s / 4))

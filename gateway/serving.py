@@ -20,10 +20,12 @@ from gateway.capture import (
     Asked,
     Captured,
     Endpoint,
+    PromptLayout,
     StreamAssembler,
     capture_response,
     count_tokens,
     prepare_body,
+    prompt_layout,
     strip_response,
 )
 from gateway.control import Admission
@@ -65,6 +67,7 @@ class _Ctx:
     call: Call
     upstream: Upstream
     asked: Asked
+    layout: PromptLayout
     seq: int
     call_id: str
     version: int
@@ -102,7 +105,15 @@ class CallService:
             )
             seq = call.episode.take_seq()
             ctx = _Ctx(
-                call, upstream, asked, seq, new_event_id(), version, datetime.now(UTC), time.perf_counter()
+                call,
+                upstream,
+                asked,
+                prompt_layout(call.data, call.endpoint),
+                seq,
+                new_event_id(),
+                version,
+                datetime.now(UTC),
+                time.perf_counter(),
             )
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
@@ -123,7 +134,7 @@ class CallService:
             except orjson.JSONDecodeError as exc:
                 await self._record_failure(ctx, 502, "upstream returned invalid JSON", stream)
                 raise UpstreamError("upstream returned invalid JSON", upstream=upstream.url) from exc
-            captured = capture_response(data, call.endpoint)
+            captured = capture_response(data, call.endpoint, ctx.layout)
             await self._record(ctx, captured, streamed=False)
             strip_response(data, call.endpoint, asked)
             return Answer(orjson.dumps(data), ctx.call_id)
@@ -133,7 +144,7 @@ class CallService:
 
     async def _stream(self, ctx: _Ctx, response: UpstreamResponse) -> AsyncIterator[bytes]:
         endpoint = ctx.call.endpoint
-        asm = StreamAssembler(endpoint)
+        asm = StreamAssembler(endpoint, ctx.layout)
         held: list[bytes] = []
         try:
             try:

@@ -29,6 +29,9 @@ class FlywheelSettings(BaseSettings):
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db
     admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
     model: str = "policy"
+    # Production feedback is accepted this long after its session ended (then re-scores the session);
+    # later, the gateway answers 409. Shared by the gateway (refuses) and the reward service (retains).
+    feedback_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     log_level: str = "INFO"
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
 

@@ -40,7 +40,11 @@ def build_service(
     return RewardService(
         bus,
         scoring,
-        EpisodeStore(settings.journal_path()),
+        EpisodeStore(
+            settings.journal_path(),
+            retain=settings.feedback_retain,
+            retain_s=settings.feedback_window_s,
+        ),
         group=settings.reward_group,
         discount=settings.discount,
         idle_timeout_s=settings.idle_timeout_s,

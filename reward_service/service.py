@@ -6,6 +6,16 @@ the journal durable before the batch is committed. ``EpisodeScored`` carries a d
 ``event_id`` (derived from the episode id), so a batch redelivered after a crash republishes the same
 event and consumers deduplicate it.
 
+Feedback after scoring (``RewardReported(origin=feedback)`` for a production session already scored)
+re-scores it: the session is retained by the store (``state.py``: bounded, compact, durable with the
+journal), the new feedback is added, and the session is published again as ``EpisodeScored`` with
+``score_revision`` one higher and an ``event_id`` derived from (episode, revision), so a redelivered
+feedback republishes the same event and consumers deduplicate it. Feedback that changes nothing (no
+mappable rating, the same reward) is kept without a new revision. Feedback for a session the store no
+longer holds goes to ``flywheel.deadletter`` with the reason (and is counted): the gateway refuses
+feedback past ``feedback_window_s`` with a 409, so this happens only when the count bound evicted the
+session earlier or the service lost its state.
+
 A sweeper closes what no one else will: production sessions idle for ``idle_timeout_s`` and live
 episodes abandoned past their deadline + grace (their worker died; the task was redelivered as another
 episode) get an ``EpisodeFinished`` published on their behalf, which then flows through the same path.
@@ -30,8 +40,10 @@ from reward_service.scoring import Outcome, Scoring, is_rank, scorer_for
 from reward_service.state import EpisodeRecord, EpisodeStore
 from reward_service.transitions import assemble
 from schemas import (
+    DEADLETTER,
     EPISODES,
     TRANSITIONS,
+    DeadLetter,
     EpisodeFinished,
     EpisodeScored,
     EpisodeSource,
@@ -42,6 +54,7 @@ from schemas import (
     RewardOrigin,
     RewardReported,
     ScorerSpec,
+    encode,
 )
 
 log = get_logger("reward_service")
@@ -53,10 +66,15 @@ UNUSABLE = Counter(
 SCORE_ERRORS = Counter("flywheel_reward_score_errors_total", "Episodes a scorer failed on")
 PREFIX_MISMATCH = Counter("flywheel_reward_prefix_mismatches_total", "Calls that did not extend the last one")
 CLOSED = Counter("flywheel_reward_episodes_closed_total", "Episodes closed by the service", ["why"])
+LATE_FEEDBACK = Counter(
+    "flywheel_reward_late_feedback_total", "Feedback that arrived after its session was scored", ["outcome"]
+)
 
 
-def scored_event_id(episode_id: str) -> str:
-    return hashlib.sha256(f"episode-scored:{episode_id}".encode()).hexdigest()[:32]
+def scored_event_id(episode_id: str, revision: int = 0) -> str:
+    """Deterministic per (episode, revision): a redelivered batch republishes the same event."""
+    key = f"episode-scored:{episode_id}" + (f":{revision}" if revision else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 @dataclass(slots=True)
@@ -65,6 +83,9 @@ class RewardStats:
     unusable: dict[str, int] = field(default_factory=dict)
     score_errors: int = 0
     late_events: int = 0
+    rescored: int = 0  # late feedback that published a new revision
+    feedback_unchanged: int = 0  # late feedback kept without a new revision (no new reward)
+    feedback_unheld: int = 0  # late feedback for a session no longer held: sent to the dead-letter topic
 
 
 class RewardService:
@@ -103,7 +124,7 @@ class RewardService:
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        await self.bus.ensure_topics([EPISODES, TRANSITIONS])
+        await self.bus.ensure_topics([EPISODES, TRANSITIONS, DEADLETTER])
         for record in list(self.store.open.values()):  # rebuilt from the journal
             if record.finished is not None and is_rank(scorer_for(record, "none")) and record.started:
                 self.waiting_groups.setdefault(record.started.group_id or record.episode_id, time.monotonic())
@@ -129,13 +150,17 @@ class RewardService:
     async def handle(self, messages: Sequence[Message]) -> None:
         async with self._lock:
             finished: dict[str, EpisodeRecord] = {}
+            late_feedback: list[RewardReported] = []
             for message in messages:
                 event = message.event
                 if not isinstance(event, EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished):
                     continue
                 record = self.store.add(event)
                 if record is None:
-                    self.stats.late_events += 1
+                    if isinstance(event, RewardReported) and event.origin is RewardOrigin.feedback:
+                        late_feedback.append(event)
+                    else:
+                        self.stats.late_events += 1
                     continue
                 if isinstance(event, EpisodeFinished) and record.finished is event:
                     finished[record.episode_id] = record
@@ -150,7 +175,48 @@ class RewardService:
             for record in ranked:
                 self.waiting_groups.setdefault(_group_id(record), time.monotonic())
             await self._rank_ready(force=False)
+            for feedback in late_feedback:
+                await self._rescore(feedback)
             self.store.flush()
+
+    async def _rescore(self, feedback: RewardReported) -> None:
+        """Feedback after scoring: publish the session again with the new reward, one revision up."""
+        held = self.store.retained_record(feedback.episode_id)
+        if held is None:
+            self.stats.feedback_unheld += 1
+            LATE_FEEDBACK.labels("unheld").inc()
+            reason = (
+                f"feedback for episode {feedback.episode_id} arrived after it was scored, and the reward "
+                f"service no longer holds it (retains {self.store.retain} sessions for "
+                f"{self.store.retain_s:g}s): not re-scored"
+            )
+            log.warning("late_feedback_unheld", episode_id=feedback.episode_id)
+            await self.bus.publish(
+                DEADLETTER,
+                DeadLetter(
+                    producer=self.producer,
+                    original_topic=EPISODES,
+                    key=feedback.episode_id,
+                    consumer_group=self.group,
+                    error_type="FeedbackNotHeld",
+                    error=reason,
+                    payload=encode(feedback).decode("utf-8", "replace"),
+                ),
+            )
+            return
+        record, revision = held
+        before = self.scoring.feedback.episode_reward(record.rewards)
+        if not record.add(feedback):
+            return  # a redelivery of feedback already applied
+        value = self.scoring.feedback.episode_reward(record.rewards)
+        if value is None or value == before:
+            self.stats.feedback_unchanged += 1
+            LATE_FEEDBACK.labels("unchanged").inc()
+            self.store.keep(record, revision=revision)
+            return
+        await self._publish(record, Outcome(value, "feedback"), revision=revision + 1)
+        self.stats.rescored += 1
+        LATE_FEEDBACK.labels("rescored").inc()
 
     async def _rank_ready(self, *, force: bool) -> None:
         now = time.monotonic()
@@ -174,7 +240,7 @@ class RewardService:
             for record, outcome in zip(members, outcomes, strict=True):
                 await self._publish(record, outcome)
 
-    async def _publish(self, record: EpisodeRecord, outcome: Outcome) -> None:
+    async def _publish(self, record: EpisodeRecord, outcome: Outcome, *, revision: int = 0) -> None:
         started, finished = record.started, record.finished
         assert finished is not None
         task = started.task if started is not None else None
@@ -200,7 +266,7 @@ class RewardService:
         elif reason is None and outcome.reward is None:
             reason = "unscored"
         scored = EpisodeScored(
-            event_id=scored_event_id(record.episode_id),
+            event_id=scored_event_id(record.episode_id, revision),
             producer=self.producer,
             episode_id=record.episode_id,
             group_id=_group_id(record),
@@ -222,9 +288,14 @@ class RewardService:
             unusable_reason=reason,
             finished_at=finished.emitted_at,
             superseded=finished.superseded,
+            score_revision=revision,
         )
         await self.bus.publish(TRANSITIONS, scored)
-        self.store.close(record.episode_id)
+        if revision == 0:
+            self.store.close(record.episode_id)
+        else:
+            self.store.keep(record, revision=revision)
+            return  # counted as a re-score, not as another scored episode
         self.stats.scored += 1
         SCORED.labels(outcome.source).inc()
         PREFIX_MISMATCH.inc(assembly.prefix_mismatches)

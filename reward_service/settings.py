@@ -24,6 +24,9 @@ class RewardSettings(FlywheelSettings):
     feedback_scale: Literal["thumbs", "stars"] = "thumbs"  # thumbs: -1/0/1 → 0/0.5/1; stars: 1..max → 0..1
     feedback_stars_max: int = Field(default=5, ge=2)
     feedback_ratings: dict[str, float] = Field(default_factory=dict)  # explicit rating → reward overrides
+    # scored production sessions kept for late feedback (state.py: a few bytes per token each, in the
+    # journal, or in memory without one), also bounded by feedback_window_s
+    feedback_retain: int = Field(default=10_000, ge=0)
     gateway_url: str = "http://127.0.0.1:8000"
     judge_base_url: str = ""  # default: {gateway_url}/v1
     judge_api_key: SecretStr = SecretStr("")

@@ -6,6 +6,14 @@ So every event is journaled before the handler returns — into SQLite (WAL) und
 ``journal`` is a path — and the open episodes are rebuilt from the journal on start. Scored episodes
 are removed and remembered (bounded) so a duplicate ``EpisodeFinished`` is not scored twice.
 
+Retention for late feedback (DESIGN.md, "Production traffic"): a scored production session is kept, in
+compact form, so that feedback arriving after it was scored can re-score it. Kept: its events with the
+request/response text dropped (ids, logprobs, versions, rewards stay: all that assembly and the feedback
+mapping read), as one zlib-compressed blob of JSON lines — a few bytes per token — in the journal's
+``retained`` table, or in memory when there is no journal. Bounded by ``retain`` sessions (oldest
+scored out first) and by ``retain_s`` seconds since the last (re-)score; the default window is the
+gateway's ``feedback_window_s``, past which the gateway refuses feedback with a 409.
+
 Scale-out caveat: the journal is local to one reward-service instance. If Kafka moves a partition to
 another instance while an episode on it is open, the new owner has not seen the episode's earlier
 events; it scores the episode from what it has and marks it (``unusable_reason="state_lost"`` when
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,14 +90,60 @@ class EpisodeRecord:
     def ordered_calls(self) -> list[LLMCallRecorded]:
         return [self.calls[k] for k in sorted(self.calls)]
 
+    def events(self) -> list[EpisodeEvent]:
+        """Its events, in an order that ``add`` replays to the same record."""
+        out: list[EpisodeEvent] = [] if self.started is None else [self.started]
+        out.extend(self.ordered_calls())
+        out.extend(self.rewards)
+        if self.finished is not None:
+            out.append(self.finished)
+        return out
+
+
+@dataclass(slots=True)
+class Retained:
+    """A scored production session kept for late feedback: its last published revision and when."""
+
+    revision: int
+    at: float  # wall clock of the last (re-)score
+
+
+def _pack(record: EpisodeRecord) -> bytes:
+    lines = []
+    for event in record.events():
+        if isinstance(event, LLMCallRecorded):  # the text is the bulk; re-scoring needs only the ids
+            event = event.model_copy(update={"request": "", "response": None})
+        lines.append(encode(event))
+    return zlib.compress(b"\n".join(lines))
+
+
+def _unpack(episode_id: str, blob: bytes) -> EpisodeRecord:
+    record = EpisodeRecord(episode_id)
+    for line in zlib.decompress(blob).split(b"\n"):
+        event = decode(EPISODES, line)
+        assert isinstance(event, EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished)
+        record.add(event)
+    return record
+
 
 class EpisodeStore:
     """Open episodes in memory, journaled to SQLite when ``journal`` is a path."""
 
-    def __init__(self, journal: Path | None = None, *, remember_done: int = 100_000) -> None:
+    def __init__(
+        self,
+        journal: Path | None = None,
+        *,
+        remember_done: int = 100_000,
+        retain: int = 10_000,
+        retain_s: float = 7 * 24 * 3600.0,
+    ) -> None:
         self.open: dict[str, EpisodeRecord] = {}
         self.done: OrderedDict[str, None] = OrderedDict()
         self.remember_done = remember_done
+        self.retain = retain
+        self.retain_s = retain_s
+        self.retained: OrderedDict[str, Retained] = OrderedDict()  # oldest (re-)score first
+        self._blobs: dict[str, bytes] = {}  # without a journal: the retained sessions themselves
         self._db: sqlite3.Connection | None = None
         if journal is not None:
             journal.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +155,10 @@ class EpisodeStore:
             )
             self._db.execute("CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id)")
             self._db.execute("CREATE TABLE IF NOT EXISTS done (episode_id TEXT PRIMARY KEY, at REAL)")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS retained"
+                " (episode_id TEXT PRIMARY KEY, at REAL, revision INTEGER, body BLOB)"
+            )
             self._load()
             self._db.execute("BEGIN")
 
@@ -107,6 +166,10 @@ class EpisodeStore:
         assert self._db is not None
         for (episode_id,) in self._db.execute("SELECT episode_id FROM done ORDER BY at"):
             self.done[episode_id] = None
+        for episode_id, at, revision in self._db.execute(
+            "SELECT episode_id, at, revision FROM retained ORDER BY at"
+        ):
+            self.retained[episode_id] = Retained(int(revision), float(at))
         for episode_id, body in self._db.execute("SELECT episode_id, body FROM events ORDER BY n"):
             event = decode(EPISODES, body)
             assert isinstance(event, EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished)
@@ -126,8 +189,8 @@ class EpisodeStore:
         return record
 
     def close(self, episode_id: str) -> None:
-        """The episode is scored: forget its events, remember that it is done."""
-        self.open.pop(episode_id, None)
+        """The episode is scored: forget its events, remember that it is done (production: retain it)."""
+        record = self.open.pop(episode_id, None)
         self.done[episode_id] = None
         if self._db is not None:
             self._db.execute("DELETE FROM events WHERE episode_id = ?", (episode_id,))
@@ -136,6 +199,50 @@ class EpisodeStore:
             old, _ = self.done.popitem(last=False)
             if self._db is not None:
                 self._db.execute("DELETE FROM done WHERE episode_id = ?", (old,))
+        if record is not None and record.source is EpisodeSource.production and self.retain > 0:
+            self.keep(record, revision=0)
+
+    def keep(self, record: EpisodeRecord, *, revision: int) -> None:
+        """Retain a scored production session (again, after a re-score) as its newest revision."""
+        blob, now = _pack(record), time.time()
+        self.retained.pop(record.episode_id, None)
+        self.retained[record.episode_id] = Retained(revision, now)
+        if self._db is not None:
+            self._db.execute(
+                "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?)",
+                (record.episode_id, now, revision, blob),
+            )
+        else:
+            self._blobs[record.episode_id] = blob
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self.retained:
+            oldest, kept = next(iter(self.retained.items()))
+            if len(self.retained) <= self.retain and now - kept.at <= self.retain_s:
+                break
+            self._drop(oldest)
+
+    def _drop(self, episode_id: str) -> None:
+        self.retained.pop(episode_id, None)
+        self._blobs.pop(episode_id, None)
+        if self._db is not None:
+            self._db.execute("DELETE FROM retained WHERE episode_id = ?", (episode_id,))
+
+    def retained_record(self, episode_id: str) -> tuple[EpisodeRecord, int] | None:
+        """A retained scored session rebuilt with its last revision; None when not (or no longer) held."""
+        self._expire(time.time())
+        kept = self.retained.get(episode_id)
+        if kept is None:
+            return None
+        if self._db is not None:
+            row = self._db.execute("SELECT body FROM retained WHERE episode_id = ?", (episode_id,)).fetchone()
+            blob = bytes(row[0]) if row is not None else None
+        else:
+            blob = self._blobs.get(episode_id)
+        if blob is None:
+            return None
+        return _unpack(episode_id, blob), kept.revision
 
     def flush(self) -> None:
         """Make everything recorded so far durable (called before the bus commits)."""

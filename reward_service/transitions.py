@@ -2,7 +2,9 @@
 "Credit assignment").
 
 - Each call yields one transition per choice: its prompt ids exactly as the engine reported them and
-  the choice's generated ids with their behaviour logprobs. A call with ``n > 1`` yields ``n``.
+  the choice's generated ids with their behaviour logprobs. A call with ``n > 1`` yields ``n``. A call
+  that batched several prompts carries each choice's own prompt ids (``CallChoice.prompt_token_ids``);
+  a choice's transition starts from those, never from another prompt's.
 - Consecutive calls merge into one trajectory only when the extension property holds exactly: the next
   prompt ids start with the trajectory's prompt + response ids. The tokens between (tool results, the
   next user turn, template glue) become observation tokens: mask 0, logprob 0.0. Anything else starts a
@@ -71,8 +73,13 @@ def _version(call: LLMCallRecorded, choice: CallChoice) -> int:
     return min(versions)
 
 
+def _prompt(call: LLMCallRecorded, choice: CallChoice) -> list[int] | None:
+    """The prompt ids this choice was generated from: its own (batched prompts), else the call's."""
+    return choice.prompt_token_ids if choice.prompt_token_ids is not None else call.prompt_token_ids
+
+
 def _problem(call: LLMCallRecorded, choice: CallChoice) -> str | None:
-    if call.prompt_token_ids is None or choice.token_ids is None:
+    if _prompt(call, choice) is None or choice.token_ids is None:
         return "no_token_ids"
     if choice.logprobs is None or len(choice.logprobs) != len(choice.token_ids):
         return "no_logprobs"
@@ -81,7 +88,7 @@ def _problem(call: LLMCallRecorded, choice: CallChoice) -> str | None:
 
 def _start(call: LLMCallRecorded, choice: CallChoice) -> _Trajectory:
     traj = _Trajectory(
-        prompt_ids=list(call.prompt_token_ids or []),
+        prompt_ids=list(_prompt(call, choice) or []),
         weight_version=_version(call, choice),
         logprobs_mode=call.logprobs_mode,
     )
@@ -114,7 +121,7 @@ def assemble(
                 out.no_logprobs += 1
             continue
         out.usable_calls += 1
-        prompt = call.prompt_token_ids or []
+        prompt = _prompt(call, choices[0]) or []
         extended: _Trajectory | None = None
         if len(choices) == 1:
             for traj in open_:

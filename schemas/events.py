@@ -116,6 +116,12 @@ class CallChoice(BaseModel):
     logprobs: list[float] | None = None  # behaviour log-probability of each generated token
     top_logprobs: list[list[TokenLogprob]] | None = None
     weight_versions: list[int] | None = None  # per token, where the engine reports it
+    prompt_token_ids: list[int] | None = Field(
+        default=None,
+        description="the prompt ids of this choice, set only when the call batched several prompts "
+        "(``/v1/completions`` with a list of prompts); otherwise the call's ``prompt_token_ids`` apply "
+        "(added, optional)",
+    )
 
 
 class LLMCallRecorded(EventBase):
@@ -137,8 +143,15 @@ class LLMCallRecorded(EventBase):
     upstream: UpstreamKind = UpstreamKind.vllm
     upstream_url: str = ""
     logprobs_mode: LogprobsMode = LogprobsMode.processed
-    token_faithful: bool = Field(default=False, description="prompt and every choice carry token ids")
-    prompt_token_ids: list[int] | None = None
+    token_faithful: bool = Field(
+        default=False,
+        description="prompt and every choice carry token ids (for a batched call: every choice carries "
+        "the ids of its own prompt)",
+    )
+    prompt_token_ids: list[int] | None = Field(
+        default=None,
+        description="the prompt's ids; None for a batched call (see CallChoice.prompt_token_ids)",
+    )
     choices: list[CallChoice] = Field(default_factory=list)
     weight_version: int = Field(default=0, ge=0)
     extends_previous: bool | None = Field(

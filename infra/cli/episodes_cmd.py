@@ -114,7 +114,7 @@ def print_calls(calls: list[dict[str, Any]], *, title: str = "") -> None:
                 str(c["weight_version"]),
                 "yes" if c["token_faithful"] else "no",
                 {True: "yes", False: "MISMATCH", None: "-"}[c.get("extends_previous")],
-                str(len(c.get("prompt_token_ids") or [])),
+                str(len(ch.get("prompt_token_ids") or c.get("prompt_token_ids") or [])),
                 _short(str(ch.get("text") or (ch.get("message") or {}).get("tool_calls") or ""), 80),
                 _short(str(ids), 40),
                 _short(", ".join(f"{x:.3f}" for x in lps), 40),

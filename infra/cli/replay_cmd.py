@@ -303,7 +303,11 @@ def stats_command(
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Reward, success rate, transitions per episode and policy versions over time."""
+    """Reward, success rate, transitions per episode, policy versions and production feedback over time.
+
+    For production traffic: the scored sessions per bucket, the share with user feedback and the share
+    of those whose latest feedback is a thumbs up (a rating > 0, or a score ≥ the success threshold).
+    """
     from infra.eventlog.errors import EventLogError
 
     if bucket not in ("minute", "hour", "day"):
@@ -343,7 +347,16 @@ def _print_stats(rows: list[dict[str, Any]], plot: Path | None) -> None:
     table = Table(
         "bucket", "episodes", "mean reward", "success", "calls/ep", "transitions/ep", "weights (mean/max)"
     )
+    production = any(r.get("production_sessions") for r in rows)
+    if production:
+        for column in ("production", "feedback", "thumbs up"):
+            table.add_column(column)
     for r in rows:
+        extra = (
+            [str(r["production_sessions"]), num(r["feedback_rate"], 2), num(r["thumbs_up_rate"], 2)]
+            if production
+            else []
+        )
         table.add_row(
             r["bucket"],
             str(r["episodes"]),
@@ -352,6 +365,7 @@ def _print_stats(rows: list[dict[str, Any]], plot: Path | None) -> None:
             num(r["mean_calls"], 2),
             num(r["mean_transitions"], 2),
             f"{num(r['mean_weight_version'], 1)}/{num(r['max_weight_version'])}",
+            *extra,
         )
     console = Console()
     console.print(table if rows else "no scored episodes in this range")

@@ -117,6 +117,14 @@ class StatsPoint(BaseModel):
     mean_transitions: float
     mean_weight_version: float | None
     max_weight_version: int | None
+    production_sessions: int = Field(default=0, description="scored production sessions (added, optional)")
+    feedback_rate: float | None = Field(
+        default=None, description="share of those production sessions with user feedback (added, optional)"
+    )
+    thumbs_up_rate: float | None = Field(
+        default=None,
+        description="share of the sessions with feedback whose latest feedback is positive (added, optional)",
+    )
 
 
 class QueryResult(BaseModel):

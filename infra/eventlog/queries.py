@@ -184,27 +184,62 @@ _BUCKET_FN = {"minute": "toStartOfMinute", "hour": "toStartOfHour", "day": "toSt
 def stats(
     db: str, since: datetime | None, until: datetime | None, bucket: Bucket, success_threshold: float
 ) -> tuple[str, Params]:
-    """Scored episodes per time bucket (one row per episode: the latest score, duplicates absorbed)."""
+    """Scored episodes per time bucket (one row per episode, duplicates absorbed).
+
+    An episode lands in the bucket of its first score (for a production session: when it ended) and
+    counts with its latest score (a re-score after late feedback replaces the reward, not the time).
+    Production columns: ``feedback_rate`` is the share of the bucket's production sessions with any
+    feedback (``RewardReported`` with origin ``feedback``, at any time); ``thumbs_up_rate`` the share of
+    those whose latest feedback is positive (a rating > 0, or, without a rating, a score ≥ threshold).
+    """
     params: Params = {"thr": success_threshold}
     conds = ["type = 'episode_scored'", "source != 'replay'", *_time_conds(since, until, params)]
     fn = _BUCKET_FN[bucket]
+    prod = "s_source = 'production'"
     sql = f"""
         SELECT
-            toDateTime64({fn}(emitted_at), 3, 'UTC') AS bucket,
+            toDateTime64({fn}(first_at), 3, 'UTC') AS bucket,
             count() AS episodes,
-            avgOrNull(reward) AS mean_reward,
-            if(countIf(reward IS NOT NULL) > 0,
-               countIf(reward >= {{thr:Float64}}) / countIf(reward IS NOT NULL), NULL) AS success_rate,
-            countIf(status = 'ok') / count() AS ok_rate,
-            avg(greatest(num_calls, 0)) AS mean_calls,
-            avg(greatest(num_transitions, 0)) AS mean_transitions,
-            avgOrNullIf(weight_version, weight_version >= 0) AS mean_weight_version,
-            maxOrNullIf(weight_version, weight_version >= 0) AS max_weight_version
+            avgOrNull(s_reward) AS mean_reward,
+            if(countIf(s_reward IS NOT NULL) > 0,
+               countIf(s_reward >= {{thr:Float64}}) / countIf(s_reward IS NOT NULL), NULL) AS success_rate,
+            countIf(s_status = 'ok') / count() AS ok_rate,
+            avg(greatest(s_calls, 0)) AS mean_calls,
+            avg(greatest(s_transitions, 0)) AS mean_transitions,
+            avgOrNullIf(s_version, s_version >= 0) AS mean_weight_version,
+            maxOrNullIf(s_version, s_version >= 0) AS max_weight_version,
+            countIf({prod}) AS production_sessions,
+            if(countIf({prod}) > 0, countIf({prod} AND has_feedback = 1) / countIf({prod}), NULL)
+                AS feedback_rate,
+            if(countIf({prod} AND has_feedback = 1) > 0,
+               countIf({prod} AND has_feedback = 1 AND positive = 1) / countIf({prod} AND has_feedback = 1),
+               NULL) AS thumbs_up_rate
         FROM (
-            SELECT emitted_at, reward, status, num_calls, num_transitions, weight_version
+            SELECT
+                episode_id,
+                min(emitted_at) AS first_at,
+                argMax(reward, emitted_at) AS s_reward,
+                argMax(status, emitted_at) AS s_status,
+                argMax(source, emitted_at) AS s_source,
+                argMax(num_calls, emitted_at) AS s_calls,
+                argMax(num_transitions, emitted_at) AS s_transitions,
+                argMax(weight_version, emitted_at) AS s_version
             FROM {db}.events WHERE {" AND ".join(conds)}
-            ORDER BY emitted_at DESC LIMIT 1 BY episode_id
-        )
+            GROUP BY episode_id
+        ) AS scored
+        LEFT JOIN (
+            SELECT
+                episode_id,
+                1 AS has_feedback,
+                argMax(
+                    if(JSONExtract(payload, 'rating', 'Nullable(Int64)') IS NOT NULL,
+                       JSONExtract(payload, 'rating', 'Nullable(Int64)') > 0,
+                       ifNull(reward >= {{thr:Float64}}, 0)),
+                    emitted_at) AS positive
+            FROM {db}.events
+            WHERE type = 'reward_reported' AND JSONExtractString(payload, 'origin') = 'feedback'
+            GROUP BY episode_id
+        ) AS feedback USING (episode_id)
         GROUP BY bucket ORDER BY bucket
     """
     return sql, params

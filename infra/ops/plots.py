@@ -23,7 +23,11 @@ def plot_stats(points: Sequence[StatsPoint], path: Path) -> None:
     ax.plot(x, [p.mean_reward for p in points], marker="o")
     ax.set_title("mean reward")
     ax = axes[0][1]
-    ax.plot(x, [p.success_rate for p in points], marker="o", color="tab:green")
+    ax.plot(x, [p.success_rate for p in points], marker="o", color="tab:green", label="success")
+    if any(p.production_sessions for p in points):  # production traffic: how users answered, over time
+        ax.plot(x, [p.feedback_rate for p in points], marker="s", label="production feedback rate")
+        ax.plot(x, [p.thumbs_up_rate for p in points], marker="^", label="thumbs-up rate")
+        ax.legend()
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("success rate")
     ax = axes[1][0]

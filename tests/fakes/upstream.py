@@ -4,7 +4,8 @@ It speaks the subset of vLLM's OpenAI API that Flywheel relies on (shared/API-NO
 ``return_token_ids`` (chat: top-level ``prompt_token_ids`` + ``choices[i].token_ids``; streamed: prompt
 ids in the first chunk, id deltas per chunk; completions: ``choices[i].prompt_token_ids``), logprobs
 (chat ``logprobs.content[]`` with ``top_logprobs``; completions ``tokens/token_logprobs/top_logprobs``),
-``return_weight_versions``, ``n``, ``tools`` (a call to the first tool until a tool result is in the
+``return_weight_versions``, ``n`` (a completions batch of prompts: ``n`` choices per prompt, index
+``prompt_i * n + j``, each with its prompt's ids, as vLLM lays them out), ``tools`` (a call to the first tool until a tool result is in the
 conversation), ``max_tokens`` (finish_reason ``length``), ``stop`` is ignored.
 
 Tokenizer: one token per UTF-8 byte (ids 0–255) plus role markers; the chat template is append-only,
@@ -222,11 +223,12 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
         if (early := await gate(body)) is not None:
             return early
         raw = body["prompt"]
-        prompt = (
-            raw
-            if isinstance(raw, list) and all(isinstance(t, int) for t in raw)
-            else [*_text(raw if isinstance(raw, str) else (raw[0] if raw else "")).encode()]
-        )
+        if isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
+            batch = [raw]
+        elif isinstance(raw, list) and raw:
+            batch = [p if isinstance(p, list) else [*_text(p).encode()] for p in raw]
+        else:
+            batch = [[*_text(raw if isinstance(raw, str) else "").encode()]]
         n = int(body.get("n") or 1)
         k = body.get("logprobs")
         limit = int(body["max_tokens"]) if body.get("max_tokens") is not None else None
@@ -234,12 +236,13 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
         plans = plan(body, None, n)
         cid, created = f"cmpl-fake{len(cfg.requests)}", int(time.time())
         choice_data = []
-        for i, (text, calls) in enumerate(plans):
-            ids, finish = gen_ids(text, calls, limit)
-            choice_data.append((i, ids, finish))
+        for pi in range(len(batch)):
+            for i, (text, calls) in enumerate(plans):
+                ids, finish = gen_ids(text + (f" ~{pi}" if pi else ""), calls, limit)
+                choice_data.append((pi * n + i, ids, finish))
         if body.get("stream"):
             return StreamingResponse(
-                _completion_stream(cfg, cid, created, prompt, choice_data, k, want_ids, body),
+                _completion_stream(cfg, cid, created, batch, n, choice_data, k, want_ids, body),
                 media_type="text/event-stream",
             )
         choices = []
@@ -251,10 +254,11 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
                 "logprobs": _completion_logprobs(ids, 0, k) if k is not None else None,
             }
             if want_ids:
-                c["prompt_token_ids"] = prompt
+                c["prompt_token_ids"] = batch[i // n]
                 c["token_ids"] = ids
             choices.append(c)
         total = sum(len(ids) for _, ids, _ in choice_data)
+        prompt_total = sum(len(p) for p in batch)
         resp = {
             "id": cid,
             "object": "text_completion",
@@ -262,9 +266,9 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
             "model": body.get("model") or cfg.model,
             "choices": choices,
             "usage": {
-                "prompt_tokens": len(prompt),
+                "prompt_tokens": prompt_total,
                 "completion_tokens": total,
-                "total_tokens": len(prompt) + total,
+                "total_tokens": prompt_total + total,
             },
         }
         return Response(orjson.dumps(resp), media_type="application/json")
@@ -401,7 +405,8 @@ async def _completion_stream(
     cfg: FakeUpstreamConfig,
     cid: str,
     created: int,
-    prompt: list[int],
+    batch: list[list[int]],
+    n: int,
     choice_data: list[tuple[int, list[int], str]],
     k: int | None,
     want_ids: bool,
@@ -425,7 +430,7 @@ async def _completion_stream(
             if want_ids:
                 c["token_ids"] = part
                 if j == 0:
-                    c["prompt_token_ids"] = prompt
+                    c["prompt_token_ids"] = batch[i // n]
             yield _sse({**head, "choices": [c]})
         yield _sse({**head, "choices": [{"index": i, "text": "", "finish_reason": finish, "logprobs": None}]})
     yield b"data: [DONE]\n\n"

@@ -3,7 +3,9 @@
 No FastAPI here (app.py is the thin router), so this logic is testable without HTTP. Response shapes
 follow vLLM: with ``return_token_ids`` chat responses carry top-level ``prompt_token_ids`` and
 ``choices[i].token_ids`` (streaming: prompt ids in the first chunk, ``token_ids`` deltas per chunk);
-completions carry ``choices[i].prompt_token_ids`` and ``choices[i].token_ids``. With
+completions carry ``choices[i].prompt_token_ids`` and ``choices[i].token_ids`` (a batch of prompts:
+``n`` choices per prompt, ``index = prompt_i * n + j``, each with its own prompt's ids; streaming: on
+each choice's first chunk, as vLLM does). With
 ``return_weight_versions`` each choice carries ``weight_versions``, one per generated token (deltas
 when streaming). Logprobs are the sampling distribution's (vLLM ``processed_logprobs``); ``-inf``
 is reported as -9999.0 as vLLM does.
@@ -322,15 +324,16 @@ class EngineServing:
         deltas = {
             (pi, i): TextDelta(self.tokenizer, params) for pi in range(len(prompts)) for i in range(params.n)
         }
-        sent_prompt: set[int] = set()
+        sent_prompt: set[int] = set()  # choice indices whose prompt ids went out (vLLM: once per choice)
         completion_tokens = 0
         async for pi, update in merge(streams):
             for index, tokens, done in by_choice(update):
                 completion_tokens += len(tokens)
                 ids = [t.token_id for t in tokens]
                 text = deltas[(pi, index)].push(ids, done)
+                i = pi * params.n + index
                 choice: JSON = {
-                    "index": pi * params.n + index,
+                    "index": i,
                     "text": text,
                     "logprobs": None,
                     "finish_reason": done.finish_reason if done else None,
@@ -349,9 +352,9 @@ class EngineServing:
                     )
                     choice["logprobs"] = self._completion_logprobs(partial, req.return_tokens_as_token_ids)
                 if req.return_token_ids:
-                    if pi not in sent_prompt:
+                    if i not in sent_prompt:
                         choice["prompt_token_ids"] = prompts[pi]
-                        sent_prompt.add(pi)
+                        sent_prompt.add(i)
                     choice["token_ids"] = ids
                 if req.return_weight_versions:
                     choice["weight_versions"] = [t.weight_version for t in tokens]

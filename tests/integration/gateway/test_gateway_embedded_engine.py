@@ -67,3 +67,69 @@ async def test_calls_through_the_embedded_engine_are_token_faithful(tiny_dir, tm
             assert second.streamed and second.extends_previous is not None
     finally:
         await engine.close()
+
+
+async def test_batched_completion_prompts_train_on_their_own_prompt_ids(tiny_dir, tmp_path):
+    """The real ``openai`` SDK's ``completions.create(prompt=[...], n=2)`` (plain and streamed) through
+    the gateway and the reward service: the transition of each choice starts from its own prompt's ids."""
+    import openai
+
+    from reward_service.feedback import FeedbackMapping
+    from reward_service.scoring import Scoring
+    from reward_service.service import RewardService
+    from reward_service.state import EpisodeStore
+    from schemas import EPISODES, TRANSITIONS, EpisodeFinished, EpisodeScored, EpisodeStatus
+    from tests.fakes.gateway_harness import Collector
+    from trainer.engine import InferenceEngine
+    from trainer.engine.app import create_engine_app
+
+    engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
+    prompts = ["What is 3+7?", "The answer is"]
+    try:
+        async with GatewayHarness(
+            tmp_path, upstream_app=create_engine_app(engine), kind=UpstreamKind.embedded
+        ) as h:
+            scoring = Scoring(
+                fill_value=0.0, production_scorer="none", feedback=FeedbackMapping(), judge=None
+            )
+            reward = RewardService(h.bus, scoring, EpisodeStore())
+            scored = await Collector().attach(h.bus, TRANSITIONS)
+            await reward.start()
+            try:
+                ep = await h.open_episode()
+                client = openai.AsyncOpenAI(
+                    base_url=f"http://gateway/episodes/{ep}/v1", api_key="unused", http_client=h.client
+                )
+                plain = await client.completions.create(
+                    model="policy", prompt=prompts, n=2, max_tokens=6, seed=3
+                )
+                assert [c.index for c in plain.choices] == [0, 1, 2, 3]
+                stream = await client.completions.create(
+                    model="policy", prompt=prompts, n=2, max_tokens=6, seed=4, stream=True
+                )
+                streamed = {c.index async for chunk in stream for c in chunk.choices}
+                assert streamed == {0, 1, 2, 3}
+                calls = await h.events.wait_for(
+                    lambda e: isinstance(e, LLMCallRecorded), within_s=60, count=2
+                )
+                ids = [engine.tokenizer.encode(p) for p in prompts]
+                assert ids[0] != ids[1]
+                for call in calls:
+                    assert call.token_faithful and call.prompt_token_ids is None
+                    assert [c.prompt_token_ids for c in call.choices] == [ids[0], ids[0], ids[1], ids[1]]
+                await h.bus.publish(
+                    EPISODES, EpisodeFinished(episode_id=ep, status=EpisodeStatus.ok, reported_reward=1.0)
+                )
+                (event,) = await scored.wait_for(lambda e: isinstance(e, EpisodeScored), within_s=30)
+                assert event.unusable_reason is None and len(event.transitions) == 8
+                # one transition per choice, in (call, index) order: choice 2j+k on prompt j's ids
+                assert [t.prompt_ids for t in event.transitions] == [ids[0], ids[0], ids[1], ids[1]] * 2
+                by_call = sorted(calls, key=lambda c: c.call_seq)
+                assert [t.response_ids for t in event.transitions] == [
+                    c.token_ids for call in by_call for c in call.choices
+                ]
+            finally:
+                await reward.stop()
+                await scored.stop()
+    finally:
+        await engine.close()

@@ -103,3 +103,40 @@ def test_keystore_stores_only_hashes(tmp_path):
     assert ks.tenant_for(key + "x") is None
     with pytest.raises(ValueError):
         ks.create("bad tenant!")
+
+
+async def test_feedback_after_a_session_ended_is_accepted_in_its_window_then_409(tmp_path):
+    async with GatewayHarness(tmp_path, feedback_window_s=30.0) as h:
+        _, key = h.keystore.create("acme")
+        auth = {"Authorization": f"Bearer {key}"}
+        r = await h.client.post(
+            "/v1/chat/completions", json={"messages": MSGS}, headers={**auth, "X-Flywheel-Session": "s9"}
+        )
+        ep = r.headers["X-Flywheel-Episode"]
+        live = await h.client.post("/v1/feedback", json={"session_id": "s9", "rating": 1}, headers=auth)
+        assert live.status_code == 200 and live.json()["session_open"] is True
+        assert (await h.client.post("/v1/sessions/s9/end", headers=auth)).status_code == 200
+        # ended: accepted, and the reward service re-scores the session with it
+        for body in (
+            {"session_id": "s9", "rating": -1},
+            {"call_id": r.headers["X-Flywheel-Call"], "rating": 1},
+        ):
+            late = await h.client.post("/v1/feedback", json=body, headers=auth)
+            assert late.status_code == 200, late.text
+            assert late.json()["session_open"] is False and late.json()["rescore"] is True
+        rewards = await h.events.wait_for(lambda e: isinstance(e, RewardReported), count=3)
+        assert {e.episode_id for e in rewards} == {ep}
+        # past the window: a 409 in OpenAI's format, and nothing published
+        h.gateway.settings.feedback_window_s = 1e-6
+        closed = await h.client.post("/v1/feedback", json={"session_id": "s9", "rating": 1}, headers=auth)
+        assert closed.status_code == 409
+        err = closed.json()["error"]
+        assert err["code"] == "feedback_window_closed" and err["type"] == "invalid_request_error"
+        assert "ended" in err["message"] and "FLYWHEEL_FEEDBACK_WINDOW_S" in err["message"]
+        # the gateway no longer remembers when it ended (its bounded memory moved on): 409, never a 200
+        h.gateway.episodes._finished.clear()
+        gone = await h.client.post("/v1/feedback", json={"session_id": "s9", "rating": 1}, headers=auth)
+        assert gone.status_code == 409 and gone.json()["error"]["code"] == "session_expired"
+        assert len(h.events.of(RewardReported)) == 3
+        unknown = await h.client.post("/v1/feedback", json={"session_id": "nope", "rating": 1}, headers=auth)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "session_not_found"
