@@ -69,6 +69,12 @@ def optimize(
     minutes: Annotated[float, typer.Option(min=0.1, help="budget: wall-clock minutes of GEPA")] = 5.0,
     minibatch: Annotated[int, typer.Option(min=1, help="tasks per reflection minibatch")] = 4,
     seed: Annotated[int, typer.Option(help="shuffling and GEPA's sampling")] = 0,
+    accept: Annotated[
+        str,
+        typer.Option(
+            help="keep a proposal that beats its parent on the minibatch (strict) or ties it (equal)"
+        ),
+    ] = "strict",
     activate: Annotated[
         bool, typer.Option(help="make the winner the gateway's active prompt version")
     ] = False,
@@ -88,6 +94,8 @@ def optimize(
 
     if match not in ("system", "span"):
         usage(f"--match must be system or span, not {match!r}")
+    if accept not in ("strict", "equal"):
+        usage(f"--accept must be strict or equal, not {accept!r}")
     if agent_kind not in ("callable", "command"):
         usage(f"--agent-kind must be callable or command, not {agent_kind!r}")
     if (tasks is None) == (from_eventlog is None):
@@ -133,6 +141,7 @@ def optimize(
                     max_seconds=minutes * 60.0,
                     minibatch=minibatch,
                     seed=seed,
+                    accept=accept,
                     activate=activate,
                 ),
             )

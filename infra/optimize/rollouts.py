@@ -245,7 +245,11 @@ class Rollouts:
             for gid in futs:
                 self._scored.pop(gid, None)
         self.episodes_run += len(groups)
-        return [await self._result(task, scored) for (_, task), scored in zip(groups, done, strict=True)]
+        return list(
+            await asyncio.gather(
+                *(self._result(task, scored) for (_, task), scored in zip(groups, done, strict=True))
+            )
+        )
 
     async def _result(self, task: Task, scored: EpisodeScored) -> EpisodeResult:
         # the calls travel on another topic than the score: wait (briefly) until all have arrived here

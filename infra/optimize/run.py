@@ -56,6 +56,7 @@ class OptimizeConfig:
     max_seconds: float = 300.0
     minibatch: int = 4
     seed: int = 0
+    accept: str = "strict"  # GEPA's acceptance of a proposal on its minibatch: strict | equal improvement
     activate: bool = False
 
 
@@ -115,6 +116,7 @@ async def optimize_prompt(
             stop_callbacks=[TimeoutStopCondition(cfg.max_seconds)],
             reflection_minibatch_size=cfg.minibatch,
             candidate_selection_strategy="pareto",
+            acceptance_criterion="improvement_or_equal" if cfg.accept == "equal" else "strict_improvement",
             run_dir=str(cfg.out / "gepa"),
             seed=cfg.seed,
             display_progress_bar=False,
