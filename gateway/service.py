@@ -20,6 +20,7 @@ from gateway.episodes import EpisodeRegistry, EpisodeState
 from gateway.errors import ConflictError, NotFoundError, ValidationFailedError
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
+from gateway.prompts import PromptStore
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
 from gateway.serving import CallService
@@ -39,6 +40,8 @@ from schemas import (
     InferenceResumed,
     LLMCallRecorded,
     Mode,
+    PromptVersionActivated,
+    PromptVersionRequested,
     RewardOrigin,
     RewardReported,
     Task,
@@ -76,6 +79,7 @@ class Gateway:
         # one spool per data dir, not per process: a restarted gateway drains what its predecessor spooled
         spool_path = settings.data_dir / "gateway" / "spool.sqlite"
         self.recorder = Recorder(bus, Spool(spool_path))
+        self.prompts = PromptStore(settings.data_dir / "gateway" / "prompt.json")
         self.calls = CallService(
             pool=self.pool,
             episodes=self.episodes,
@@ -84,6 +88,7 @@ class Gateway:
             metrics=self.metrics,
             producer=f"gateway:{self.id}",
             on_recorded=self._remember_call,
+            prompts=self.prompts,
         )
         self._recent: OrderedDict[str, list[LLMCallRecorded]] = OrderedDict()
         self._keep_calls_episodes = keep_calls_episodes
@@ -152,6 +157,22 @@ class Gateway:
             await self.resume(event.version)
         elif isinstance(event, WeightUpdateFailed):
             await self.resume(event.serving_version)
+        elif isinstance(event, PromptVersionRequested):
+            await self.activate_prompt(event)
+
+    async def activate_prompt(self, event: PromptVersionRequested) -> None:
+        """Serve ``event``'s prompt version to new groups (gateway/prompts.py) and say so on the bus."""
+        self.prompts.activate(event)
+        log.info("prompt version activated", prompt_version=event.prompt_version)
+        await self.publish(
+            PromptVersionActivated(
+                producer=f"gateway:{self.id}",
+                model=self.settings.model,
+                prompt_version=event.prompt_version,
+                gateway_id=self.id,
+                request_id=event.event_id,
+            )
+        )
 
     def _remember_call(self, event: LLMCallRecorded) -> None:
         calls = self._recent.get(event.episode_id)
@@ -389,5 +410,6 @@ class Gateway:
             "open_episodes": len(self.episodes),
             "spool_depth": self.recorder.spool_depth,
             "prefix_mismatches": self.episodes.prefix_mismatches,
+            **self.prompts.state(),
             "upstreams": [{"url": u.url, "kind": u.kind.value} for u in self.pool.upstreams],
         }

@@ -32,6 +32,7 @@ from gateway.control import Admission
 from gateway.episodes import EpisodeRegistry, EpisodeState
 from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
+from gateway.prompts import PromptStore, Substituted
 from gateway.publishing import Recorder
 from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from infra.logging import get_logger
@@ -73,6 +74,7 @@ class _Ctx:
     version: int
     started_at: datetime
     t0: float
+    prompt: Substituted | None = None
 
 
 class CallService:
@@ -86,6 +88,7 @@ class CallService:
         metrics: GatewayMetrics,
         producer: str = "gateway",
         on_recorded: Callable[[LLMCallRecorded], None] | None = None,
+        prompts: PromptStore | None = None,
     ) -> None:
         self.pool = pool
         self.episodes = episodes
@@ -94,14 +97,20 @@ class CallService:
         self.metrics = metrics
         self.producer = producer
         self.on_recorded = on_recorded
+        self.prompts = prompts
 
     async def serve(self, call: Call) -> Answer | StreamAnswer:
         version = await self.admission.enter()
         handed_off = False
         try:
             upstream = self.pool.pick(call.episode.episode_id)
+            # the active prompt version substituted before the engine sees the call (gateway/prompts.py)
+            prompt = self.prompts.apply(call.episode, call.data, call.raw) if self.prompts else None
             body, asked = prepare_body(
-                call.data, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
+                prompt.data if prompt is not None else call.data,
+                call.endpoint,
+                upstream.kind,
+                weight_versions=upstream.request_weight_versions,
             )
             seq = call.episode.take_seq()
             ctx = _Ctx(
@@ -115,6 +124,7 @@ class CallService:
                 datetime.now(UTC),
                 time.perf_counter(),
             )
+            ctx.prompt = prompt
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
             try:
@@ -188,6 +198,9 @@ class CallService:
 
     def _event(self, ctx: _Ctx, **fields: Any) -> LLMCallRecorded:
         ep = ctx.call.episode
+        if ctx.prompt is not None and ctx.prompt.changes:
+            fields["prompt_version"] = ctx.prompt.version
+            fields["prompt_substitutions"] = ctx.prompt.changes
         return LLMCallRecorded(
             producer=self.producer,
             episode_id=ep.episode_id,

@@ -3,14 +3,16 @@
 ``sft`` — one row per recorded chat call, in the conversational format TRL's ``SFTTrainer`` reads:
 ``messages`` (the request's messages followed by the assistant message the model returned, tool calls
 included), ``tools`` when the agent offered tools, plus ``episode_id``, ``call_seq``, ``model``,
-``weight_version`` and the episode's ``reward`` when it was scored. ``--min-reward`` keeps only calls
+``weight_version``, ``prompt_version`` and the episode's ``reward`` when it was scored. Where the
+gateway substituted an optimised prompt (``prompt_substitutions``), ``messages`` hold the substituted
+text: what the model saw, the text its recorded ids encode. ``--min-reward`` keeps only calls
 of episodes that scored at least that much (rejection-sampling fine-tuning). Calls that failed, were
 not chat calls, or have no assistant message are skipped with a reason.
 
 ``rl`` — one row per transition of each scored episode: ``prompt_ids``, ``response_ids``,
 ``response_mask``, ``response_logprobs`` (behaviour logprobs), ``reward_score``, ``num_turns``, the
 names verl's agent-loop output uses (``AgentLoopOutput``), with ``uid`` = the GRPO group (verl groups
-advantages by ``uid``), ``weight_version``, ``logprobs_mode``, ``source``, ``mode`` (train/val), ``episode_id``, ``task_id``.
+advantages by ``uid``), ``weight_version``, ``prompt_version``, ``logprobs_mode``, ``source``, ``mode`` (train/val), ``episode_id``, ``task_id``.
 
 In Parquet, ``messages`` is a list of structs (role, content, name, tool_call_id, tool_calls) and
 ``tools`` a JSON string (tool schemas have no fixed shape); in JSONL both are plain JSON. Rows are
@@ -105,6 +107,7 @@ SFT_SCHEMA = pa.schema(
         ("call_seq", pa.int32()),
         ("model", pa.string()),
         ("weight_version", pa.int64()),
+        ("prompt_version", pa.string()),
         ("reward", pa.float64()),
         ("tenant", pa.string()),
         ("source", pa.string()),
@@ -126,6 +129,7 @@ RL_SCHEMA = pa.schema(
         ("num_turns", pa.int32()),
         ("call_seqs", pa.list_(pa.int32())),
         ("weight_version", pa.int64()),
+        ("prompt_version", pa.string()),
         ("logprobs_mode", pa.string()),
     ]
 )
@@ -180,6 +184,14 @@ def sft_row(call: LLMCallRecorded, reward: float | None) -> tuple[Row | None, st
     messages = [_message(m) for m in raw_messages]
     if any(m is None for m in messages):
         return None, "bad_message"
+    for sub in call.prompt_substitutions:  # what the model saw, not what the agent sent
+        i = sub.message_index
+        msg = messages[i] if i is not None and i < len(messages) else None
+        if msg is not None:
+            text = _text(msg.get("content")) or ""
+            # a system component replaced the whole message, a marked span its own part of it
+            span = sub.original != text and sub.original in text
+            msg["content"] = text.replace(sub.original, sub.substituted, 1) if span else sub.substituted
     answer = _message(call.choices[0].message) if call.choices else None
     if answer is None and call.choices:
         answer = {"role": "assistant", "content": call.choices[0].text}
@@ -193,6 +205,7 @@ def sft_row(call: LLMCallRecorded, reward: float | None) -> tuple[Row | None, st
         "call_seq": call.call_seq,
         "model": call.model,
         "weight_version": call.weight_version,
+        "prompt_version": call.prompt_version,
         "reward": reward,
         "tenant": call.tenant,
         "source": call.source.value,
@@ -263,6 +276,7 @@ def rl_rows(source: ExportSource, f: ExportFilter, skipped: Counter[str]) -> Ite
                 "num_turns": max(1, len(t.call_seqs)),
                 "call_seqs": t.call_seqs,
                 "weight_version": t.weight_version,
+                "prompt_version": t.prompt_version,
                 "logprobs_mode": t.logprobs_mode.value,
             }
 

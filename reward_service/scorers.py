@@ -122,7 +122,16 @@ async def score_exact(record: EpisodeRecord, spec: ScorerSpec) -> Score:
         s = " ".join(s.split())
         return s.casefold() if fold else s
 
-    return Score(1.0 if got is not None and norm(got) in {norm(g) for g in gold} else 0.0, "exact")
+    ok = got is not None and norm(got) in {norm(g) for g in gold}
+    return Score(1.0 if ok else 0.0, "exact", _verdict(ok, got, gold))
+
+
+def _verdict(ok: bool, got: str | None, gold: list[str]) -> str:
+    """The reason in words (prompt optimisation reflects on it): what was expected and what came."""
+    if ok:
+        return f"correct: {got!r}"[:2000]
+    want = " or ".join(repr(g) for g in gold[:3])
+    return (f"expected {want}, got {got!r}" if got else f"expected {want}, got no answer")[:2000]
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:[.,]\d+)*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -148,7 +157,7 @@ async def score_numeric(record: EpisodeRecord, spec: ScorerSpec) -> Score:
     abs_tol = _float(spec.options.get("tolerance", 1e-6), "tolerance")
     rel_tol = _float(spec.options.get("rel_tolerance", 0.0), "rel_tolerance")
     ok = got is not None and math.isclose(got, gold, rel_tol=rel_tol, abs_tol=abs_tol)
-    return Score(1.0 if ok else 0.0, "numeric")
+    return Score(1.0 if ok else 0.0, "numeric", _verdict(ok, got_text, [str(gold_raw)]))
 
 
 async def score_regex(record: EpisodeRecord, spec: ScorerSpec) -> Score:

@@ -17,6 +17,7 @@ class Outcome:
     reward: float | None
     source: str
     error: str | None = None
+    note: str = ""  # the scorer's reason in words (``Score.note``), published as ``score_note``
 
 
 def scorer_for(record: EpisodeRecord, production_scorer: str) -> ScorerSpec | None:
@@ -63,7 +64,7 @@ class Scoring:
             return Outcome(None, spec.name, f"scorer {spec.name} timed out after {self.timeout_s:g}s")
         except Exception as exc:  # any scorer failure is recorded on the episode, never dropped
             return Outcome(None, spec.name, f"{type(exc).__name__}: {exc}"[:4000])
-        return Outcome(score.reward, score.source)
+        return Outcome(score.reward, score.source, note=score.note)
 
     async def _run(self, record: EpisodeRecord, spec: ScorerSpec) -> Score:
         if spec.name == "agent":

@@ -282,6 +282,7 @@ class RewardService:
             reward=outcome.reward,
             reward_source=outcome.source,
             score_error=outcome.error,
+            score_note=outcome.note[:8192] or None,
             num_calls=len(calls),
             prefix_mismatches=assembly.prefix_mismatches,
             transitions=assembly.transitions,

@@ -32,6 +32,7 @@ class _Trajectory:
     call_seqs: list[int] = field(default_factory=list)
     weight_version: int = 0
     logprobs_mode: LogprobsMode = LogprobsMode.processed
+    prompt_version: str | None = None  # one per episode: the gateway pins it per group (gateway/prompts.py)
 
     def full(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -91,6 +92,7 @@ def _start(call: LLMCallRecorded, choice: CallChoice) -> _Trajectory:
         prompt_ids=list(_prompt(call, choice) or []),
         weight_version=_version(call, choice),
         logprobs_mode=call.logprobs_mode,
+        prompt_version=call.prompt_version,
     )
     traj.add_choice(call, choice)
     return traj
@@ -159,6 +161,7 @@ def assemble(
                 call_seqs=traj.call_seqs,
                 reward=returns[traj.call_seqs[-1]] + own,
                 logprobs_mode=traj.logprobs_mode,
+                prompt_version=traj.prompt_version,
             )
         )
     return out

@@ -7,7 +7,8 @@ Topic → events (DESIGN.md, "Topics"):
     flywheel.transitions  EpisodeScored                                           key: group_id
     flywheel.control      WeightUpdateRequested, InferenceDrained, WeightsActivated,
                           InferenceResumed, WeightUpdateFailed, TrainerStepCompleted,
-                          TrainerPauseRequested, TrainerResumeRequested           key: model
+                          TrainerPauseRequested, TrainerResumeRequested,
+                          PromptVersionRequested, PromptVersionActivated          key: model
     flywheel.deadletter   DeadLetter                                              key: original key
 """
 
@@ -124,6 +125,17 @@ class CallChoice(BaseModel):
     )
 
 
+class PromptSubstitution(BaseModel):
+    """One piece of a call's prompt the gateway replaced before the engine saw it (gateway/prompts.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    component: str = Field(min_length=1, max_length=128)
+    message_index: int | None = Field(default=None, ge=0, description="chat: which message; None: the prompt")
+    original: str = Field(description="the text the agent sent")
+    substituted: str = Field(description="the text the model saw instead")
+
+
 class LLMCallRecorded(EventBase):
     """One LLM call through the gateway, token-faithful when the upstream reports ids."""
 
@@ -162,6 +174,17 @@ class LLMCallRecorded(EventBase):
     completion_tokens: int = 0
     latency_ms: float = 0.0
     started_at: datetime | None = None
+    prompt_version: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the optimised prompt version the gateway substituted into this call; None: the "
+        "agent's own prompt (added, optional)",
+    )
+    prompt_substitutions: list[PromptSubstitution] = Field(
+        default_factory=list,
+        description="every change the gateway made to the prompt, original and substituted text; the "
+        "prompt ids are those of the substituted prompt, what the model saw (added, optional)",
+    )
 
 
 class RewardOrigin(StrEnum):
@@ -228,6 +251,11 @@ class Transition(BaseModel):
     call_seqs: list[int] = Field(default_factory=list)
     reward: Reward = 0.0
     logprobs_mode: LogprobsMode = LogprobsMode.processed
+    prompt_version: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the prompt version its calls were served under (added, optional)",
+    )
 
 
 class EpisodeScored(EventBase):
@@ -266,6 +294,12 @@ class EpisodeScored(EventBase):
         description="0 for an episode's first score; each re-score (feedback that arrived after scoring) "
         "publishes the same episode again with a higher revision, which supersedes the lower ones "
         "(added, optional)",
+    )
+    score_note: str | None = Field(
+        default=None,
+        max_length=8192,
+        description="the scorer's reason for the reward in words (e.g. what was expected), the feedback "
+        "prompt optimisation reflects on (added, optional)",
     )
 
 
@@ -336,6 +370,46 @@ class TrainerResumeRequested(EventBase):
     model: str = "policy"
 
 
+class PromptComponent(BaseModel):
+    """A named piece of the agent's prompt that Flywheel may replace, and the text that replaces it.
+
+    ``match="system"``: a system (or developer) message whose text equals ``original``. ``match="span"``:
+    a span the agent marked ``[[flywheel:<name>]]…[[/flywheel:<name>]]`` in any message or prompt
+    (``original`` is then the marked text the optimiser started from).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    match: Literal["system", "span"] = "system"
+    original: str = Field(max_length=65536)
+    text: str = Field(max_length=65536)
+
+
+class PromptVersionRequested(EventBase):
+    """Make ``prompt_version`` the version gateways substitute from now on (None: the agent's own prompts).
+
+    A gateway applies it to groups (episodes without a group) it has not served yet, so a GRPO group in
+    flight keeps the version it started under, and answers with :class:`PromptVersionActivated`.
+    """
+
+    type: Literal["prompt_version_requested"] = "prompt_version_requested"
+    model: str = "policy"
+    prompt_version: str | None = Field(default=None, min_length=1, max_length=64)
+    components: list[PromptComponent] = Field(default_factory=list, max_length=64)
+    reason: str = Field(default="", max_length=1024)
+
+
+class PromptVersionActivated(EventBase):
+    """A gateway serves ``prompt_version`` to new groups from now on (its answer to the request)."""
+
+    type: Literal["prompt_version_activated"] = "prompt_version_activated"
+    model: str = "policy"
+    prompt_version: str | None = None
+    gateway_id: str
+    request_id: str = Field(default="", description="the event_id of the PromptVersionRequested")
+
+
 ControlEvent = Annotated[
     WeightUpdateRequested
     | InferenceDrained
@@ -344,7 +418,9 @@ ControlEvent = Annotated[
     | WeightUpdateFailed
     | TrainerStepCompleted
     | TrainerPauseRequested
-    | TrainerResumeRequested,
+    | TrainerResumeRequested
+    | PromptVersionRequested
+    | PromptVersionActivated,
     Field(discriminator="type"),
 ]
 
@@ -382,6 +458,8 @@ Event = Annotated[
     | TrainerStepCompleted
     | TrainerPauseRequested
     | TrainerResumeRequested
+    | PromptVersionRequested
+    | PromptVersionActivated
     | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -403,6 +481,8 @@ AnyEvent = (
     | TrainerStepCompleted
     | TrainerPauseRequested
     | TrainerResumeRequested
+    | PromptVersionRequested
+    | PromptVersionActivated
     | DeadLetter
 )
 """The same union without the discriminator annotation, for type hints."""

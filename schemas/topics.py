@@ -22,6 +22,8 @@ from schemas.events import (
     InferenceDrained,
     InferenceResumed,
     LLMCallRecorded,
+    PromptVersionActivated,
+    PromptVersionRequested,
     RewardReported,
     RolloutCancelled,
     RolloutRequested,
@@ -72,6 +74,8 @@ TOPICS: dict[str, TopicSpec] = {
                 TrainerStepCompleted,
                 TrainerPauseRequested,
                 TrainerResumeRequested,
+                PromptVersionRequested,
+                PromptVersionActivated,
             }
         ),
     ),
@@ -116,6 +120,8 @@ def key_for(event: AnyEvent) -> str:
             | TrainerStepCompleted()
             | TrainerPauseRequested()
             | TrainerResumeRequested()
+            | PromptVersionRequested()
+            | PromptVersionActivated()
         ):
             return event.model
         case DeadLetter():
@@ -139,6 +145,8 @@ _KEY_FIELD: dict[type, str] = {
     TrainerStepCompleted: "model",
     TrainerPauseRequested: "model",
     TrainerResumeRequested: "model",
+    PromptVersionRequested: "model",
+    PromptVersionActivated: "model",
 }
 
 

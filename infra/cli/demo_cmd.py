@@ -54,6 +54,16 @@ def demo(
     ] = 1,
     tiny: Annotated[bool, typer.Option(help="a minute-long smoke run with a toy model (tests)")] = False,
     cache: Annotated[Path | None, typer.Option(help="model cache (default ~/.cache/flywheel/demo)")] = None,
+    optimize_prompt: Annotated[
+        bool,
+        typer.Option(
+            help="first optimise the agent's prompt from a poor one (GEPA), then RL under the winner"
+        ),
+    ] = False,
+    reflection_url: Annotated[
+        str, typer.Option(help="--optimize-prompt: the reflection model's endpoint")
+    ] = "",
+    reflection_model: Annotated[str, typer.Option(help="--optimize-prompt: the reflection model")] = "",
 ) -> None:
     """Warm-start a tiny model, then train the calculator agent with async GRPO through the whole pipeline."""
     import asyncio
@@ -74,9 +84,19 @@ def demo(
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save/load bars
 
     from infra.demo.live import LiveDisplay
+    from infra.demo.prompt_stage import PromptStageConfig
     from infra.demo.report import plot, write_json
     from infra.demo.run import TARGET_POINTS, DemoConfig, run_seed
     from infra.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
+
+    stage = None
+    if optimize_prompt:
+        if not reflection_url or not reflection_model:
+            typer.echo("error: --optimize-prompt needs --reflection-url and --reflection-model", err=True)
+            raise typer.Exit(2)
+        stage = PromptStageConfig(reflection_url, reflection_model)
+        if tiny:
+            stage = PromptStageConfig(reflection_url, reflection_model, train=4, val=4, max_metric_calls=16)
 
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
@@ -113,6 +133,7 @@ def demo(
             cache=cache or DEFAULT_CACHE,
             warm=warm,
             gate=gate,
+            optimize=stage,
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: async GRPO through gateway → bus → reward → trainer"
@@ -178,6 +199,13 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
         return "-" if not r else f"{100 * r['success']:.1f}% ({r['transitions_per_episode']:.2f})"
 
     for run in runs:
+        if run.get("prompt_optimization"):
+            h = run["prompt_optimization"]["held_out"]
+            console.print(
+                f"seed {run['seed']}, stage 1 (prompt optimisation): held-out success "
+                f"{100 * h['seed']['success']:.1f}% with the poor prompt -> {100 * h['best']['success']:.1f}% "
+                f"with the optimised one; stage 2 (RL under it): below"
+            )
         table.add_row(
             str(run["seed"]),
             cell(run.get("before")),

@@ -23,6 +23,7 @@ from typing import Any
 
 from examples.calc_agent import tasks as calc_tasks
 from infra.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
+from infra.demo.prompt_stage import PromptStageConfig, optimize_stage
 from infra.demo.warmstart import (
     DEFAULT_CACHE,
     GateConfig,
@@ -63,6 +64,7 @@ class DemoConfig:
     cache: Path = DEFAULT_CACHE
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    optimize: PromptStageConfig | None = None  # --optimize-prompt: a GEPA stage before RL
 
 
 Say = Callable[[str], None]
@@ -130,6 +132,11 @@ async def run_seed(
         say(
             f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out tasks"
         )
+        if cfg.optimize is not None:  # stage 1: the prompt, from a poor one; RL then runs under the winner
+            say(f"[seed {cfg.seed}] prompt optimisation (GEPA) from {cfg.optimize.seed_prompt!r}")
+            report["prompt_optimization"] = await optimize_stage(
+                cfg.optimize, stack.bus, AGENT, heldout, seed_dir / "optimize", cfg.seed, say
+            )
         before = await evaluate(stack.bus, heldout, AGENT)
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)

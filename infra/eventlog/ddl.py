@@ -85,7 +85,13 @@ PARTITION BY toYYYYMMDD(emitted_at)
 ORDER BY (episode_id, emitted_at, event_id)
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "events table", (EVENTS,)),)
+# The prompt version that served a call (gateway/prompts.py) or that a control event names; '' for none.
+PROMPT_VERSION = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS prompt_version String DEFAULT ''"
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "events table", (EVENTS,)),
+    Migration(2, "events.prompt_version", (PROMPT_VERSION,)),
+)
 """Append new migrations here; never edit an applied one."""
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -120,6 +126,7 @@ EVENT_COLUMNS: tuple[str, ...] = (
     "bus_offset",
     "recorded_at",
     "payload",
+    "prompt_version",
 )
 
 

@@ -78,6 +78,7 @@ SCHEMA = pa.schema(
         ("bus_offset", pa.int64()),
         ("recorded_at", _MS),
         ("payload", pa.string()),
+        ("prompt_version", pa.string()),  # migration 2
     ]
 )
 
@@ -177,6 +178,13 @@ def _extra(event: AnyEvent) -> tuple[int, int, int, int, float, int, int, str]:
     if isinstance(event, WeightUpdateFailed | DeadLetter):
         return (-1, -1, 0, 0, 0.0, 0, 0, event.error)
     return (-1, -1, 0, 0, 0.0, 0, 0, "")
+
+
+def _prompt_version(event: AnyEvent) -> str:
+    """A call's prompt version, a control event's, or a scored episode's (from its transitions)."""
+    if isinstance(event, EpisodeScored):
+        return next((t.prompt_version for t in event.transitions if t.prompt_version), "")
+    return getattr(event, "prompt_version", None) or ""
 
 
 def _model_fields(value: object) -> dict[str, object]:
@@ -292,6 +300,7 @@ def _table(
         pa.array([now] * n, type=pa.int64()).cast(_MS),
         # As binary, then one vectorised UTF-8 check: ~5× faster than pyarrow's per-item str path.
         pa.array(payload, type=pa.binary(), size=n).cast(pa.string()),
+        [_prompt_version(e) for e in events],
     ]
     arrays = [
         col if isinstance(col, pa.Array) else pa.array(col, type=field.type, size=n)

@@ -149,3 +149,21 @@ def test_invalid_utf8_payload_is_refused() -> None:
 
     with pytest.raises(pa.ArrowInvalid, match="UTF8"):
         to_arrow([sample_events()[0]], None, [b'{"x":"\xff"}'])
+
+
+def test_prompt_version_has_its_own_column() -> None:
+    """Migration 2: calls, scored episodes (from their transitions) and prompt control events."""
+    by_type = {r["type"]: r for r in to_arrow(sample_events()).to_pylist()}
+    assert by_type["prompt_version_requested"]["prompt_version"] == "p-0123456789ab"
+    assert by_type["llm_call_recorded"]["prompt_version"] == ""
+    base = sample_events()
+    call = next(e for e in base if isinstance(e, s.LLMCallRecorded)).model_copy(
+        update={"prompt_version": "p-x"}
+    )
+    scored = next(e for e in base if isinstance(e, s.EpisodeScored))
+    scored = scored.model_copy(
+        update={"transitions": [t.model_copy(update={"prompt_version": "p-x"}) for t in scored.transitions]}
+    )
+    rows = to_arrow([call, scored]).to_pylist()
+    assert [r["prompt_version"] for r in rows] == ["p-x", "p-x"]
+    assert any("prompt_version" in st for m in MIGRATIONS for st in m.statements)

@@ -193,3 +193,13 @@ async def test_a_scorer_that_hangs_is_timed_out() -> None:
     spec = ScorerSpec(name="function", ref="tests.unit.reward.user_scorers:slow")
     outcome = await slow.score(record(spec))
     assert outcome.reward is None and "timed out" in (outcome.error or "")
+
+
+async def test_exact_and_numeric_say_why_in_words() -> None:
+    """The reason travels as ``EpisodeScored.score_note``: the feedback prompt optimisation reflects on."""
+    wrong = await scoring().score(record(ScorerSpec(name="exact"), {"answer": "86"}, answer="85"))
+    assert wrong.reward == 0.0 and wrong.note == "expected '85', got '86'"
+    right = await scoring().score(record(ScorerSpec(name="numeric"), "about 85", answer=85))
+    assert right.reward == 1.0 and right.note.startswith("correct")
+    empty = await scoring().score(record(ScorerSpec(name="exact"), {"answer": ""}, answer="85"))
+    assert empty.note == "expected '85', got no answer"

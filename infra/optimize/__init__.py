@@ -1,0 +1,1 @@
+"""Prompt optimisation (``flywheel optimize``): GEPA over real rollouts through the stack."""
