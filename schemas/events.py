@@ -215,6 +215,16 @@ class Transition(BaseModel):
     call_seqs: list[int] = Field(default_factory=list)
     reward: Reward = 0.0
     logprobs_mode: LogprobsMode = LogprobsMode.processed
+    segment_starts: list[int] | None = Field(
+        default=None,
+        description="per call in call_seqs: index in response_ids where its generated tokens begin "
+        "(added, optional)",
+    )
+    segment_returns: list[Reward] | None = Field(
+        default=None,
+        description="per call in call_seqs: the discounted return from that call on, per-call rewards "
+        "included (added, optional)",
+    )
 
 
 class EpisodeScored(EventBase):
@@ -306,6 +316,10 @@ class TrainerStepCompleted(EventBase):
     step: int = Field(ge=0)
     version: int = Field(ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
+    samples: dict[EpisodeSource, int] = Field(
+        default_factory=dict,
+        description="samples (transitions) this step trained on, per episode source (added, optional)",
+    )
 
 
 class TrainerPauseRequested(EventBase):

@@ -38,6 +38,19 @@ Optimisation
     token_budget: microbatch size in tokens (rows × padded length); gradients accumulate across
         microbatches so the budget only trades memory for speed.
 
+Production sessions (a deployed agent's traffic; each a group of one, see :mod:`trainer.baselines`)
+    production_baseline: ``"ema"`` (default) — REINFORCE with a baseline (Williams 1992, *Simple
+        statistical gradient-following algorithms for connectionist reinforcement learning*, Machine
+        Learning 8): a running exponential mean and variance of production rewards per (tenant, scorer),
+        saved with the checkpoint. Chosen as the default because it gives signal to a step with a
+        single production session, which a batch statistic cannot. ``"batch"`` — REINFORCE++'s global
+        advantage normalisation across the production episodes of one step (Hu 2025, *REINFORCE++*,
+        arXiv:2501.03262).
+    production_ema_decay: weight of the history in the running mean/variance (α = 1 − decay per reward).
+    production_scale_by_std: divide by the running std (floored at ``production_std_floor``, so a
+        baseline that has only seen one reward value does not blow a new one up by 1/eps).
+    production_max_per_step: production episodes trained in one step (the rest wait for the next).
+
 SFT
     sft_reward_threshold: episodes with reward ≥ this are SFT targets.
     sft_learning_rate: the SFT learning rate (warm start and SFT mode).
@@ -72,6 +85,12 @@ class AlgorithmConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(default=1.0, gt=0)
     token_budget: int = Field(default=8192, ge=16)
+    # production sessions
+    production_baseline: Literal["ema", "batch"] = "ema"
+    production_ema_decay: float = Field(default=0.9, ge=0, lt=1)
+    production_scale_by_std: bool = True
+    production_std_floor: float = Field(default=0.1, gt=0)
+    production_max_per_step: int = Field(default=256, ge=1)
     # sft
     sft_reward_threshold: float = 1.0
     sft_learning_rate: float = Field(default=1e-3, gt=0)

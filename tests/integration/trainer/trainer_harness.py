@@ -36,10 +36,13 @@ class RecordingBackend(TorchBackend):
         super().__init__(*args, **kwargs)
         self.trained: list[set[str]] = []
         self.on_step: Any = None
+        self.on_batch: Any = None
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if self.on_step is not None:
             self.on_step()
+        if self.on_batch is not None:
+            self.on_batch(batch)
         self.trained.append({s.episode_id for s in batch.samples})
         return super().train_step(batch)
 
