@@ -122,6 +122,7 @@ def demo(
         console.print("--from is for --source replay only")
         raise typer.Exit(2)
     with_baseline = baseline if baseline is not None else source is SourceChoice.rollouts
+    mistakes = 0.0
     warm, gate = WarmStartConfig(), GateConfig()
     if tiny:
         warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
@@ -133,6 +134,7 @@ def demo(
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
         users = min(users, 4)
+        mistakes = 0.25  # the toy never answers right: without mistaken ratings no reward would vary
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for s in range(seed, seed + seeds):
@@ -154,6 +156,7 @@ def demo(
             gate=gate,
             source=source.value,
             users=users,
+            user_mistake_rate=mistakes,
             replay_from=replay_from,
         )
         display = LiveDisplay(console)

@@ -12,6 +12,10 @@ has around the gateway.
   (rating −1) otherwise, and ends the session (``POST /v1/sessions/{id}/end``). ``concurrency`` users do
   so at the same time, one session after another. Which problems each user asks is fixed by the seed
   (user ``u`` draws from its own task stream); what the model answers is sampled, as in production.
+  ``mistake_rate`` makes users rate that share of sessions the wrong way (drawn from the same per-user
+  seeded stream); the demo's users make none. The ``--tiny`` smoke run's toy model never answers right,
+  so there its users err on a quarter of the sessions: the rewards then vary and the trainer has
+  production samples to train on, which is what that run checks.
 
 The gateway turns each session into a ``source=production`` episode, the reward service maps the rating
 to its reward (thumbs: −1 → 0, +1 → 1), and the trainer, which requests no rollouts in this mode, learns
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -127,11 +132,13 @@ class Users:
         seed: int,
         concurrency: int,
         think_s: float = 0.0,
+        mistake_rate: float = 0.0,
     ) -> None:
         self.service = service
         self.seed = seed
         self.concurrency = concurrency
         self.think_s = think_s
+        self.mistake_rate = mistake_rate
         self.stats = UserStats()
         self._http = httpx.AsyncClient(
             base_url=gateway_url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0
@@ -165,13 +172,14 @@ class Users:
 
     async def _user(self, user: int) -> None:
         problems = user_problems(self.seed, user)
+        rng = random.Random(f"user-{self.seed}-{user}")
         n = 0
         while not self._closing.is_set():
             task = next(problems)
             session_id = f"demo-s{self.seed}-u{user}-{n}"
             n += 1
             try:
-                await self._session(session_id, task)
+                await self._session(session_id, task, rng.random() < self.mistake_rate)
             except Exception as exc:  # a refused call or feedback: counted and reported, the user goes on
                 self.stats.errors += 1
                 if len(self.stats.error_messages) < 10:
@@ -180,11 +188,11 @@ class Users:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), self.think_s)
 
-    async def _session(self, session_id: str, task: dict[str, Any]) -> None:
+    async def _session(self, session_id: str, task: dict[str, Any], mistaken: bool) -> None:
         question = task["input"]["question"]
         self.stats.sessions += 1
         answer = await self.service.answer(question, session_id)
-        liked = answer == task["answer"]
+        liked = (answer == task["answer"]) != mistaken
         await self._post("/v1/feedback", {"session_id": session_id, "rating": 1 if liked else -1})
         self.stats.feedback += 1
         self.stats.ratings.append(Rating(time.perf_counter() - self._t0, session_id, liked, bool(answer)))
@@ -208,11 +216,14 @@ async def production_phase(
     rl_seconds: float,
     max_steps: int | None,
     say: Callable[[str], None],
+    mistake_rate: float = 0.0,
     window_s: float = 30.0,
 ) -> dict[str, Any]:
     """Users on the deployed agent while the trainer learns from their sessions for ``rl_seconds``."""
     async with CalcService(stack.gateway_url, key) as service:
-        crowd = Users(service, stack.gateway_url, key, seed=seed, concurrency=users)
+        crowd = Users(
+            service, stack.gateway_url, key, seed=seed, concurrency=users, mistake_rate=mistake_rate
+        )
         t0 = time.perf_counter()
         training = stack.start_training(max_steps)
         crowd.start()
@@ -231,6 +242,7 @@ async def production_phase(
     return {
         "rl_seconds": seconds,
         "users": users,
+        "user_mistake_rate": mistake_rate,
         "sessions": stats.sessions,
         "feedback": stats.feedback,
         "user_errors": stats.errors,

@@ -36,6 +36,7 @@ from schemas import EpisodeScored
 
 if TYPE_CHECKING:
     from infra.stack import EmbeddedStack
+    from trainer.service import TrainerService
 
 STEP_METRICS = ("tis_mean", "tis_capped_fraction", "ratio_mean", "clip_fraction", "staleness_mean")
 
@@ -116,6 +117,17 @@ def load_episodes(run: RecordedRun, data_dir: Path) -> LoadedEpisodes:
     return LoadedEpisodes(episodes)
 
 
+def stale_counts(trainer: TrainerService) -> dict[str, int]:
+    """What the trainer dropped for staleness so far (its Prometheus counters)."""
+    registry = trainer.metrics.registry
+    return {
+        reason: int(
+            registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason}) or 0
+        )
+        for reason in ("stale_transition", "stale_episode")
+    }
+
+
 def _summary(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -166,13 +178,7 @@ async def replay_phase(
         await asyncio.sleep(0.5)
     await stack.stop_training()
     seconds = time.perf_counter() - t0
-    registry = trainer.metrics.registry
-    stale = {
-        reason: int(
-            registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason}) or 0
-        )
-        for reason in ("stale_transition", "stale_episode")
-    }
+    stale = stale_counts(trainer)
     steps = steps_seen()
     trained_transitions = int(sum(m.get("transitions", 0.0) for m in steps))
     return {

@@ -81,6 +81,7 @@ class DemoConfig:
     # production: simulated users at once, each one session after another. 64 = the episodes the
     # rollout worker runs at once in the training demo; a step trains batch_groups × group_size sessions.
     users: int = 64
+    user_mistake_rate: float = 0.0  # share of sessions users rate the wrong way (infra/demo/production.py)
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
 
 
@@ -172,6 +173,7 @@ async def run_seed(
                 key,
                 seed=cfg.seed,
                 users=cfg.users,
+                mistake_rate=cfg.user_mistake_rate,
                 rl_seconds=cfg.rl_seconds,
                 max_steps=cfg.max_steps,
                 say=say,
@@ -222,6 +224,7 @@ async def run_seed(
                 "rl_groups_received": len(stack.trainer.intake.consumed),
                 "trainer_samples": stack.trainer.status().get("samples"),
                 "trainer_skipped": dict(stack.trainer.intake.skipped),
+                "trainer_stale_dropped": replaying.stale_counts(stack.trainer),
                 **phase,
                 "baseline_sft_steps": baseline_steps,
                 "warm_start_seconds": round(warm_s, 1),
