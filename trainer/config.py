@@ -19,7 +19,8 @@ Algorithm
         for language models, e.g. Ouyang et al. 2022, arXiv:2203.02155). The per-call discount of the
         reward service is already inside the returns.
     value_learning_rate: the value head's own Adam learning rate (it starts at zero and must catch up
-        with the rewards faster than the policy moves).
+        with the rewards faster than the policy moves; on the tests' tiny model 1e-3 left the value at
+        0.01 after 16 single-session steps with rewards 1/0, 1e-2 separated liked (0.8) from not (0.4)).
 
 Advantages
     advantage: ``"grpo"`` — reward minus the group mean, divided by the group std when ``scale_by_std``
@@ -91,7 +92,7 @@ class AlgorithmConfig(BaseModel):
     value_clip: float = Field(default=0.2, gt=0)
     gae_gamma: float = Field(default=1.0, gt=0, le=1)
     gae_lambda: float = Field(default=0.95, ge=0, le=1)
-    value_learning_rate: float = Field(default=1e-3, gt=0)
+    value_learning_rate: float = Field(default=1e-2, gt=0)
     # advantages
     advantage: Literal["grpo", "rloo", "mean"] = "grpo"
     scale_by_std: bool = True
