@@ -14,7 +14,7 @@ baseline never depends on its own reward. After the step, every reward of the st
 
 A key seen for the first time has no history: it starts from the mean and (population) variance of
 this step's rewards for that key, so a first step with rewards 1, 0, 1 already gets signal; a first
-step with a single reward for a new key has none (counted as ``production_no_baseline``).
+step with a single reward for a new key has none (counted as ``production_no_signal``).
 
 ``"batch"`` — REINFORCE++'s global normalisation (Hu 2025, arXiv:2501.03262): the production episodes
 of one step are normalised together, ``(r - mean_batch) / (std_batch + eps)``; no history. A step with
@@ -58,22 +58,25 @@ class ProductionBaselines:
     def __init__(self, stats: dict[str, RunningStat] | None = None) -> None:
         self.stats: dict[str, RunningStat] = dict(stats or {})
 
-    def advantages(self, episodes: Sequence[EpisodeScored], cfg: AlgorithmConfig) -> list[float | None]:
-        """One advantage per episode (same order; every ``reward`` must be set); None: no signal.
+    def advantages(
+        self, episodes: Sequence[EpisodeScored], cfg: AlgorithmConfig
+    ) -> list[tuple[float, float]]:
+        """``(advantage, scale)`` per episode (same order; every ``reward`` set); 0 means no signal.
 
-        Does not change the state: call :meth:`update` with the episodes that were trained.
+        ``scale`` is what the centred reward was divided by (:mod:`trainer.credit` divides per-call
+        terms by it too). Does not change the state: :meth:`update` does, after the step.
         """
         rewards = [float(e.reward or 0.0) for e in episodes]
         if cfg.production_baseline == "batch":
             if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-9:
-                return [None] * len(rewards)
+                return [(0.0, 1.0)] * len(rewards)
             mean = sum(rewards) / len(rewards)
-            std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-            return [(r - mean) / (std + cfg.std_eps) for r in rewards]
+            std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) + cfg.std_eps
+            return [((r - mean) / std, std) for r in rewards]
         by_key: dict[str, list[float]] = defaultdict(list)
         for e, r in zip(episodes, rewards, strict=True):
             by_key[baseline_key(e)].append(r)
-        out: list[float | None] = []
+        out: list[tuple[float, float]] = []
         for e, r in zip(episodes, rewards, strict=True):
             key = baseline_key(e)
             stat = self.stats.get(key)
@@ -81,10 +84,8 @@ class ProductionBaselines:
                 same = by_key[key]
                 mean = sum(same) / len(same)
                 stat = RunningStat(mean, sum((x - mean) ** 2 for x in same) / len(same), 0)
-            adv = r - stat.mean
-            if cfg.production_scale_by_std:
-                adv /= max(math.sqrt(stat.var), cfg.production_std_floor)
-            out.append(adv if abs(adv) > 1e-9 else None)
+            scale = max(math.sqrt(stat.var), cfg.production_std_floor) if cfg.production_scale_by_std else 1.0
+            out.append(((r - stat.mean) / scale, scale))
         return out
 
     def update(self, episodes: Sequence[EpisodeScored], cfg: AlgorithmConfig) -> None:

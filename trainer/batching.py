@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from schemas import EpisodeScored, EpisodeSource, EpisodeStatus
-from trainer.advantages import group_advantages, has_variance
+from trainer.advantages import group_advantages, group_scale, has_variance
 from trainer.baselines import ProductionBaselines
 from trainer.config import AlgorithmConfig
+from trainer.credit import has_excess, token_advantages, token_rewards
 from trainer.groups import Group
 
 
@@ -33,6 +34,10 @@ class Sample:
     episode_id: str
     weight_version: int = 0
     source: str = "live"  # EpisodeSource value: what ``samples`` per source counts
+    # per response token, when they differ from ``advantage`` (per-call rewards, discount; trainer.credit)
+    token_advantages: list[float] | None = None
+    # PPO: per response token, the reward GAE reads (on each call's last generated token; trainer.credit)
+    token_rewards: list[float] | None = None
 
     @property
     def response_tokens(self) -> int:
@@ -44,7 +49,7 @@ class Sample:
         mask = self.response_mask
         return (
             [m * self.token_weight for m in mask] + after,
-            [self.advantage] * len(self.response_ids) + after,
+            (self.token_advantages or [self.advantage] * len(self.response_ids)) + after,
             [lp * m for lp, m in zip(self.behaviour_logprobs, mask, strict=True)] + after,
         )
 
@@ -151,10 +156,11 @@ def build_batch(
     if with_calls:
         stats.transitions_per_episode = sum(len(e.transitions) for e in with_calls) / len(with_calls)
 
-    # (episode, advantage, [(transition, staleness factor, lag)])
-    chosen: list[tuple[EpisodeScored, float, list[tuple[int, float, int]]]] = []
+    # (episode, advantage, scale, [(transition, staleness factor, lag)])
+    chosen: list[tuple[EpisodeScored, float, float, list[tuple[int, float, int]]]] = []
     lags: list[int] = []
     production: list[EpisodeScored] = []
+    ppo = cfg.algorithm == "ppo"
     for group in groups:
         if is_production(group):
             production.extend(group.episodes())
@@ -162,33 +168,46 @@ def build_batch(
         stats.groups_partial += int(group.expired)
         members = [e for e in group.episodes() if e.reward is not None]
         rewards = [float(e.reward or 0.0) for e in members]
-        if not has_variance(rewards):
+        if ppo:  # the critic is the baseline: every rewarded episode trains, no group statistic
+            pairs = [(0.0, 1.0)] * len(members)
+        elif has_variance(rewards):
+            advs = group_advantages(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
+            scale = group_scale(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
+            pairs = [(a, scale) for a in advs]
+        elif any(has_excess(t, r) for e, r in zip(members, rewards, strict=True) for t in e.transitions):
+            pairs = [(0.0, 1.0)] * len(members)  # equal episode rewards, but per-call returns differ
+        else:
             stats.groups_zero_variance += 1
             continue
-        advs = group_advantages(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
-        for episode, adv in zip(members, advs, strict=True):
+        for episode, (adv, scale) in zip(members, pairs, strict=True):
             kept = _fresh(episode, cfg, current_version, stats, lags)
             if kept:
-                chosen.append((episode, adv, kept))
+                chosen.append((episode, adv, scale, kept))
 
     stats.skipped["no_reward"] += sum(1 for e in production if e.reward is None)
     production = [e for e in production if e.reward is not None]
     stats.production_episodes = len(production)
     if production:
-        prod_advs = (baselines or ProductionBaselines()).advantages(production, cfg)
-        for episode, maybe_adv in zip(production, prod_advs, strict=True):
-            if maybe_adv is None:
+        prod_advs = (
+            [(0.0, 1.0)] * len(production)
+            if ppo
+            else (baselines or ProductionBaselines()).advantages(production, cfg)
+        )
+        for episode, (adv, scale) in zip(production, prod_advs, strict=True):
+            reward = float(episode.reward or 0.0)
+            if not ppo and abs(adv) <= 1e-9 and not any(has_excess(t, reward) for t in episode.transitions):
                 stats.skipped["production_no_signal"] += 1
                 continue
             kept = _fresh(episode, cfg, current_version, stats, lags)
             if kept:
-                chosen.append((episode, maybe_adv, kept))
+                chosen.append((episode, adv, scale, kept))
 
     samples: list[Sample] = []
     n_eps = len(chosen)
-    for episode, adv, kept in chosen:
+    for episode, adv, scale, kept in chosen:
         stats.replay_episodes += int(episode.source == EpisodeSource.replay)
         tokens = sum(sum(episode.transitions[i].response_mask) for i, _, _ in kept)
+        reward = float(episode.reward or 0.0)
         for i, factor, _ in kept:
             t = episode.transitions[i]
             samples.append(
@@ -202,6 +221,8 @@ def build_batch(
                     episode_id=episode.episode_id,
                     weight_version=t.weight_version,
                     source=episode.source.value,
+                    token_advantages=None if ppo else token_advantages(t, adv, reward, scale),
+                    token_rewards=token_rewards(t) if ppo else None,
                 )
             )
             stats.samples_by_source[episode.source.value] += 1

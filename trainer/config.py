@@ -2,6 +2,26 @@
 
 Parameters
 ----------
+Algorithm
+    algorithm: ``"grpo"`` (default) — critic-free policy gradient with group-relative advantages
+        (``advantage`` picks the estimator; production sessions use ``production_baseline``) and the
+        per-call credit of :mod:`trainer.credit`. ``"ppo"`` — PPO with a learned critic (Schulman et al.
+        2017, *Proximal Policy Optimization Algorithms*, arXiv:1707.06347): a value head on the policy's
+        last hidden state, GAE(γ, λ) advantages over each transition's generated tokens (Schulman et al.
+        2016, *High-Dimensional Continuous Control Using Generalized Advantage Estimation*,
+        arXiv:1506.02438), no group needed — the critic is the baseline, so single production sessions
+        and all-equal groups train too. See :mod:`trainer.ppo`.
+    vf_coef: weight of the value loss in the shared objective (PPO's ``c1``, eq. 9; 0.5 as in the
+        paper's Atari runs and most implementations).
+    value_clip: PPO's clipped value loss, ``max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²) / 2``
+        (as in OpenAI baselines' ``ppo2``); inert with ``ppo_epochs = 1``.
+    gae_gamma / gae_lambda: GAE's per-token discount and trace decay (γ = 1, λ = 0.95 as commonly used
+        for language models, e.g. Ouyang et al. 2022, arXiv:2203.02155). The per-call discount of the
+        reward service is already inside the returns.
+    value_learning_rate: the value head's own Adam learning rate (it starts at zero and must catch up
+        with the rewards faster than the policy moves; on the tests' tiny model 1e-3 left the value at
+        0.01 after 16 single-session steps with rewards 1/0, 1e-2 separated liked (0.8) from not (0.4)).
+
 Advantages
     advantage: ``"grpo"`` — reward minus the group mean, divided by the group std when ``scale_by_std``
         (Shao et al. 2024, *DeepSeekMath*, arXiv:2402.03300; the same formula as verl's
@@ -66,6 +86,13 @@ from pydantic import BaseModel, ConfigDict, Field
 class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # algorithm
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    vf_coef: float = Field(default=0.5, ge=0)
+    value_clip: float = Field(default=0.2, gt=0)
+    gae_gamma: float = Field(default=1.0, gt=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    value_learning_rate: float = Field(default=1e-2, gt=0)
     # advantages
     advantage: Literal["grpo", "rloo", "mean"] = "grpo"
     scale_by_std: bool = True

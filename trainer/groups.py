@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from schemas import EpisodeScored, EpisodeSource, Mode
+from trainer.credit import segments_valid
 
 
 @dataclass
@@ -71,6 +72,8 @@ def malformed_reason(event: EpisodeScored, vocab_size: int | None = None) -> str
             return "malformed:empty_mask"
         if any(not math.isfinite(lp) or lp > 1e-4 for lp in t.behaviour_logprobs):
             return "malformed:logprobs_values"
+        if not segments_valid(t):
+            return "malformed:segments"
         if vocab_size is not None and any(i < 0 or i >= vocab_size for i in (*t.prompt_ids, *t.response_ids)):
             return "malformed:token_out_of_vocab"
     return None

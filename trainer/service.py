@@ -51,6 +51,7 @@ from trainer.config import AlgorithmConfig
 from trainer.groups import Group, Intake
 from trainer.metrics import NullTracker, Tracker, TrainerMetrics
 from trainer.rollouts import RolloutPlanner
+from trainer.sft import sft_batch
 from trainer.weights import WeightSync, WeightUpdate
 
 log = get_logger(__name__)
@@ -62,7 +63,8 @@ STATUS_FILE = "status.json"
 @dataclass(frozen=True)
 class LoopConfig:
     mode: Literal["sync", "async"] = "async"
-    objective: Literal["rl", "sft"] = "rl"  # sft: cross-entropy on episodes with reward ≥ threshold
+    # sft: cross-entropy on the episodes trainer.sft.select_episodes keeps (reward ≥ sft_reward_threshold)
+    objective: Literal["rl", "sft"] = "rl"
     batch_groups: int = 8  # B: groups per training step
     max_in_flight: int = 16  # K: groups requested ahead (async; sync requests exactly B)
     batch_timeout_s: float | None = None  # train on fewer than B ready groups after this long
@@ -322,15 +324,18 @@ class TrainerService:
             if groups is None:
                 break
             gen_seconds = time.perf_counter() - gen_start
-            batch = build_batch(
-                groups,
-                self.algo,
-                self.backend.version,
-                success_threshold=self.loop.success_threshold,
-                baselines=self.baselines,
-            )
-            # the sessions are consumed now, trained or not: their rewards are the baseline's history
-            self.baselines.update(batch.production, self.algo)
+            if self.loop.objective == "sft":
+                batch = sft_batch(groups, self.algo.sft_reward_threshold)
+            else:
+                batch = build_batch(
+                    groups,
+                    self.algo,
+                    self.backend.version,
+                    success_threshold=self.loop.success_threshold,
+                    baselines=self.baselines,
+                )
+                # the sessions are consumed now, trained or not: their rewards are the baseline's history
+                self.baselines.update(batch.production, self.algo)
             for reason, n in batch.stats.skipped.items():
                 self.metrics.skipped.labels(reason).inc(n)
             if not batch.samples:

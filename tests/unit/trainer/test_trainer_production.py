@@ -65,24 +65,25 @@ def test_ema_baseline_and_batch_normalisation() -> None:
     cfg = AlgorithmConfig()
     baselines = ProductionBaselines()
     eps = [session(0, 1.0), session(1, 0.0), session(2, 1.0)]
-    advs = baselines.advantages(eps, cfg)
+    advs = [a for a, _ in baselines.advantages(eps, cfg)]
     # cold start: the step's own mean 2/3 and population std sqrt(2)/3
     assert advs == pytest.approx([0.5**0.5, -(2**0.5), 0.5**0.5])
     baselines.update(eps, cfg)
     stat = baselines.stats["t|feedback"]
     assert stat.mean == pytest.approx(2 / 3) and stat.count == 3
     # a single session now has a baseline; another tenant's first lone session has none
-    [lone] = baselines.advantages([session(3, 1.0)], cfg)
-    assert lone == pytest.approx((1 - 2 / 3) / (2**0.5 / 3))
-    assert baselines.advantages([session(4, 1.0, tenant="other")], cfg) == [None]
+    [(lone, scale)] = baselines.advantages([session(3, 1.0)], cfg)
+    assert lone == pytest.approx((1 - 2 / 3) / (2**0.5 / 3)) and scale == pytest.approx(2**0.5 / 3)
+    assert baselines.advantages([session(4, 1.0, tenant="other")], cfg) == [(0.0, 0.1)]
     baselines.update([session(3, 1.0)], cfg)
     assert stat.mean == pytest.approx(2 / 3 + 0.1 * (1 - 2 / 3))
     restored = ProductionBaselines.from_json(baselines.to_json())
     assert restored.stats["t|feedback"].mean == pytest.approx(stat.mean)
     # REINFORCE++ global normalisation: the step's production rewards only
     batch_cfg = AlgorithmConfig(production_baseline="batch")
-    assert ProductionBaselines().advantages(eps, batch_cfg) == pytest.approx(advs, rel=1e-4)
-    assert ProductionBaselines().advantages([session(5, 1.0)], batch_cfg) == [None]
+    batch_advs = [a for a, _ in ProductionBaselines().advantages(eps, batch_cfg)]
+    assert batch_advs == pytest.approx(advs, rel=1e-4)
+    assert ProductionBaselines().advantages([session(5, 1.0)], batch_cfg) == [(0.0, 1.0)]
 
 
 @pytest.mark.timeout(10)
