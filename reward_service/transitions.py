@@ -13,6 +13,12 @@
   ``call_seq``) land on their call. A transition ending at call ``b`` gets its own calls' per-call
   rewards plus the discounted return from ``b`` on: ``Σ_{c ≥ b} γ^(c−b) r[c]``. With ``γ = 1`` and no
   per-call rewards every transition carries the episode reward.
+- Per-segment returns: a merged trajectory holds several calls, so one number cannot say which of its
+  calls did well. Each transition also carries, per call it holds (aligned with ``call_seqs``),
+  ``segment_starts[k]`` — the index in ``response_ids`` where call ``k``'s generated tokens begin (its
+  segment runs to the next start: its generated tokens, then the observation before the next call) —
+  and ``segment_returns[k] = G[call_seqs[k]] = Σ_{c ≥ call_seqs[k]} γ^(c − call_seqs[k]) r[c]``. The
+  trainer turns these into per-token advantages (:mod:`trainer.credit`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class _Trajectory:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     call_seqs: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # where each call's generated tokens begin
     weight_version: int = 0
     logprobs_mode: LogprobsMode = LogprobsMode.processed
     prompt_version: str | None = None  # one per episode: the gateway pins it per group (gateway/prompts.py)
@@ -39,6 +46,7 @@ class _Trajectory:
 
     def add_choice(self, call: LLMCallRecorded, choice: CallChoice) -> None:
         ids = choice.token_ids or []
+        self.starts.append(len(self.response_ids))
         self.response_ids.extend(ids)
         self.mask.extend([1] * len(ids))
         self.logprobs.extend(choice.logprobs or [])
@@ -162,6 +170,8 @@ def assemble(
                 reward=returns[traj.call_seqs[-1]] + own,
                 logprobs_mode=traj.logprobs_mode,
                 prompt_version=traj.prompt_version,
+                segment_starts=traj.starts,
+                segment_returns=[returns[seq] for seq in traj.call_seqs],
             )
         )
     return out

@@ -256,6 +256,16 @@ class Transition(BaseModel):
         max_length=64,
         description="the prompt version its calls were served under (added, optional)",
     )
+    segment_starts: list[int] | None = Field(
+        default=None,
+        description="per call in call_seqs: index in response_ids where its generated tokens begin "
+        "(added, optional)",
+    )
+    segment_returns: list[Reward] | None = Field(
+        default=None,
+        description="per call in call_seqs: the discounted return from that call on, per-call rewards "
+        "included (added, optional)",
+    )
 
 
 class EpisodeScored(EventBase):
@@ -353,6 +363,10 @@ class TrainerStepCompleted(EventBase):
     step: int = Field(ge=0)
     version: int = Field(ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
+    samples: dict[EpisodeSource, int] = Field(
+        default_factory=dict,
+        description="samples (transitions) this step trained on, per episode source (added, optional)",
+    )
 
 
 class TrainerPauseRequested(EventBase):

@@ -1,7 +1,7 @@
 """Group-relative advantages: one number per episode, computed from the rewards of its group.
 
 Every transition of an episode inherits the episode's advantage (LightningRL credit assignment,
-DESIGN.md). A group whose rewards are all equal carries no signal under any of these estimators; the
+DESIGN.md); per-call rewards and the discount add a per-call term on top (:mod:`trainer.credit`). A group whose rewards are all equal carries no signal under any of these estimators; the
 caller counts it and skips it rather than training on zeros. See :mod:`trainer.config` for citations.
 """
 
@@ -16,6 +16,17 @@ AdvantageKind = Literal["grpo", "rloo", "mean"]
 
 def has_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
     return len(rewards) >= 2 and (max(rewards) - min(rewards)) > tol
+
+
+def group_scale(
+    rewards: Sequence[float], kind: AdvantageKind = "grpo", *, scale_by_std: bool = True, eps: float = 1e-6
+) -> float:
+    """What :func:`group_advantages` divides the centred rewards by (1 when it does not scale)."""
+    n = len(rewards)
+    if kind != "grpo" or not scale_by_std or n < 2:
+        return 1.0
+    mean = sum(rewards) / n
+    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1)) + eps
 
 
 def group_advantages(

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from schemas import EpisodeScored, EpisodeSource, EpisodeStatus
-from trainer.advantages import group_advantages, has_variance
+from trainer.advantages import group_advantages, group_scale, has_variance
+from trainer.baselines import ProductionBaselines
 from trainer.config import AlgorithmConfig
+from trainer.credit import has_excess, token_advantages, token_rewards
 from trainer.groups import Group
 
 
@@ -31,6 +33,11 @@ class Sample:
     token_weight: float  # multiplies every response token's loss (normalisation × staleness)
     episode_id: str
     weight_version: int = 0
+    source: str = "live"  # EpisodeSource value: what ``samples`` per source counts
+    # per response token, when they differ from ``advantage`` (per-call rewards, discount; trainer.credit)
+    token_advantages: list[float] | None = None
+    # PPO: per response token, the reward GAE reads (on each call's last generated token; trainer.credit)
+    token_rewards: list[float] | None = None
 
     @property
     def response_tokens(self) -> int:
@@ -42,7 +49,7 @@ class Sample:
         mask = self.response_mask
         return (
             [m * self.token_weight for m in mask] + after,
-            [self.advantage] * len(self.response_ids) + after,
+            (self.token_advantages or [self.advantage] * len(self.response_ids)) + after,
             [lp * m for lp, m in zip(self.behaviour_logprobs, mask, strict=True)] + after,
         )
 
@@ -61,7 +68,9 @@ class BatchStats:
     staleness_mean: float = 0.0
     staleness_max: int = 0
     replay_episodes: int = 0
+    production_episodes: int = 0  # rewarded production sessions in the batch (trained or not)
     skipped: Counter[str] = field(default_factory=Counter)
+    samples_by_source: Counter[str] = field(default_factory=Counter)
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -77,6 +86,8 @@ class BatchStats:
             "staleness_mean": self.staleness_mean,
             "staleness_max": float(self.staleness_max),
             "replay_episodes": float(self.replay_episodes),
+            "production_episodes": float(self.production_episodes),
+            **{f"samples_{src.value}": float(self.samples_by_source[src.value]) for src in EpisodeSource},
         }
 
 
@@ -85,6 +96,7 @@ class TrainBatch:
     samples: list[Sample]
     stats: BatchStats
     group_ids: list[str]
+    production: list[EpisodeScored] = field(default_factory=list)  # rewarded; they update the baseline
 
     @property
     def response_tokens(self) -> int:
@@ -95,14 +107,44 @@ def _is_success(e: EpisodeScored, threshold: float) -> bool:
     return e.status == EpisodeStatus.ok and e.reward is not None and e.reward >= threshold
 
 
+def _fresh(
+    episode: EpisodeScored, cfg: AlgorithmConfig, current_version: int, stats: BatchStats, lags: list[int]
+) -> list[tuple[int, float, int]]:
+    """The transitions of ``episode`` within the staleness bound: (index, staleness factor, lag)."""
+    kept: list[tuple[int, float, int]] = []
+    for i, t in enumerate(episode.transitions):
+        lag = max(0, current_version - t.weight_version)
+        lags.append(lag)
+        factor = 1.0
+        if lag > cfg.max_staleness:
+            if cfg.stale_policy == "drop":
+                stats.skipped["stale_transition"] += 1
+                continue
+            factor = cfg.stale_decay ** (lag - cfg.max_staleness)
+        kept.append((i, factor, lag))
+    if not kept and episode.transitions:
+        stats.skipped["stale_episode"] += 1
+    return kept
+
+
+def is_production(group: Group) -> bool:
+    return any(e.source == EpisodeSource.production for e in group.episodes())
+
+
 def build_batch(
     groups: Sequence[Group],
     cfg: AlgorithmConfig,
     current_version: int,
     *,
     success_threshold: float = 1.0,
+    baselines: ProductionBaselines | None = None,
 ) -> TrainBatch:
-    """Advantages per group, staleness per transition, per-episode token weights."""
+    """Advantages per group (production sessions: per baseline), staleness per transition, weights.
+
+    Production sessions (groups of one from :meth:`~trainer.groups.Intake.take_production`) get their
+    advantage from ``baselines`` (:mod:`trainer.baselines`) instead of a group; their truncated
+    importance weights and staleness bound are the same as every other episode's.
+    """
     stats = BatchStats(groups=len(groups))
     episodes_all = [e for g in groups for e in g.episodes()]
     rewarded = [e for e in episodes_all if e.reward is not None]
@@ -114,39 +156,58 @@ def build_batch(
     if with_calls:
         stats.transitions_per_episode = sum(len(e.transitions) for e in with_calls) / len(with_calls)
 
-    # (episode, advantage, [(transition, staleness factor, lag)])
-    chosen: list[tuple[EpisodeScored, float, list[tuple[int, float, int]]]] = []
+    # (episode, advantage, scale, [(transition, staleness factor, lag)])
+    chosen: list[tuple[EpisodeScored, float, float, list[tuple[int, float, int]]]] = []
     lags: list[int] = []
+    production: list[EpisodeScored] = []
+    ppo = cfg.algorithm == "ppo"
     for group in groups:
+        if is_production(group):
+            production.extend(group.episodes())
+            continue
         stats.groups_partial += int(group.expired)
         members = [e for e in group.episodes() if e.reward is not None]
         rewards = [float(e.reward or 0.0) for e in members]
-        if not has_variance(rewards):
+        if ppo:  # the critic is the baseline: every rewarded episode trains, no group statistic
+            pairs = [(0.0, 1.0)] * len(members)
+        elif has_variance(rewards):
+            advs = group_advantages(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
+            scale = group_scale(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
+            pairs = [(a, scale) for a in advs]
+        elif any(has_excess(t, r) for e, r in zip(members, rewards, strict=True) for t in e.transitions):
+            pairs = [(0.0, 1.0)] * len(members)  # equal episode rewards, but per-call returns differ
+        else:
             stats.groups_zero_variance += 1
             continue
-        advs = group_advantages(rewards, cfg.advantage, scale_by_std=cfg.scale_by_std, eps=cfg.std_eps)
-        for episode, adv in zip(members, advs, strict=True):
-            kept: list[tuple[int, float, int]] = []
-            for i, t in enumerate(episode.transitions):
-                lag = max(0, current_version - t.weight_version)
-                lags.append(lag)
-                factor = 1.0
-                if lag > cfg.max_staleness:
-                    if cfg.stale_policy == "drop":
-                        stats.skipped["stale_transition"] += 1
-                        continue
-                    factor = cfg.stale_decay ** (lag - cfg.max_staleness)
-                kept.append((i, factor, lag))
+        for episode, (adv, scale) in zip(members, pairs, strict=True):
+            kept = _fresh(episode, cfg, current_version, stats, lags)
             if kept:
-                chosen.append((episode, adv, kept))
-            elif episode.transitions:
-                stats.skipped["stale_episode"] += 1
+                chosen.append((episode, adv, scale, kept))
+
+    stats.skipped["no_reward"] += sum(1 for e in production if e.reward is None)
+    production = [e for e in production if e.reward is not None]
+    stats.production_episodes = len(production)
+    if production:
+        prod_advs = (
+            [(0.0, 1.0)] * len(production)
+            if ppo
+            else (baselines or ProductionBaselines()).advantages(production, cfg)
+        )
+        for episode, (adv, scale) in zip(production, prod_advs, strict=True):
+            reward = float(episode.reward or 0.0)
+            if not ppo and abs(adv) <= 1e-9 and not any(has_excess(t, reward) for t in episode.transitions):
+                stats.skipped["production_no_signal"] += 1
+                continue
+            kept = _fresh(episode, cfg, current_version, stats, lags)
+            if kept:
+                chosen.append((episode, adv, scale, kept))
 
     samples: list[Sample] = []
     n_eps = len(chosen)
-    for episode, adv, kept in chosen:
+    for episode, adv, scale, kept in chosen:
         stats.replay_episodes += int(episode.source == EpisodeSource.replay)
         tokens = sum(sum(episode.transitions[i].response_mask) for i, _, _ in kept)
+        reward = float(episode.reward or 0.0)
         for i, factor, _ in kept:
             t = episode.transitions[i]
             samples.append(
@@ -159,14 +220,20 @@ def build_batch(
                     token_weight=factor / (n_eps * tokens),
                     episode_id=episode.episode_id,
                     weight_version=t.weight_version,
+                    source=episode.source.value,
+                    token_advantages=None if ppo else token_advantages(t, adv, reward, scale),
+                    token_rewards=token_rewards(t) if ppo else None,
                 )
             )
+            stats.samples_by_source[episode.source.value] += 1
     stats.episodes_trained = n_eps
     stats.transitions = len(samples)
     if lags:
         stats.staleness_mean = sum(lags) / len(lags)
         stats.staleness_max = max(lags)
-    return TrainBatch(samples=samples, stats=stats, group_ids=[g.group_id for g in groups])
+    return TrainBatch(
+        samples=samples, stats=stats, group_ids=[g.group_id for g in groups], production=production
+    )
 
 
 def sft_samples(

@@ -4,7 +4,8 @@ Layout under the trainer's directory (``<data_dir>/trainer`` by default)::
 
     checkpoints/v000012/model.safetensors   weights (what ``load_weights(path, version)`` reads)
     checkpoints/v000012/optimizer.pt        Adam state, so a resumed run continues the same optimiser
-    checkpoints/v000012/meta.json           version, step, config, consumed group ids, bus offsets
+    checkpoints/v000012/meta.json           version, step, config, consumed group ids, bus offsets,
+                                            production baselines, samples trained per source
     checkpoints/LATEST                      name of the newest complete checkpoint
     inbox.jsonl                             episodes received but not yet trained
 
@@ -48,6 +49,9 @@ class CheckpointMeta:
     consumed_groups: list[str] = field(default_factory=list)
     offsets: dict[str, int] = field(default_factory=dict)  # "topic/partition" -> next offset seen
     metrics: dict[str, float] = field(default_factory=dict)
+    # running production baselines (trainer.baselines) and samples trained per source, so far
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    samples: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

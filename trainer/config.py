@@ -2,6 +2,26 @@
 
 Parameters
 ----------
+Algorithm
+    algorithm: ``"grpo"`` (default) — critic-free policy gradient with group-relative advantages
+        (``advantage`` picks the estimator; production sessions use ``production_baseline``) and the
+        per-call credit of :mod:`trainer.credit`. ``"ppo"`` — PPO with a learned critic (Schulman et al.
+        2017, *Proximal Policy Optimization Algorithms*, arXiv:1707.06347): a value head on the policy's
+        last hidden state, GAE(γ, λ) advantages over each transition's generated tokens (Schulman et al.
+        2016, *High-Dimensional Continuous Control Using Generalized Advantage Estimation*,
+        arXiv:1506.02438), no group needed — the critic is the baseline, so single production sessions
+        and all-equal groups train too. See :mod:`trainer.ppo`.
+    vf_coef: weight of the value loss in the shared objective (PPO's ``c1``, eq. 9; 0.5 as in the
+        paper's Atari runs and most implementations).
+    value_clip: PPO's clipped value loss, ``max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²) / 2``
+        (as in OpenAI baselines' ``ppo2``); inert with ``ppo_epochs = 1``.
+    gae_gamma / gae_lambda: GAE's per-token discount and trace decay (γ = 1, λ = 0.95 as commonly used
+        for language models, e.g. Ouyang et al. 2022, arXiv:2203.02155). The per-call discount of the
+        reward service is already inside the returns.
+    value_learning_rate: the value head's own Adam learning rate (it starts at zero and must catch up
+        with the rewards faster than the policy moves; on the tests' tiny model 1e-3 left the value at
+        0.01 after 16 single-session steps with rewards 1/0, 1e-2 separated liked (0.8) from not (0.4)).
+
 Advantages
     advantage: ``"grpo"`` — reward minus the group mean, divided by the group std when ``scale_by_std``
         (Shao et al. 2024, *DeepSeekMath*, arXiv:2402.03300; the same formula as verl's
@@ -38,6 +58,19 @@ Optimisation
     token_budget: microbatch size in tokens (rows × padded length); gradients accumulate across
         microbatches so the budget only trades memory for speed.
 
+Production sessions (a deployed agent's traffic; each a group of one, see :mod:`trainer.baselines`)
+    production_baseline: ``"ema"`` (default) — REINFORCE with a baseline (Williams 1992, *Simple
+        statistical gradient-following algorithms for connectionist reinforcement learning*, Machine
+        Learning 8): a running exponential mean and variance of production rewards per (tenant, scorer),
+        saved with the checkpoint. Chosen as the default because it gives signal to a step with a
+        single production session, which a batch statistic cannot. ``"batch"`` — REINFORCE++'s global
+        advantage normalisation across the production episodes of one step (Hu 2025, *REINFORCE++*,
+        arXiv:2501.03262).
+    production_ema_decay: weight of the history in the running mean/variance (α = 1 − decay per reward).
+    production_scale_by_std: divide by the running std (floored at ``production_std_floor``, so a
+        baseline that has only seen one reward value does not blow a new one up by 1/eps).
+    production_max_per_step: production episodes trained in one step (the rest wait for the next).
+
 SFT
     sft_reward_threshold: episodes with reward ≥ this are SFT targets.
     sft_learning_rate: the SFT learning rate (warm start and SFT mode).
@@ -53,6 +86,13 @@ from pydantic import BaseModel, ConfigDict, Field
 class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # algorithm
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    vf_coef: float = Field(default=0.5, ge=0)
+    value_clip: float = Field(default=0.2, gt=0)
+    gae_gamma: float = Field(default=1.0, gt=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    value_learning_rate: float = Field(default=1e-2, gt=0)
     # advantages
     advantage: Literal["grpo", "rloo", "mean"] = "grpo"
     scale_by_std: bool = True
@@ -72,6 +112,12 @@ class AlgorithmConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(default=1.0, gt=0)
     token_budget: int = Field(default=8192, ge=16)
+    # production sessions
+    production_baseline: Literal["ema", "batch"] = "ema"
+    production_ema_decay: float = Field(default=0.9, ge=0, lt=1)
+    production_scale_by_std: bool = True
+    production_std_floor: float = Field(default=0.1, gt=0)
+    production_max_per_step: int = Field(default=256, ge=1)
     # sft
     sft_reward_threshold: float = 1.0
     sft_learning_rate: float = Field(default=1e-3, gt=0)

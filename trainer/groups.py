@@ -4,12 +4,18 @@ Rules, in the order they apply to an arriving event:
 
 - the same ``event_id`` twice is a duplicate (``duplicate_event``);
 - an episode of a group that was already trained or dropped is skipped (``group_consumed``) — this is
-  what keeps a restarted trainer from training twice on redelivered events;
+  what keeps a restarted trainer from training twice on redelivered events; a re-score
+  (``score_revision > 0``) of one is ``rescore_after_trained``;
 - ``mode=val`` episodes are not training data (``not_train``);
 - malformed transitions (lengths disagree, empty response, ids outside the vocabulary, non-finite
   logprobs) are skipped whole (``malformed:<what>``);
 - an episode marked ``superseded`` leaves its group (``superseded``): another episode replaces it;
-- a re-scored episode (same ``episode_id``) replaces the earlier score;
+- a re-scored episode (same ``episode_id``, higher ``score_revision``) replaces the earlier score; a
+  lower revision after a higher one, or the same re-score twice, is skipped (``older_revision``);
+- a production session (``source=production``) joins no group: it waits on its own until the next
+  step takes it (:meth:`Intake.take_production`); one without a reward (no feedback, no scorer) is
+  skipped as ``no_reward`` and one without transitions as ``no_transitions`` — neither is trained with
+  a fill value;
 - a retry (``attempt > 0``) replaces the earlier attempt of the same group member — same ``task_id``
   and ``sample_index``, lower ``attempt`` (``superseded_attempt``) — so each member counts once, with
   its latest attempt; a late earlier attempt after a retry is skipped (``older_attempt``).
@@ -30,7 +36,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from schemas import EpisodeScored, Mode
+from schemas import EpisodeScored, EpisodeSource, Mode
+from trainer.credit import segments_valid
 
 
 @dataclass
@@ -65,9 +72,18 @@ def malformed_reason(event: EpisodeScored, vocab_size: int | None = None) -> str
             return "malformed:empty_mask"
         if any(not math.isfinite(lp) or lp > 1e-4 for lp in t.behaviour_logprobs):
             return "malformed:logprobs_values"
+        if not segments_valid(t):
+            return "malformed:segments"
         if vocab_size is not None and any(i < 0 or i >= vocab_size for i in (*t.prompt_ids, *t.response_ids)):
             return "malformed:token_out_of_vocab"
     return None
+
+
+def _older_revision(event: EpisodeScored, previous: EpisodeScored) -> bool:
+    """``event`` does not supersede ``previous``: a lower revision, or the same re-score again."""
+    return event.score_revision < previous.score_revision or (
+        event.score_revision == previous.score_revision > 0
+    )
 
 
 class Intake:
@@ -91,22 +107,29 @@ class Intake:
         self.dropped_groups: Counter[str] = Counter()
         self._clock = clock
         self._groups: dict[str, Group] = {}
+        self._production: dict[str, EpisodeScored] = {}  # episode_id -> latest score, arrival order
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._seen_capacity = seen_capacity
 
     # ------------------------------------------------------------------ intake
     def add(self, event: EpisodeScored) -> str | None:
         """Buffer one event; returns the skip reason, or None when it was taken."""
-        if event.event_id in self._seen:
+        # a re-score may keep the first score's event id: the revision makes it a different event
+        seen_key = (
+            event.event_id if event.score_revision == 0 else f"{event.event_id}#r{event.score_revision}"
+        )
+        if seen_key in self._seen:
             return self._skip("duplicate_event")
-        self._remember(event.event_id)
+        self._remember(seen_key)
         if event.group_id in self.consumed:
-            return self._skip("group_consumed")
+            return self._skip("rescore_after_trained" if event.score_revision > 0 else "group_consumed")
         if event.mode != Mode.train:
             return self._skip("not_train")
         reason = malformed_reason(event, self.vocab_size)
         if reason is not None:
             return self._skip(reason)
+        if event.source == EpisodeSource.production:
+            return self._add_production(event)
         group = self._groups.get(event.group_id)
         if event.superseded:
             if group is not None:
@@ -116,6 +139,9 @@ class Intake:
             group = Group(event.group_id, event.group_size, self._clock())
             self._groups[event.group_id] = group
         group.group_size = max(group.group_size, event.group_size)
+        previous = group.members.get(event.episode_id)
+        if previous is not None and _older_revision(event, previous):
+            return self._skip("older_revision")
         if event.episode_id not in group.members:
             same_member = [
                 e
@@ -130,6 +156,30 @@ class Intake:
                 del group.members[old.episode_id]
                 self.skipped["superseded_attempt"] += 1
         group.members[event.episode_id] = event
+        return None
+
+    def _add_production(self, event: EpisodeScored) -> str | None:
+        """A production session waits alone (no group to fill) until the next step takes it.
+
+        It stays here, not in a ready group, until :meth:`take_production`, so a re-score (a higher
+        ``score_revision`` of the same episode) can still replace it; once trained, its id is consumed
+        and a re-score is skipped as ``rescore_after_trained``.
+        """
+        previous = self._production.get(event.episode_id)
+        if previous is not None and _older_revision(event, previous):
+            return self._skip("older_revision")
+        if event.superseded:
+            self._production.pop(event.episode_id, None)
+            return self._skip("superseded")
+        if event.reward is None:  # no feedback and no scorer: never trained with a fill value
+            self._production.pop(event.episode_id, None)
+            return self._skip("no_reward")
+        if not event.transitions:
+            self._production.pop(event.episode_id, None)
+            return self._skip("no_transitions")
+        if previous is not None:
+            self.skipped["superseded_revision"] += 1
+        self._production[event.episode_id] = event
         return None
 
     def _skip(self, reason: str) -> str:
@@ -160,6 +210,19 @@ class Intake:
                     self.dropped_groups["deadline"] += 1
         return out
 
+    @property
+    def production_waiting(self) -> int:
+        return len(self._production)
+
+    def take_production(self, limit: int) -> list[Group]:
+        """Up to ``limit`` waiting production episodes, oldest first, each as a group of one (consumed)."""
+        out: list[Group] = []
+        for eid in list(self._production)[:limit]:
+            event = self._production.pop(eid)
+            self.consumed.add(event.group_id)
+            out.append(Group(event.group_id, 1, self._clock(), {eid: event}))
+        return out
+
     def _pop(self, gid: str) -> Group:
         self.consumed.add(gid)
         return self._groups.pop(gid)
@@ -168,13 +231,15 @@ class Intake:
         for gid in group_ids:
             self.consumed.add(gid)
             self._groups.pop(gid, None)
+            for eid in [e for e, ev in self._production.items() if ev.group_id == gid]:
+                del self._production[eid]
 
     @property
     def pending_groups(self) -> int:
         return len(self._groups)
 
     def pending_events(self) -> list[EpisodeScored]:
-        return [e for g in self._groups.values() for e in g.members.values()]
+        return [*(e for g in self._groups.values() for e in g.members.values()), *self._production.values()]
 
     def next_deadline_in(self) -> float | None:
         """Seconds until the oldest pending group expires (None when nothing is pending)."""

@@ -22,6 +22,7 @@ import contextlib
 import shutil
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from schemas import (
     TASKS,
     TRANSITIONS,
     EpisodeScored,
+    EpisodeSource,
     InferenceDrained,
     InferenceResumed,
     TrainerPauseRequested,
@@ -42,12 +44,14 @@ from schemas import (
     TrainerStepCompleted,
 )
 from trainer.backends.base import Backend, BackendError
+from trainer.baselines import ProductionBaselines
 from trainer.batching import TrainBatch, build_batch
 from trainer.checkpoints import CheckpointMeta, CheckpointStore
 from trainer.config import AlgorithmConfig
 from trainer.groups import Group, Intake
 from trainer.metrics import NullTracker, Tracker, TrainerMetrics
 from trainer.rollouts import RolloutPlanner
+from trainer.sft import sft_batch
 from trainer.weights import WeightSync, WeightUpdate
 
 log = get_logger(__name__)
@@ -59,7 +63,8 @@ STATUS_FILE = "status.json"
 @dataclass(frozen=True)
 class LoopConfig:
     mode: Literal["sync", "async"] = "async"
-    objective: Literal["rl", "sft"] = "rl"  # sft: cross-entropy on episodes with reward ≥ threshold
+    # sft: cross-entropy on the episodes trainer.sft.select_episodes keeps (reward ≥ sft_reward_threshold)
+    objective: Literal["rl", "sft"] = "rl"
     batch_groups: int = 8  # B: groups per training step
     max_in_flight: int = 16  # K: groups requested ahead (async; sync requests exactly B)
     batch_timeout_s: float | None = None  # train on fewer than B ready groups after this long
@@ -118,6 +123,8 @@ class TrainerService:
         self._offsets: dict[str, int] = {}
         self._gen_started = time.perf_counter()
         self.batches_without_signal = 0
+        self.baselines = ProductionBaselines()
+        self.samples_trained: Counter[str] = Counter({src.value: 0 for src in EpisodeSource})
         self._pending_update: asyncio.Task[None] | None = None
         self._last_update: tuple[float, float, list[str]] = (0.0, 0.0, [])
         self._last_update_ok = True
@@ -131,6 +138,8 @@ class TrainerService:
             self.step = latest.meta.step
             self.intake.mark_consumed(latest.meta.consumed_groups)
             self._offsets = dict(latest.meta.offsets)
+            self.baselines = ProductionBaselines.from_json(latest.meta.baselines)
+            self.samples_trained.update(latest.meta.samples)
             log.info("trainer_resumed", version=latest.meta.version, step=self.step, path=str(latest.path))
         for event in self.store.read_inbox():
             self.intake.add(event)
@@ -250,12 +259,19 @@ class TrainerService:
                     self.planner.finished(gid)
 
     async def _collect(self, n: int) -> list[Group] | None:
+        """Up to ``n`` ready groups plus every waiting production session (up to the per-step cap).
+
+        Each waiting production session counts as one ready group toward ``n``, so a step with only
+        production sessions trains once ``n`` of them wait (or ``batch_timeout_s`` after the first);
+        when a step starts they all ride along, beside the live groups, rather than wait for a group.
+        """
         first_ready_at: float | None = None
         while not self._stopping:
             self._take_ready()
-            if self._ready and first_ready_at is None:
+            units = len(self._ready) + self.intake.production_waiting
+            if units and first_ready_at is None:
                 first_ready_at = time.monotonic()
-            if len(self._ready) >= n:
+            if units >= n:
                 break
             timeout = self.loop.batch_timeout_s
             if (
@@ -274,6 +290,7 @@ class TrainerService:
         if self._stopping:
             return None
         taken, self._ready = self._ready[:n], self._ready[n:]
+        production = self.intake.take_production(self.algo.production_max_per_step)
         if self.planner is not None:
             for g in taken:
                 self.planner.finished(g.group_id)
@@ -282,7 +299,7 @@ class TrainerService:
                 # Topping up only after training left K − B groups to generate during the step (measured
                 # on the demo's settings, B = 8, K = 12: the engine idled for half of every step).
                 await self.planner.top_up(self.loop.max_in_flight, self.backend.version)
-        return taken
+        return [*taken, *production]
 
     # ------------------------------------------------------------------ the loop
     async def run(self, max_steps: int | None = None) -> None:
@@ -307,9 +324,18 @@ class TrainerService:
             if groups is None:
                 break
             gen_seconds = time.perf_counter() - gen_start
-            batch = build_batch(
-                groups, self.algo, self.backend.version, success_threshold=self.loop.success_threshold
-            )
+            if self.loop.objective == "sft":
+                batch = sft_batch(groups, self.algo.sft_reward_threshold)
+            else:
+                batch = build_batch(
+                    groups,
+                    self.algo,
+                    self.backend.version,
+                    success_threshold=self.loop.success_threshold,
+                    baselines=self.baselines,
+                )
+                # the sessions are consumed now, trained or not: their rewards are the baseline's history
+                self.baselines.update(batch.production, self.algo)
             for reason, n in batch.stats.skipped.items():
                 self.metrics.skipped.labels(reason).inc(n)
             if not batch.samples:
@@ -342,6 +368,7 @@ class TrainerService:
                 await self.weights.abort(next_version, f"train step failed: {exc}")
             return False
         self.step += 1
+        self.samples_trained.update(batch.stats.samples_by_source)
         self._gen_started = time.perf_counter()  # generation for the next batch overlaps from here
         if self.step % self.loop.checkpoint_every == 0:
             self.checkpoint()
@@ -396,6 +423,7 @@ class TrainerService:
                 step=self.step,
                 version=self.backend.version,
                 metrics=metrics,
+                samples={src: batch.stats.samples_by_source[src.value] for src in EpisodeSource},
                 producer="trainer",
             ),
         )
@@ -438,6 +466,8 @@ class TrainerService:
             consumed_groups=consumed[-200_000:],
             offsets=dict(self._offsets),
             metrics=dict(self.last_metrics),
+            baselines=self.baselines.to_json(),
+            samples=dict(self.samples_trained),
         )
         path = self.store.save(meta, self.backend.save_checkpoint)
         pending: list[EpisodeScored] = [e for g in self._ready for e in g.episodes()]
@@ -461,6 +491,8 @@ class TrainerService:
             "paused": self.paused,
             "mode": self.loop.mode,
             "pending_groups": self.intake.pending_groups,
+            "pending_production": self.intake.production_waiting,
+            "samples": dict(self.samples_trained),  # cumulative, per episode source
             "ready_groups": len(self._ready),
             "skipped": dict(self.intake.skipped),
             "known_gateways": sorted(self.weights.known_gateways),

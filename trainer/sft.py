@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from schemas import EpisodeScored, EpisodeStatus
 from trainer.backends.base import Backend
-from trainer.batching import Sample, sft_samples
+from trainer.batching import BatchStats, Sample, TrainBatch, sft_samples
+from trainer.groups import Group
 
 
 def select_episodes(episodes: Sequence[EpisodeScored], threshold: float) -> list[EpisodeScored]:
@@ -24,6 +25,32 @@ def select_episodes(episodes: Sequence[EpisodeScored], threshold: float) -> list
         for e in episodes
         if e.status == EpisodeStatus.ok and e.reward is not None and e.reward >= threshold and e.transitions
     ]
+
+
+def sft_batch(groups: Sequence[Group], threshold: float) -> TrainBatch:
+    """SFT mode's batch: every episode of ``groups`` that passes :func:`select_episodes`.
+
+    No advantages, so no group statistic: an all-success group is all targets, not "no signal", and a
+    production session trains like any other episode. The loss reads the generated tokens only
+    (``response_mask``), each episode weighing like one.
+    """
+    episodes = [e for g in groups for e in g.episodes()]
+    chosen = select_episodes(episodes, threshold)
+    samples = episode_samples(chosen)
+    stats = BatchStats(groups=len(groups), episodes=len(episodes))
+    rewarded = [e for e in episodes if e.reward is not None]
+    if rewarded:
+        stats.reward_mean = sum(e.reward or 0.0 for e in rewarded) / len(rewarded)
+        stats.success_rate = sum(e in chosen for e in rewarded) / len(rewarded)
+    with_calls = [e for e in episodes if e.transitions]
+    if with_calls:
+        stats.transitions_per_episode = sum(len(e.transitions) for e in with_calls) / len(with_calls)
+    stats.episodes_trained = len({s.episode_id for s in samples})
+    stats.transitions = len(samples)
+    stats.skipped["sft_below_threshold"] += len(episodes) - len(chosen)
+    for sample in samples:
+        stats.samples_by_source[sample.source] += 1
+    return TrainBatch(samples=samples, stats=stats, group_ids=[g.group_id for g in groups])
 
 
 def episode_samples(episodes: Sequence[EpisodeScored]) -> list[Sample]:
@@ -45,6 +72,7 @@ def episode_samples(episodes: Sequence[EpisodeScored]) -> list[Sample]:
                     token_weight=1.0 / (n * tokens),
                     episode_id=e.episode_id,
                     weight_version=t.weight_version,
+                    source=e.source.value,
                 )
             )
     return out

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+
+class SourceChoice(StrEnum):
+    rollouts = "rollouts"  # the trainer requests episode groups (GRPO)
+    production = "production"  # simulated users on the deployed agent, thumbs up/down
+    replay = "replay"  # a recorded run's episodes from its event log, into a fresh warm start
+
+
+TITLES = {
+    "rollouts": "async GRPO through gateway → bus → reward → trainer",
+    "production": "production sessions (tenant key, thumbs up/down) → reward → trainer",
+    "replay": "a recorded run replayed from the event log into a fresh warm start",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +62,19 @@ def demo(
     group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
     lr: Annotated[float, typer.Option(help="RL learning rate")] = 2e-4,
     eval_tasks: Annotated[int, typer.Option(min=1, help="held-out tasks per evaluation")] = 512,
-    baseline: Annotated[bool, typer.Option(help="also run the equal-time SFT-only baseline")] = True,
+    baseline: Annotated[
+        bool | None,
+        typer.Option(help="also run the equal-time SFT-only baseline (default: with --source rollouts)"),
+    ] = None,
+    source: Annotated[
+        SourceChoice,
+        typer.Option(help="where RL's data comes from: requested rollouts, production users, replay"),
+    ] = SourceChoice.rollouts,
+    replay_from: Annotated[
+        Path | None,
+        typer.Option("--from", help="--source replay: a recorded `flywheel demo --out` directory"),
+    ] = None,
+    users: Annotated[int, typer.Option(min=1, help="--source production: simulated users at once")] = 64,
     threads: Annotated[
         int, typer.Option(min=0, help="torch threads of the engine and of training each (0: torch's default)")
     ] = 1,
@@ -65,7 +91,11 @@ def demo(
     ] = "",
     reflection_model: Annotated[str, typer.Option(help="--optimize-prompt: the reflection model")] = "",
 ) -> None:
-    """Warm-start a tiny model, then train the calculator agent with async GRPO through the whole pipeline."""
+    """Warm-start a tiny model, then train the calculator agent through the whole pipeline.
+
+    The RL data comes from requested rollouts (async GRPO), from simulated production users who rate the
+    deployed agent's answers (--source production), or from a recorded run's event log (--source replay).
+    """
     import asyncio
     import logging
     import os
@@ -85,8 +115,9 @@ def demo(
 
     from infra.demo.live import LiveDisplay
     from infra.demo.prompt_stage import PromptStageConfig
+    from infra.demo.replaying import RecordedRunError
     from infra.demo.report import plot, write_json
-    from infra.demo.run import TARGET_POINTS, DemoConfig, run_seed
+    from infra.demo.run import DemoConfig, run_seed
     from infra.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
 
     stage = None
@@ -104,6 +135,14 @@ def demo(
     # Outside RL the run spends ~60 s (stack start, two evaluations of 512 episodes, shutdown); the rest
     # of the budget, less a margin of two minutes, is RL: 420 s at the default 10 minutes.
     rl = rl_seconds if rl_seconds is not None else minutes * 60.0 - 180.0
+    if source is SourceChoice.replay and replay_from is None:
+        console.print("--source replay needs --from <a recorded `flywheel demo --out` directory>")
+        raise typer.Exit(2)
+    if replay_from is not None and source is not SourceChoice.replay:
+        console.print("--from is for --source replay only")
+        raise typer.Exit(2)
+    with_baseline = baseline if baseline is not None else source is SourceChoice.rollouts
+    mistakes = 0.0
     warm, gate = WarmStartConfig(), GateConfig()
     if tiny:
         warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
@@ -114,6 +153,8 @@ def demo(
         rl = rl_seconds if rl_seconds is not None else 20.0
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
+        users = min(users, 4)
+        mistakes = 0.25  # the toy never answers right: without mistaken ratings no reward would vary
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for s in range(seed, seed + seeds):
@@ -127,22 +168,29 @@ def demo(
             max_in_flight=batch_groups + max(2, batch_groups // 2),
             learning_rate=lr,
             eval_tasks=eval_tasks,
-            baseline=baseline,
+            baseline=with_baseline,
             baseline_seconds=5.0 if tiny else None,
             threads=threads,
             cache=cache or DEFAULT_CACHE,
             warm=warm,
             gate=gate,
             optimize=stage,
+            source=source.value,
+            users=users,
+            user_mistake_rate=mistakes,
+            replay_from=replay_from,
         )
         display = LiveDisplay(console)
-        display.title = f"flywheel demo, seed {s}: async GRPO through gateway → bus → reward → trainer"
+        display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"
         try:
             with display:
                 result = asyncio.run(run_seed(cfg, display.say, display.step))
         except KeyboardInterrupt:
             console.print("interrupted")
             raise typer.Exit(130) from None
+        except RecordedRunError as exc:
+            console.print(f"demo: {exc}")
+            raise typer.Exit(2) from None
         except Exception as exc:
             console.print(f"[red]demo failed for seed {s}: {type(exc).__name__}: {exc}[/red]")
             raise typer.Exit(1) from exc
@@ -151,11 +199,12 @@ def demo(
     report: dict[str, Any] = {
         **{k: v for k, v in _jsonable(runs[0]).items() if k != "steps"},
         "wall_seconds": round(time.perf_counter() - t0, 1) if seeds > 1 else runs[0]["wall_seconds"],
-        "target": {"success_points": TARGET_POINTS, "transitions_per_episode": "falls"},
+        "target": _target(source.value),
     }
     if seeds > 1:  # the top level holds the means over seeds; every seed's full result is kept
         report = {k: report[k] for k in ("seed", "wall_seconds", "target")}
         report.update({k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")})
+        report["source"] = source.value
         report["seeds"] = [r["seed"] for r in runs]
         report["per_seed"] = [_jsonable(r) for r in runs]
         report["met_target"] = all(r["met_target"] for r in runs)
@@ -163,6 +212,17 @@ def demo(
     plot(out / "training.png", runs)
     _summary(console, runs)
     console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
+
+
+def _target(source: str) -> dict[str, Any]:
+    from infra.demo.run import SOURCE_TARGET_POINTS
+
+    points = SOURCE_TARGET_POINTS[source]
+    if source == "rollouts":
+        return {"success_points": points, "transitions_per_episode": "falls"}
+    if source == "replay":
+        return {"success_points": f"> {points}"}
+    return {"success_points": points}
 
 
 def _jsonable(run: dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +243,7 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="held-out success on unseen tasks (transitions per episode)")
+    extra = _extra_columns(runs[0].get("source", "rollouts"))
     for col in (
         "seed",
         "warm start",
@@ -190,6 +251,7 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
         "SFT-only (equal time)",
         "Δ points",
         "RL steps",
+        *(name for name, _ in extra),
         "wall s",
         "target",
     ):
@@ -213,7 +275,37 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
             cell(run.get("sft_only_baseline")),
             f"{run['delta']['success_points']:+.1f}",
             str(run["rl_steps"]),
+            *(show(run) for _, show in extra),
             f"{run['wall_seconds']:.0f}",
             "met" if run["met_target"] else "not met",
         )
     console.print(table)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _extra_columns(source: str) -> list[tuple[str, Any]]:
+    """The figures particular to a source: (column, run → text)."""
+    if source == "production":
+        return [
+            (
+                "thumbs up first→last min",
+                lambda r: f"{_pct(r['thumbs_up']['first_minute'])}→{_pct(r['thumbs_up']['last_minute'])}",
+            ),
+            ("sessions", lambda r: str(r["sessions"])),
+            ("production samples", lambda r: str((r.get("trainer_samples") or {}).get("production", "-"))),
+        ]
+    if source == "replay":
+
+        def tis(r: dict[str, Any]) -> str:
+            t = r["importance"].get("tis_mean")
+            return "-" if not t else f"{t['mean']:.3f} [{t['min']:.3f}, {t['max']:.3f}]"
+
+        return [
+            ("TIS weight mean [min, max]", tis),
+            ("stale dropped", lambda r: _pct(r["stale"]["share_of_sent_transitions"])),
+            ("on-policy Δ", lambda r: f"{(r['on_policy'].get('delta') or {}).get('success_points', 0):+.1f}"),
+        ]
+    return []

@@ -96,7 +96,13 @@ def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[
     if not latest:
         return None
     e = latest[0]
-    return {"step": e.step, "version": e.version, "metrics": e.metrics, "at": e.emitted_at.isoformat()}
+    return {
+        "step": e.step,
+        "version": e.version,
+        "metrics": e.metrics,
+        "samples": {str(k): v for k, v in e.samples.items()},
+        "at": e.emitted_at.isoformat(),
+    }
 
 
 def register(app: typer.Typer) -> None:
@@ -111,6 +117,16 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--model", help="Hugging Face model directory to train.")
         ] = None,
         mode: Annotated[str | None, typer.Option("--mode", help="sync | async")] = None,
+        algorithm: Annotated[
+            str | None,
+            typer.Option(
+                "--algorithm",
+                help="grpo (group-relative, critic-free; the default) | ppo (a value head and GAE).",
+            ),
+        ] = None,
+        objective: Annotated[
+            str | None, typer.Option("--objective", help="rl | sft (cross-entropy on successes).")
+        ] = None,
         max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
         directory: Dir = None,
     ) -> None:
@@ -129,6 +145,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo("error: --mode must be sync or async", err=True)
                 raise typer.Exit(2)
             update["trainer_mode"] = mode
+        if algorithm is not None:
+            if algorithm not in ("grpo", "ppo"):
+                typer.echo("error: --algorithm must be grpo or ppo", err=True)
+                raise typer.Exit(2)
+            update["trainer_algo"] = settings.trainer_algo.model_copy(update={"algorithm": algorithm})
+        if objective is not None:
+            if objective not in ("rl", "sft"):
+                typer.echo("error: --objective must be rl or sft", err=True)
+                raise typer.Exit(2)
+            update["trainer_objective"] = objective
         settings = settings.model_copy(update=update)
         if settings.trainer_base_model is None or not (settings.trainer_base_model / "config.json").is_file():
             typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
@@ -190,6 +216,9 @@ def register(app: typer.Typer) -> None:
             f"serving {status.get('serving_version', '?')}  mode {status.get('mode', '?')}  "
             f"paused {status.get('paused', False) or status['pause_requested']}"
         )
+        samples = status.get("samples")
+        if samples:
+            typer.echo("  samples trained         " + "  ".join(f"{k} {v}" for k, v in samples.items()))
         for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
             if key in metrics:
                 typer.echo(f"  {key:<24} {metrics[key]:.4g}")

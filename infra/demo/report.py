@@ -22,6 +22,29 @@ def _series(points: Sequence[StepPoint], name: str) -> tuple[list[int], list[flo
     return xs, [p.metrics[name] for p in points if name in p.metrics]
 
 
+def _thumbs_up(ax: Any, run: dict[str, Any], points: Sequence[StepPoint]) -> None:
+    """Production: the users' thumbs-up rate per window of seconds, and the trained batches' reward."""
+    thumbs = run["thumbs_up"]
+    series = thumbs["series"]
+    ax.plot(
+        [p["t"] for p in series],
+        [p["rate"] for p in series],
+        color="tab:green",
+        marker=".",
+        label=f"thumbs-up rate ({thumbs['window_s']:.0f} s windows)",
+    )
+    ax.plot(
+        [p.elapsed_s for p in points if "reward" in p.metrics],
+        [p.metrics["reward"] for p in points if "reward" in p.metrics],
+        color="tab:blue",
+        alpha=0.4,
+        label="reward of the trained batch",
+    )
+    ax.set_title(f"seed {run['seed']}: production feedback over time")
+    ax.set_xlabel("seconds of RL")
+    ax.set_ylim(-0.05, 1.05)
+
+
 def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     """One row per seed: training reward, transitions/episode vs step; held-out bars before/after."""
     import matplotlib
@@ -33,14 +56,20 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     for row, run in zip(axes, runs, strict=True):
         points: list[StepPoint] = run["points"]
         seed = run["seed"]
-        xs, reward = _series(points, "reward")
-        row[0].plot(xs, reward, color="tab:blue", label="reward (train batch)")
-        xs, success = _series(points, "success")
-        if success:
-            row[0].plot(xs, success, color="tab:green", alpha=0.6, label="success (train batch)")
-        row[0].set_title(f"seed {seed}: reward per step")
-        row[0].set_xlabel("trainer step")
-        row[0].set_ylim(-0.05, 1.05)
+        if run.get("thumbs_up"):
+            _thumbs_up(row[0], run, points)
+        else:
+            xs, reward = _series(points, "reward")
+            row[0].plot(xs, reward, color="tab:blue", label="reward (train batch)")
+            xs, success = _series(points, "success")
+            if success:
+                row[0].plot(xs, success, color="tab:green", alpha=0.6, label="success (train batch)")
+            xs, tis = _series(points, "tis_mean")
+            if run.get("source") == "replay" and tis:
+                row[0].plot(xs, tis, color="tab:brown", alpha=0.6, label="mean TIS weight π_old/μ")
+            row[0].set_title(f"seed {seed}: reward per step")
+            row[0].set_xlabel("trainer step")
+            row[0].set_ylim(-0.05, 1.05 if run.get("source") != "replay" else 2.05)
         row[0].legend(loc="lower right", fontsize=8)
         xs, calls = _series(points, "calls_per_episode")
         row[1].plot(xs, calls, color="tab:orange", label="transitions (LLM calls) / episode")

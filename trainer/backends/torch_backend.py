@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from infra.logging import get_logger
 from trainer.backends.attention import use_gqa_attention
 from trainer.backends.base import BackendError
 from trainer.backends.prefix import (
@@ -31,6 +32,9 @@ from trainer.backends.prefix import (
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
 from trainer.loss import gather_logprobs, policy_loss, sft_loss
+from trainer.ppo import VALUE_HEAD_FILE, gae, make_value_head, value_loss
+
+log = get_logger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -42,7 +46,7 @@ class _Rows:
     def __init__(self, samples: Sequence[Sample], pad_id: int, device: torch.device) -> None:
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         width = max(lengths)
-        ids, attn, weights, adv, behaviour = [], [], [], [], []
+        ids, attn, weights, adv, behaviour, rewards = [], [], [], [], [], []
         for s, length in zip(samples, lengths, strict=True):
             pad = width - length
             ids.append(s.prompt_ids + s.response_ids + [pad_id] * pad)
@@ -53,6 +57,7 @@ class _Rows:
             weights.append(before + w)
             adv.append(before + a)
             behaviour.append(before + b)
+            rewards.append(before + (s.token_rewards or [0.0] * len(s.response_ids)) + [0.0] * pad)
         tokens = torch.tensor(ids, dtype=torch.long)
         self.ids = tokens.to(device)
         self.attn = torch.tensor(attn, dtype=torch.long).to(device)
@@ -60,6 +65,7 @@ class _Rows:
         self.weights = torch.tensor(weights, dtype=torch.float32).to(device)
         self.adv = torch.tensor(adv, dtype=torch.float32).to(device)
         self.behaviour = torch.tensor(behaviour, dtype=torch.float32).to(device)
+        self.rewards = torch.tensor(rewards, dtype=torch.float32).to(device)  # PPO's per-token rewards
         self.padded_tokens = len(samples) * width
         self.real_tokens = sum(lengths)
 
@@ -86,9 +92,16 @@ class TorchBackend:
         config = getattr(model, "config", None)
         self._vocab_size = vocab_size or getattr(config, "vocab_size", None)
         self.share_prompts = share_prompts and supports_shared_prompts(self.model)
+        self.value_head: torch.nn.Linear | None = None
+        groups: list[dict[str, Any]] = [{"params": list(self.model.parameters()), "lr": cfg.learning_rate}]
+        if cfg.algorithm == "ppo":  # a critic beside the policy (trainer.ppo); shared prompts give no values
+            self.value_head = make_value_head(int(config.hidden_size), self.device)  # type: ignore[union-attr]
+            groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_learning_rate})
+            self.share_prompts = False
+        self._lrs = [float(g["lr"]) for g in groups]
         # the fused kernel updates every parameter in one pass (about 3% of a demo step on the CPU)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            groups,
             lr=cfg.learning_rate,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -133,6 +146,13 @@ class TorchBackend:
         shared = pack_clusters(clusters, self.cfg.token_budget, self.pad_id, self.device)
         return [*shared, *(self._microbatches(rest) if rest else [])]
 
+    def _logprobs_values(self, rows: _Rows | SharedRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's logprobs and the value head's values, from one forward pass (PPO)."""
+        assert isinstance(rows, _Rows) and self.value_head is not None
+        out = self.model(input_ids=rows.ids, attention_mask=rows.attn, output_hidden_states=True)
+        values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
+        return gather_logprobs(out.logits[:, :-1], rows.targets), values
+
     def _logprobs(self, model: torch.nn.Module, rows: _Rows | SharedRows) -> torch.Tensor:
         if isinstance(rows, SharedRows):
             return shared_logprobs(model, rows)
@@ -147,31 +167,56 @@ class TorchBackend:
         mbs = self._plan(batch.samples)
         olds: list[torch.Tensor | None] = [None] * len(mbs)
         refs: list[torch.Tensor | None] = [None] * len(mbs)
+        # PPO: (advantages, value targets, old values) per microbatch, from the values before the step
+        critic: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(mbs)
+        ppo = self.value_head is not None
         with torch.no_grad():
             for i, rows in enumerate(mbs):
                 if self.cfg.ppo_epochs > 1:
-                    olds[i] = self._logprobs(self.model, rows)
+                    if ppo:
+                        olds[i], values = self._logprobs_values(rows)
+                        critic[i] = self._gae(rows, values)
+                    else:
+                        olds[i] = self._logprobs(self.model, rows)
                 if self.reference is not None:
                     refs[i] = self._logprobs(self.reference, rows)
         totals = {"clipped": 0.0, "kl": 0.0, "tis": 0.0, "tis_capped": 0.0, "ratio": 0.0, "tokens": 0.0}
+        totals.update({"value_loss": 0.0, "value": 0.0, "return": 0.0, "advantage": 0.0})
         loss_sum = 0.0
         grad_norm = 0.0
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         for _ in range(self.cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for i, rows in enumerate(mbs):
-                logp = self._logprobs(self.model, rows)
+                adv = rows.adv
+                if ppo:
+                    logp, values = self._logprobs_values(rows)
+                    critic_i = critic[i] if critic[i] is not None else self._gae(rows, values)
+                    assert critic_i is not None
+                    adv, returns, old_values = critic_i
+                else:
+                    logp = self._logprobs(self.model, rows)
                 old = olds[i] if olds[i] is not None else logp.detach()
                 assert old is not None
-                parts = policy_loss(logp, old, rows.behaviour, rows.adv, rows.weights, self.cfg, refs[i])
-                parts.loss.backward()  # type: ignore[no-untyped-call]
-                loss_sum += parts.loss.item()
+                parts = policy_loss(logp, old, rows.behaviour, adv, rows.weights, self.cfg, refs[i])
+                loss = parts.loss
+                if ppo:
+                    v_loss = value_loss(values, old_values, returns, rows.weights, self.cfg)
+                    loss = loss + self.cfg.vf_coef * v_loss
+                    m = (rows.weights > 0).float()
+                    totals["value_loss"] += v_loss.item()
+                    totals["value"] += float((values.detach() * m).sum())
+                    totals["return"] += float((returns * m).sum())
+                    totals["advantage"] += float((adv * m).sum())
+                loss.backward()  # type: ignore[no-untyped-call]
+                loss_sum += loss.item()
                 totals["clipped"] += parts.clipped_tokens
                 totals["kl"] += parts.kl_sum
                 totals["tis"] += parts.tis_sum
                 totals["tis_capped"] += parts.tis_capped_tokens
                 totals["ratio"] += parts.ratio_sum
                 totals["tokens"] += parts.tokens
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
             self.optimizer.step()
         self._version += 1
         seconds = time.perf_counter() - t0
@@ -189,7 +234,25 @@ class TorchBackend:
             "train_seconds": seconds,
             "train_tokens_per_s": real / seconds if seconds > 0 else 0.0,
             "microbatches": float(len(mbs)),
+            **(
+                {
+                    "value_loss": totals["value_loss"] / self.cfg.ppo_epochs,
+                    "value_mean": totals["value"] / n,
+                    "return_mean": totals["return"] / n,
+                    "advantage_mean": totals["advantage"] / n,
+                }
+                if ppo
+                else {}
+            ),
         }
+
+    def _gae(
+        self, rows: _Rows | SharedRows, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert isinstance(rows, _Rows)
+        old_values = values.detach()
+        adv, returns = gae(old_values, rows.rewards, rows.weights, self.cfg.gae_gamma, self.cfg.gae_lambda)
+        return adv, returns, old_values
 
     def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
         if not samples:
@@ -209,8 +272,8 @@ class TorchBackend:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
             self.optimizer.step()
         finally:
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.cfg.learning_rate
+            for group, lr in zip(self.optimizer.param_groups, self._lrs, strict=True):
+                group["lr"] = lr
         self._version += 1
         seconds = time.perf_counter() - t0
         return {
@@ -266,14 +329,26 @@ class TorchBackend:
 
     def save_checkpoint(self, directory: Path) -> None:
         self.export_weights(directory)
+        if self.value_head is not None:  # beside the model, never inside what the engine loads
+            head = {k: v.detach().contiguous().cpu() for k, v in self.value_head.state_dict().items()}
+            (directory / VALUE_HEAD_FILE).parent.mkdir(parents=True, exist_ok=True)
+            save_file(head, str(directory / VALUE_HEAD_FILE))
         torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
     def load_checkpoint(self, directory: Path, version: int) -> None:
         try:
             self._load_weights_file(directory / WEIGHTS_FILE)
+            head = directory / VALUE_HEAD_FILE
+            if self.value_head is not None and head.exists():
+                self.value_head.load_state_dict(load_file(str(head), device=str(self.device)))
             opt = directory / OPTIMIZER_FILE
             if opt.exists():
-                self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=True))
+                state = torch.load(opt, map_location=self.device, weights_only=True)
+                if len(state["param_groups"]) != len(self.optimizer.param_groups):
+                    # a checkpoint of the other algorithm (with or without a critic): fresh Adam moments
+                    log.warning("optimizer_state_not_restored", checkpoint=str(directory), reason="algorithm")
+                else:
+                    self.optimizer.load_state_dict(state)
         except (OSError, RuntimeError, ValueError) as exc:
             raise BackendError(f"cannot load checkpoint {directory}: {exc}") from exc
         self._version = version

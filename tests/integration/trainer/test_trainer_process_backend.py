@@ -129,3 +129,43 @@ def test_a_child_that_misses_its_start_deadline_is_stopped(
     with pytest.raises(BackendError, match="did not answer start"):
         ProcessBackend(model_dir, ALGO, torch_threads=1, start_timeout_s=0.01)
     assert len(started) == 1 and started[0].returncode is not None  # stopped and reaped, not left running
+
+
+@pytest.mark.timeout(180)
+def test_ppo_trains_in_the_child_and_the_engine_loads_its_checkpoint(model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trainer.engine.weights import check_state_dict, read_state_dict
+    from trainer.ppo import VALUE_HEAD_FILE
+
+    ppo = ALGO.model_copy(update={"algorithm": "ppo"})
+    local = load_backend(model_dir, ppo)
+    child = start_backend(model_dir, ppo, torch_threads=1, process=True)
+    try:
+        for step in range(2):
+            batch = build_batch([_group(step, step)], ppo, step)
+            ours, theirs = local.train_step(batch), child.train_step(batch)
+            assert theirs["grad_norm"] == pytest.approx(ours["grad_norm"], rel=1e-4)
+            assert theirs["value_loss"] == pytest.approx(ours["value_loss"], rel=1e-4)
+        child.save_checkpoint(tmp_path / "ckpt")
+        assert (tmp_path / "ckpt" / VALUE_HEAD_FILE).is_file()
+        # the engine reads every top-level *.safetensors of a weights directory: the critic is not one
+        engine_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        for source in (tmp_path / "ckpt", child.export_weights(tmp_path / "export")):
+            tensors = read_state_dict(source)
+            assert not any("value" in name for name in tensors)
+            check_state_dict(engine_model, tensors)
+        child.load_checkpoint(tmp_path / "ckpt", 2)
+        assert child.version == 2
+    finally:
+        child.close()
+
+
+def _group(step: int, version: int) -> Group:
+    gid = f"p{step}"
+    group = Group(gid, 4, 0.0)
+    for i, (response, reward) in enumerate([([10, 11], 1.0), ([20, 21], 0.0)] * 2):
+        t = transition([1, 2, 3], response, reward=reward, version=version)
+        e = episode(gid, i, reward, group_size=4, transitions=[t])
+        group.members[e.episode_id] = e
+    return group

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from tests.fakes.gateway_harness import Collector
 from tests.unit.trainer.helpers import episode, tiny_model, transition
 from trainer.app import build_service
 from trainer.backends.torch_backend import TorchBackend
-from trainer.batching import TrainBatch
+from trainer.batching import Sample, TrainBatch
 from trainer.service import LoopConfig, TrainerService
 from trainer.settings import TrainerSettings
 from trainer.weights import InProcessSink, WeightSink
@@ -36,12 +36,21 @@ class RecordingBackend(TorchBackend):
         super().__init__(*args, **kwargs)
         self.trained: list[set[str]] = []
         self.on_step: Any = None
+        self.on_batch: Any = None
+        self.sft_samples: list[list[Sample]] = []
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if self.on_step is not None:
             self.on_step()
+        if self.on_batch is not None:
+            self.on_batch(batch)
         self.trained.append({s.episode_id for s in batch.samples})
         return super().train_step(batch)
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        self.sft_samples.append(list(samples))
+        self.trained.append({s.episode_id for s in samples})
+        return super().sft_step(samples)
 
 
 class FakeEngine:

@@ -30,6 +30,7 @@ def test_pause_resume_status_and_weights_ls(tmp_path: Path, monkeypatch: pytest.
                 "mode": "async",
                 "paused": True,
                 "metrics": {"reward": 0.5},
+                "samples": {"live": 3, "production": 2, "replay": 0},
             }
         )
     )
@@ -40,7 +41,7 @@ def test_pause_resume_status_and_weights_ls(tmp_path: Path, monkeypatch: pytest.
     assert runner.invoke(app, ["trainer", "resume", "--dir", d]).exit_code == 0
     assert not (tmp_path / "PAUSED").exists()
     r = runner.invoke(app, ["trainer", "status", "--dir", d])
-    assert "step 4" in r.output and "reward" in r.output
+    assert "step 4" in r.output and "reward" in r.output and "production 2" in r.output
 
     store = CheckpointStore(tmp_path)
     assert "no checkpoints" in runner.invoke(app, ["weights", "ls", "--dir", d]).output
@@ -56,3 +57,16 @@ def test_run_refuses_a_missing_model(tmp_path: Path) -> None:
     r = runner.invoke(app, ["trainer", "run", "--model", str(tmp_path / "nope"), "--dir", str(tmp_path)])
     assert r.exit_code == 2
     assert "Hugging Face model directory" in r.output
+
+
+@pytest.mark.timeout(30)
+def test_run_refuses_an_unknown_algorithm_or_objective(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    for flag, value, what in (
+        ("--algorithm", "dqn", "--algorithm must be"),
+        ("--objective", "x", "--objective"),
+    ):
+        r = runner.invoke(
+            app, ["trainer", "run", "--model", str(tmp_path), "--dir", str(tmp_path), flag, value]
+        )
+        assert r.exit_code == 2 and what in r.output, r.output

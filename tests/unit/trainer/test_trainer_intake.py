@@ -69,6 +69,9 @@ def test_malformed_and_non_training_episodes_are_counted_not_raised() -> None:
         "malformed:token_out_of_vocab": [transition(response=[VOCAB + 5])],
         "malformed:logprobs_values": [transition(logprob=float("nan"))],
         "malformed:empty_mask": [transition(mask=[0, 0])],
+        "malformed:segments": [
+            transition().model_copy(update={"segment_starts": [0, 1], "segment_returns": [1.0]})
+        ],
     }
     for i, (reason, ts) in enumerate(cases.items()):
         ep = episode(f"g{i}", 0, 1.0).model_copy(update={"transitions": ts})

@@ -1,0 +1,147 @@
+"""``flywheel demo --source production`` and ``--source replay``, tiny, driven through the CLI.
+
+Production: simulated users ask the deployed calculator agent (plain ``openai`` code) through a tenant
+key at the gateway's ``/v1`` with ``X-Flywheel-Session``, rate each answer (``POST /v1/feedback``) and
+end the session (``POST /v1/sessions/{id}/end``); no rollouts are requested, so the trainer learns from
+those sessions alone. The toy model never answers right, so the tiny preset's users mis-rate a quarter
+of the sessions (``user_mistake_rate``): the rewards vary and production samples must be trained.
+
+Replay: a tiny training-demo run is recorded, then replayed from its event log into a fresh copy of
+its warm start; every recorded training episode must be read, republished as ``source=replay`` and
+reach the fresh trainer, which receives nothing else. (The toy's groups are all-fail, so they carry no
+GRPO signal: that replayed episodes train and teach is the full demo's figure and
+``tests/e2e/test_replay.py``'s.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.eventlog.store import ChdbStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _demo(out: Path, cache: Path, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "FLYWHEEL_ENV": "development"}
+    env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--out", str(out)),
+            *("--threads", "1", "--cache", str(cache), *args),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads((out / "seed-0" / "report.json").read_text())
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return report
+
+
+def _count(chdb: Path, where: str) -> int:
+    store = ChdbStore(chdb)
+    try:
+        rows = store.query(f"SELECT count() FROM flywheel.events WHERE {where}").rows
+    finally:
+        store.close()
+    return int(rows[0][0])  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo-cache")  # the toy warm start, built once for the module
+
+
+def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cache: Path) -> None:
+    out = tmp_path / "production"
+    report = _demo(out, cache, "--source", "production")
+    assert report["source"] == "production"
+    assert report["sessions"] > 0 and report["user_errors"] == 0, report.get("user_error_examples")
+    assert report["feedback"] >= 1
+    samples = report["trainer_samples"]
+    assert samples["production"] > 0, samples  # production sessions reached the loss
+    assert samples["live"] == 0 and samples["replay"] == 0, samples  # and nothing else did
+    assert report["rl_steps"] >= 1
+    thumbs = report["thumbs_up"]
+    assert thumbs["series"] and 0.0 <= thumbs["rate"] <= 1.0
+    # The event log holds every rating as feedback of the demo's tenant, and a scored production
+    # episode for every session the users ended before training stopped.
+    chdb = out / "data" / "chdb"
+    feedback = _count(
+        chdb,
+        "type = 'reward_reported' AND tenant = 'calc-demo-users' "
+        "AND JSONExtractString(payload, 'origin') = 'feedback'",
+    )
+    assert feedback == report["feedback"]
+    scored = _count(
+        chdb,
+        "type = 'episode_scored' AND source = 'production' "
+        "AND JSONExtractString(payload, 'reward_source') = 'feedback'",
+    )
+    assert scored >= report["trainer_samples"]["production"] / 4  # ≤ 4 calls (samples) per session
+    assert scored >= 1
+
+
+def test_demo_replay_tiny_replays_the_recorded_run(tmp_path: Path, cache: Path) -> None:
+    recorded = tmp_path / "recorded"
+    on_policy = _demo(recorded, cache, "--no-baseline")
+    window = on_policy["rl_window"]
+    train_episodes = _count(
+        recorded / "data" / "chdb",
+        "type = 'episode_scored' AND mode = 'train' "
+        f"AND emitted_at >= parseDateTime64BestEffort('{window['since']}', 3) "
+        f"AND emitted_at < parseDateTime64BestEffort('{window['until']}', 3)",
+    )
+    assert train_episodes > 0
+
+    report = _demo(tmp_path / "replayed", cache, "--source", "replay", "--from", str(recorded))
+    replay = report["replay"]
+    assert replay["selected"] == train_episodes, replay  # the recorded run's training episodes, all
+    assert replay["sent"] == train_episodes and not replay["skipped"], replay
+    assert replay["groups"] >= 1 and replay["transitions_sent"] > 0
+    assert report["rl_groups_received"] == replay["groups"]  # all reached the fresh trainer
+    assert report["trainer_samples"]["live"] == 0 and report["trainer_samples"]["production"] == 0
+    assert set(report["stale"]) >= {"stale_transition", "share_of_sent_transitions"}
+    assert report["on_policy"]["before"] == on_policy["before"]
+    assert report["before"]["weight_versions"] == [0]  # a fresh copy of the warm start, never trained
+    # The replay's event log is a copy: the recorded run's own log is untouched by the republishing.
+    assert _count(recorded / "data" / "chdb", "source = 'replay'") == 0
+
+
+def test_demo_replay_needs_a_recorded_run(tmp_path: Path) -> None:
+    env = {**os.environ, "FLYWHEEL_ENV": "development"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "infra.cli.main", "demo", "--source", "replay", "--tiny"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--from" in proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "infra.cli.main", "demo", "--source", "replay", "--tiny"),
+            *("--from", str(tmp_path), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "no finished demo run for seed 0" in proc.stdout
