@@ -304,6 +304,7 @@ class EmbeddedStack:
             device=s.trainer_device,
             torch_threads=s.engine_threads,
             process=s.trainer_backend_process,
+            dp=s.trainer_dp,
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         planner = None

@@ -53,9 +53,20 @@ def start_backend(
     device: str = "cpu",
     torch_threads: int = 0,
     process: bool = True,
+    dp: int = 1,
+    kind: str = "torch",
 ) -> Backend:
     """The training backend: in a child process (the default, see :mod:`trainer.backends.process`) or
-    in this one; ``close()`` it at the end."""
+    in this one, over ``dp`` data-parallel ranks (:mod:`trainer.backends.ddp`), or verl's
+    (:mod:`trainer.backends.verl_backend`); ``close()`` it at the end."""
+    if kind == "verl":
+        from trainer.backends.verl_backend import VerlBackend
+
+        return VerlBackend(model_dir, algo, gpus=dp)
+    if dp > 1:
+        from trainer.backends.ddp import DataParallelProcessBackend
+
+        return DataParallelProcessBackend(model_dir, algo, world=dp, device=device, torch_threads=torch_threads)
     if process:
         return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
     return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
@@ -130,13 +141,29 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
     """Run the trainer against the configured bus until a signal (or ``max_steps``)."""
     if settings.trainer_base_model is None:
         raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
-    backend = start_backend(
-        settings.trainer_base_model,
-        settings.trainer_algo,
-        device=settings.trainer_device,
-        torch_threads=settings.trainer_torch_threads,
-        process=settings.trainer_backend_process,
-    )
+    from trainer.backends.ddp import start_torchrun_rank, torchrun_world
+
+    backend: Backend
+    if torchrun_world() is not None:  # torchrun: rank 0 runs the service, the others follow it
+        rank0 = start_torchrun_rank(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+        )
+        if rank0 is None:
+            return
+        backend = rank0
+    else:
+        backend = start_backend(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+            process=settings.trainer_backend_process,
+            dp=settings.trainer_dp,
+            kind=settings.trainer_backend,
+        )
     try:
         await _serve(settings, backend, max_steps)
     finally:
