@@ -27,7 +27,8 @@ from trainer.metrics import TrainerMetrics, make_tracker
 from trainer.rollouts import RolloutPlanner
 from trainer.service import LoopConfig, TrainerService
 from trainer.settings import TrainerSettings
-from trainer.weights import HttpSink, VllmReloadSink, WeightSink, WeightSync
+from trainer.vllm_sink import VllmSink
+from trainer.weights import HttpSink, WeightSink, WeightSync
 
 log = get_logger(__name__)
 
@@ -77,7 +78,7 @@ def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
         return []
     token = settings.trainer_engine_token.get_secret_value() if settings.trainer_engine_token else None
     if settings.trainer_engine_kind == "vllm":
-        return [VllmReloadSink(settings.trainer_engine_url, token=token)]
+        return [VllmSink(settings.trainer_engine_url, token=token)]
     return [HttpSink(settings.trainer_engine_url, token=token)]
 
 
