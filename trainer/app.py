@@ -67,7 +67,9 @@ def start_backend(
     if dp > 1:
         from trainer.backends.ddp import DataParallelProcessBackend
 
-        return DataParallelProcessBackend(model_dir, algo, world=dp, device=device, torch_threads=torch_threads)
+        return DataParallelProcessBackend(
+            model_dir, algo, world=dp, device=device, torch_threads=torch_threads
+        )
     if process:
         return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
     return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)

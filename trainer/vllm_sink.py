@@ -69,7 +69,12 @@ class VllmSink:
     ) -> Any:
         try:
             resp = await self._http().request(
-                method, self.url + route, json=json, params=params, headers=self._headers, timeout=self._timeout
+                method,
+                self.url + route,
+                json=json,
+                params=params,
+                headers=self._headers,
+                timeout=self._timeout,
             )
         except httpx.HTTPError as exc:
             raise WeightLoadError(self.name, version, f"{route}: {type(exc).__name__}: {exc}") from exc

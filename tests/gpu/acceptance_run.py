@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -46,7 +47,15 @@ def check_conversion(model_dir: Path) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prompt = demo_prompt(tok)
     samples = [
-        Sample(prompt, [5 + i, 6, 7, 8], [1, 1, 0, 1], [-1.0, -2.0, 0.0, -1.5], 1.0 - 2 * (i % 2), 1 / 32, f"e{i}")
+        Sample(
+            prompt,
+            [5 + i, 6, 7, 8],
+            [1, 1, 0, 1],
+            [-1.0, -2.0, 0.0, -1.5],
+            1.0 - 2 * (i % 2),
+            1 / 32,
+            f"e{i}",
+        )
         for i in range(8)
     ]
     batch = to_verl_batch(samples, int(tok.pad_token_id or 0))
@@ -61,7 +70,9 @@ def check_conversion(model_dir: Path) -> dict[str, Any]:
     out["verl_no_padding_tokens"] = int(td["input_ids"].offsets()[-1])
     expected = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     if out["verl_no_padding_tokens"] != expected:
-        raise SystemExit(f"conversion: verl packed {out['verl_no_padding_tokens']} tokens, expected {expected}")
+        raise SystemExit(
+            f"conversion: verl packed {out['verl_no_padding_tokens']} tokens, expected {expected}"
+        )
     return out
 
 
@@ -98,10 +109,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await monitor.start()
         t0 = time.perf_counter()
         training = stack.start_training(None)
-        try:
+        with contextlib.suppress(TimeoutError):  # the time budget ran out: the usual end
             await asyncio.wait_for(asyncio.shield(training), args.minutes * 60)
-        except TimeoutError:
-            pass
         await stack.stop_training()
         rl_seconds = time.perf_counter() - t0
         await monitor.stop()

@@ -126,7 +126,9 @@ def test_verls_dual_clip_is_the_one_difference() -> None:
     adv = torch.tensor([[-1.0, 1.0, -1.0]])
     mask = torch.ones(1, 3)
     ours = policy_loss(logp, old, old, adv, mask, cfg).loss.item()
-    dual, _ = compute_policy_loss_vanilla(old, logp, adv, mask.bool(), "token-sum", _actor(cfg, "token-sum", 3.0))
+    dual, _ = compute_policy_loss_vanilla(
+        old, logp, adv, mask.bool(), "token-sum", _actor(cfg, "token-sum", 3.0)
+    )
     off, _ = compute_policy_loss_vanilla(old, logp, adv, mask.bool(), "token-sum", _actor(cfg, "token-sum"))
     assert off.item() == pytest.approx(ours, abs=TOL)
     assert ours - dual.item() == pytest.approx(np.exp(1.5) - 3.0, abs=1e-5)  # only the third token is capped
@@ -182,7 +184,13 @@ def test_conversion_shapes_masks_and_padding_through_verls_no_padding_layout() -
     assert t["prompts"].shape == (3, 5) and t["responses"].shape == (3, 8)
     assert t["input_ids"].shape == t["attention_mask"].shape == t["position_ids"].shape == (3, 13)
     # left-padded prompts, right-padded responses
-    assert t["prompts"][1].tolist() == [0, 0, 0, 1, 2] and t["attention_mask"][1, :5].tolist() == [0, 0, 0, 1, 1]
+    assert t["prompts"][1].tolist() == [0, 0, 0, 1, 2] and t["attention_mask"][1, :5].tolist() == [
+        0,
+        0,
+        0,
+        1,
+        1,
+    ]
     assert t["responses"][0].tolist() == [10, 11, 0, 0, 0, 0, 0, 0]
     # the merged trajectory: observation tokens attended (context) but out of the loss
     assert t["attention_mask"][2, 5:].tolist() == [1] * 8
@@ -240,15 +248,21 @@ def test_verls_ppo_loss_on_the_converted_batch_equals_flywheels_training_loss() 
     # Flywheel's rows are aligned to the whole sequence; verl's to the response: pick the response slots
     starts = [len(s.prompt_ids) - 1 for s in samples]
     width = theirs_logp.shape[1]
-    pick = lambda x: torch.stack(  # noqa: E731
-        [torch.nn.functional.pad(x[i, st : st + len(s.response_ids)], (0, width - len(s.response_ids)))
-         for i, (s, st) in enumerate(zip(samples, starts, strict=True))]
-    )
+
+    def pick(x: torch.Tensor) -> torch.Tensor:
+        rows = [
+            torch.nn.functional.pad(x[i, st : st + len(s.response_ids)], (0, width - len(s.response_ids)))
+            for i, (s, st) in enumerate(zip(samples, starts, strict=True))
+        ]
+        return torch.stack(rows)
+
     mask = batch.tensors["response_mask"].float()
     torch.testing.assert_close(theirs_logp * mask, pick(ours_logp) * mask, atol=1e-5, rtol=0)
 
     old = pick(old_full) * mask
-    is_weights, _ = compute_rollout_correction_weights(old - batch.tensors["rollout_log_probs"], mask, "token", 2.0)
+    is_weights, _ = compute_rollout_correction_weights(
+        old - batch.tensors["rollout_log_probs"], mask, "token", 2.0
+    )
     proto.batch["old_log_probs"] = old
     proto.batch["rollout_is_weights"] = is_weights
     td = left_right_2_no_padding(proto.to_tensordict())

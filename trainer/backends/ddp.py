@@ -34,6 +34,7 @@ Exceptions: :class:`~trainer.backends.base.BackendError` (a rank failed or the g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -125,9 +126,10 @@ class _Replica:
             if p.grad is None:  # a rank with no rows (or a parameter its rows never reach)
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        flat = _flatten_dense_tensors(grads)
+        flat = _flatten_dense_tensors(grads)  # type: ignore[no-untyped-call]
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        reduced_all = _unflatten_dense_tensors(flat, grads)  # type: ignore[no-untyped-call]
+        for g, reduced in zip(grads, reduced_all, strict=True):
             g.copy_(reduced)
 
     def digest(self) -> float:
@@ -181,10 +183,8 @@ def follow(replica: _Replica) -> None:
         if box[0] is None:
             return
         method, args = box[0]
-        try:
+        with contextlib.suppress(BackendError):  # rank 0 reports it; this rank keeps following
             _run_everywhere(replica, method, args)
-        except BackendError:
-            pass  # rank 0 reports it; this rank keeps following
 
 
 class DataParallelBackend:

@@ -59,7 +59,9 @@ def _scalar(value: Any) -> float | None:
 class VerlBackend:
     """A :class:`~trainer.backends.base.Backend` whose model lives in verl's FSDP workers on Ray."""
 
-    def __init__(self, model_dir: Path, algo: AlgorithmConfig, *, gpus: int = 1, strategy: str = "fsdp2") -> None:
+    def __init__(
+        self, model_dir: Path, algo: AlgorithmConfig, *, gpus: int = 1, strategy: str = "fsdp2"
+    ) -> None:
         if algo.kl_coef > 0:
             raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
         try:
@@ -71,7 +73,9 @@ class VerlBackend:
             from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
             from verl.workers.utils.losses import ppo_loss
         except ImportError as exc:
-            raise BackendError(f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}") from exc
+            raise BackendError(
+                f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}"
+            ) from exc
         self.cfg = algo
         self._version = 0
         hf = AutoConfig.from_pretrained(str(model_dir))

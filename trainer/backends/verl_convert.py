@@ -86,7 +86,9 @@ def to_verl_batch(samples: Sequence[Sample], pad_id: int, *, multiple_of: int = 
         responses.append(list(s.response_ids) + [pad_id] * r_pad)
         r_attn.append([1] * len(s.response_ids) + [0] * r_pad)
         mask.append(list(s.response_mask) + [0] * r_pad)
-        logp.append([lp * m for lp, m in zip(s.behaviour_logprobs, s.response_mask, strict=True)] + [0.0] * r_pad)
+        logp.append(
+            [lp * m for lp, m in zip(s.behaviour_logprobs, s.response_mask, strict=True)] + [0.0] * r_pad
+        )
         adv.append([s.advantage * s.token_weight * m for m in s.response_mask] + [0.0] * r_pad)
     prompt_t = torch.tensor(prompts, dtype=torch.long)
     response_t = torch.tensor(responses, dtype=torch.long)
