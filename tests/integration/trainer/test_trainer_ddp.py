@@ -142,3 +142,44 @@ def test_metrics_combine_as_sums_token_means_and_the_slowest_rank() -> None:
     assert out["loss"] == 3.0 and out["response_tokens"] == 40.0 and out["grad_norm"] == 3.0
     assert out["clip_fraction"] == pytest.approx(0.125)
     assert out["train_seconds"] == 2.0 and out["train_tokens_per_s"] == pytest.approx(100.0)
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from pathlib import Path
+from tests.integration.trainer.test_trainer_ddp import ALGO, _batch
+from trainer.backends.ddp import start_torchrun_rank
+backend = start_torchrun_rank(Path(sys.argv[1]), ALGO, torch_threads=1)
+if backend is not None:  # rank 0: what the trainer service would call
+    metrics = backend.train_step(_batch(0, 0))
+    print(json.dumps({"ranks": metrics["dp_ranks"], "grad_norm": metrics["grad_norm"],
+                      "digests": backend.replica_digests()}))
+    backend.close()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_launch_gives_rank0_the_backend_and_the_rest_follow(model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node=2", str(script), str(model_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    local = load_backend(model_dir, ALGO, torch_threads=1)
+    assert out["ranks"] == 2.0
+    assert out["grad_norm"] == pytest.approx(local.train_step(_batch(0, 0))["grad_norm"], rel=1e-5)
+    assert out["digests"][0] == out["digests"][1]
