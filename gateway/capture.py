@@ -106,6 +106,25 @@ def _ints(value: Any) -> list[int] | None:
     return None
 
 
+def _spans(value: Any) -> list[int] | None:
+    """vLLM ≥ 0.33's ``weight_versions``: ``[{"version": "7", "start": 0, "end": 16}, ...]`` (half-open
+    ranges of output tokens, vllm/outputs.py ``WeightVersionSpan``) as one integer version per token."""
+    if not isinstance(value, list) or not value:
+        return None
+    out: list[int] = []
+    for span in value:
+        if not isinstance(span, dict):
+            return None
+        try:
+            version, start, end = int(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError):
+            return None  # a label that is not Flywheel's integer version: not recorded, never guessed
+        if start != len(out) or end < start:
+            return None
+        out.extend([version] * (end - start))
+    return out
+
+
 @dataclass(slots=True)
 class _ChoiceAcc:
     """One choice assembled from a response or from stream deltas."""
@@ -132,6 +151,8 @@ class _ChoiceAcc:
 
     def add_versions(self, versions: Any) -> None:
         got = _ints(versions)
+        if got is None:
+            got = _spans(versions)
         if got is not None:
             self.weight_versions = (self.weight_versions or []) + got
 

@@ -96,7 +96,10 @@ class EmbeddedStack:
         agent: AgentRef | None = None,
         group_size: int = 8,
         deadline_s: float = 120.0,
+        vllm_url: str | None = None,
     ) -> None:
+        """``vllm_url``: serve from that vLLM server (dev mode) instead of starting the embedded engine;
+        the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink`."""
         if (tasks is None) != (agent is None):
             raise ValueError(
                 "give both tasks and agent (the trainer then requests its own rollouts) or neither"
@@ -107,6 +110,7 @@ class EmbeddedStack:
         self._agent = agent
         self._group_size = group_size
         self._deadline_s = deadline_s
+        self.vllm_url = vllm_url.rstrip("/").removesuffix("/v1") if vllm_url else None
         self.bus: MemoryBus | None = None
         self.store: ChdbStore | ServerStore | None = None
         self.recorder: Recorder | None = None
@@ -144,7 +148,8 @@ class EmbeddedStack:
         await self._start_bus()
         if s.record_events:
             await self._start_recorder()
-        await self._start_engine()
+        if self.vllm_url is None:
+            await self._start_engine()
         await self._start_gateway()
         await self._start_worker()
         await self._start_reward()
@@ -245,7 +250,15 @@ class EmbeddedStack:
         from trainer.engine.app import create_engine_app
 
         s = self.settings
-        if self.engine_process is not None:
+        if self.vllm_url is not None:
+            upstream = make_upstream(
+                self.vllm_url + "/v1",
+                kind=UpstreamKind.vllm,
+                logprobs_mode=s.logprobs_mode,
+                timeout_s=s.upstream_timeout_s,
+                request_weight_versions=True,
+            )
+        elif self.engine_process is not None:
             upstream = make_upstream(
                 self.engine_process.url + "/v1",
                 kind=UpstreamKind.embedded,
@@ -304,6 +317,8 @@ class EmbeddedStack:
             device=s.trainer_device,
             torch_threads=s.engine_threads,
             process=s.trainer_backend_process,
+            dp=s.trainer_dp,
+            kind=s.trainer_backend,
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         planner = None
@@ -317,7 +332,11 @@ class EmbeddedStack:
                 deadline_s=self._deadline_s,
             )
         sink: WeightSink
-        if self.engine_process is not None:
+        if self.vllm_url is not None:
+            from trainer.vllm_sink import VllmSink
+
+            sink = VllmSink(self.vllm_url)
+        elif self.engine_process is not None:
             sink = HttpSink(self.engine_process.url, token=self.engine_process.admin_token)
         else:
             sink = InProcessSink(self._engine.load_weights, name="embedded-engine")

@@ -27,7 +27,8 @@ from trainer.metrics import TrainerMetrics, make_tracker
 from trainer.rollouts import RolloutPlanner
 from trainer.service import LoopConfig, TrainerService
 from trainer.settings import TrainerSettings
-from trainer.weights import HttpSink, VllmReloadSink, WeightSink, WeightSync
+from trainer.vllm_sink import VllmSink
+from trainer.weights import HttpSink, WeightSink, WeightSync
 
 log = get_logger(__name__)
 
@@ -53,9 +54,22 @@ def start_backend(
     device: str = "cpu",
     torch_threads: int = 0,
     process: bool = True,
+    dp: int = 1,
+    kind: str = "torch",
 ) -> Backend:
     """The training backend: in a child process (the default, see :mod:`trainer.backends.process`) or
-    in this one; ``close()`` it at the end."""
+    in this one, over ``dp`` data-parallel ranks (:mod:`trainer.backends.ddp`), or verl's
+    (:mod:`trainer.backends.verl_backend`); ``close()`` it at the end."""
+    if kind == "verl":
+        from trainer.backends.verl_backend import VerlBackend
+
+        return VerlBackend(model_dir, algo, gpus=dp)
+    if dp > 1:
+        from trainer.backends.ddp import DataParallelProcessBackend
+
+        return DataParallelProcessBackend(
+            model_dir, algo, world=dp, device=device, torch_threads=torch_threads
+        )
     if process:
         return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
     return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
@@ -66,7 +80,7 @@ def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
         return []
     token = settings.trainer_engine_token.get_secret_value() if settings.trainer_engine_token else None
     if settings.trainer_engine_kind == "vllm":
-        return [VllmReloadSink(settings.trainer_engine_url, token=token)]
+        return [VllmSink(settings.trainer_engine_url, token=token)]
     return [HttpSink(settings.trainer_engine_url, token=token)]
 
 
@@ -130,13 +144,29 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
     """Run the trainer against the configured bus until a signal (or ``max_steps``)."""
     if settings.trainer_base_model is None:
         raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
-    backend = start_backend(
-        settings.trainer_base_model,
-        settings.trainer_algo,
-        device=settings.trainer_device,
-        torch_threads=settings.trainer_torch_threads,
-        process=settings.trainer_backend_process,
-    )
+    from trainer.backends.ddp import start_torchrun_rank, torchrun_world
+
+    backend: Backend
+    if torchrun_world() is not None:  # torchrun: rank 0 runs the service, the others follow it
+        rank0 = start_torchrun_rank(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+        )
+        if rank0 is None:
+            return
+        backend = rank0
+    else:
+        backend = start_backend(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+            process=settings.trainer_backend_process,
+            dp=settings.trainer_dp,
+            kind=settings.trainer_backend,
+        )
     try:
         await _serve(settings, backend, max_steps)
     finally:

@@ -13,7 +13,7 @@ One update, as :meth:`WeightSync.update` runs it::
 Sync mode splits the protocol in two: :meth:`WeightSync.drain` before training (inference waits while
 the trainer trains) and :meth:`WeightSync.activate` after. A :class:`WeightSink` is the seam to an
 inference server; a new server kind (verl's checkpoint engine, SGLang's ``update_weights_from_disk``)
-is one more class with ``needs_path`` and ``load``.
+is one more class with ``needs_path`` and ``load`` (vLLM's: :class:`trainer.vllm_sink.VllmSink`).
 
 Exceptions:
     WeightLoadError     a sink could not load the weights (the update fails; the old version serves)
@@ -142,20 +142,6 @@ class HttpSink:
         own, self._own = self._own, None
         if own is not None:
             await own.aclose()
-
-
-class VllmReloadSink(HttpSink):
-    """vLLM (``VLLM_SERVER_DEV_MODE=1``): ``POST /collective_rpc`` ``reload_weights`` from a path.
-
-    Shape taken from vLLM's source (API-NOTES); not run against a live vLLM here.
-    """
-
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        super().__init__(url, route="/collective_rpc", **kwargs)
-        self.name = f"vllm:{self.url}"
-
-    def body(self, update: WeightUpdate) -> dict[str, Any]:
-        return {"method": "reload_weights", "kwargs": {"weights_path": str(update.path)}}
 
 
 @dataclass

@@ -129,6 +129,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
         directory: Dir = None,
+        dp: Annotated[
+            int | None, typer.Option("--dp", help="Data-parallel ranks on this host (torch backend).")
+        ] = None,
+        backend: Annotated[
+            str | None, typer.Option("--backend", help="torch | verl (verl: the `verl` extra, GPUs)")
+        ] = None,
     ) -> None:
         """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
         import asyncio
@@ -155,6 +161,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo("error: --objective must be rl or sft", err=True)
                 raise typer.Exit(2)
             update["trainer_objective"] = objective
+        if dp is not None:
+            if dp < 1:
+                typer.echo("error: --dp must be at least 1", err=True)
+                raise typer.Exit(2)
+            update["trainer_dp"] = dp
+        if backend is not None:
+            if backend not in ("torch", "verl"):
+                typer.echo("error: --backend must be torch or verl", err=True)
+                raise typer.Exit(2)
+            update["trainer_backend"] = backend
         settings = settings.model_copy(update=update)
         if settings.trainer_base_model is None or not (settings.trainer_base_model / "config.json").is_file():
             typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)

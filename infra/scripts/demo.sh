@@ -7,5 +7,5 @@ if ! command -v uv >/dev/null 2>&1; then
     python3 -m pip install -q uv || python3 -m pip install -q --user uv
     export PATH="$HOME/.local/bin:$PATH"
 fi
-uv sync --all-extras --frozen -q
+uv sync --frozen -q --extra train --extra examples --extra k8s --extra dev  # every extra but `verl` (it conflicts with `train`)
 exec "$UV_PROJECT_ENVIRONMENT/bin/flywheel" demo "$@"

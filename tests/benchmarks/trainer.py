@@ -34,7 +34,12 @@ Figures:
   ``inflight_calls_left_ms``: when the last of those calls ended, from the update's start: the drain is
   the time the in-flight calls still needed to finish generating (NEW_TOKENS each).
 
-    python tests/benchmarks/trainer.py [--json] [--updates N] [--repeats R]
+- ``--dp``: data-parallel training alone (:mod:`trainer.backends.ddp`): one update of the demo's
+  B × G rows on 1 rank × 1 thread (``ProcessBackend``) and on 2 ranks × 1 thread each
+  (``DataParallelProcessBackend``, gloo), interleaved per repeat; ``dp1_update_ms`` / ``dp2_update_ms``
+  are medians, ``dp_update_ratio`` the median over repeats of that repeat's 1-rank / 2-rank time.
+
+    python tests/benchmarks/trainer.py [--json] [--updates N] [--repeats R] [--dp]
 """
 
 from __future__ import annotations
@@ -485,6 +490,47 @@ def measure_phases(model_dir: Path, threads: int, reps: int = 5) -> dict[str, fl
     return {"gen_ms": gen, "train_ms": statistics.median(times) * 1000}
 
 
+def measure_dp(model_dir: Path, repeats: int, steps: int = 5) -> dict[str, float]:
+    """1 rank × 1 thread against 2 ranks × 1 thread on one update of the demo's batch (see ``--dp``)."""
+    import statistics
+
+    from trainer.backends.base import Backend
+    from trainer.backends.ddp import DataParallelProcessBackend
+    from trainer.backends.process import ProcessBackend
+
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    batch = _samples(_prompts(model_dir, B), vocab)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.samples)
+
+    def step_ms(backend: Backend) -> float:
+        try:
+            backend.train_step(batch)  # warm-up
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                backend.train_step(batch)
+                times.append(time.perf_counter() - start)
+            return statistics.median(times) * 1000
+        finally:
+            backend.close()
+
+    one: list[float] = []
+    two: list[float] = []
+    for _ in range(repeats):
+        one.append(step_ms(ProcessBackend(model_dir, ALGO, torch_threads=1)))
+        two.append(step_ms(DataParallelProcessBackend(model_dir, ALGO, world=2, torch_threads=1)))
+    ratios = [a / b for a, b in zip(one, two, strict=True)]
+    return {
+        "dp1_update_ms": round(statistics.median(one), 1),
+        "dp2_update_ms": round(statistics.median(two), 1),
+        "dp1_tok_s": round(tokens / statistics.median(one) * 1000, 1),
+        "dp2_tok_s": round(tokens / statistics.median(two) * 1000, 1),
+        "dp_update_ratio": round(statistics.median(ratios), 2),
+        "dp_ratio_min_of_repeats": round(min(ratios), 2),
+        "dp_ratio_max_of_repeats": round(max(ratios), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -502,6 +548,7 @@ def main() -> None:
         help="pipeline configurations to run (default: all; the ratio needs a sync and an async one)",
     )
     parser.add_argument("--no-extras", action="store_true", help="skip the engine and update-latency figures")
+    parser.add_argument("--dp", action="store_true", help="only the data-parallel figures (2 ranks vs 1)")
     args = parser.parse_args()
     import statistics
 
@@ -514,6 +561,20 @@ def main() -> None:
 
     torch.set_num_threads(cores)
     figures: dict[str, float] = {"cores": float(cores)}
+    if args.dp:
+        figures.update(measure_dp(model_dir, args.repeats))
+        dp_goals = {"dp_update_ratio": "≥ 1.5"}
+        if args.json:
+            print(json.dumps({"figures": figures, "goals": dp_goals}))
+            return
+        print(f"{'figure':<32} {'value':>12}  goal")
+        for name, value in figures.items():
+            print(f"{name:<32} {value:>12}  {dp_goals.get(name, '')}")
+        print(
+            f"(model: the demo's, {demo_model_label(model_dir)}; one update of {B} groups × {G} episodes ×"
+            f" {NEW_TOKENS} tokens; medians of {args.repeats} interleaved repeats)"
+        )
+        return
     figures["trainer_tok_s"] = round(measure_trainer_tokens(model_dir), 1)
     if not args.no_extras:
         from tests.benchmarks.engine import measure_engine

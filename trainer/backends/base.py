@@ -10,7 +10,9 @@ Exceptions:
     BackendError           anything a backend could not do (the service logs it, keeps the old weights
                            serving, and does not mark the batch's groups as trained)
 
-verl as the second backend (not written yet; nothing here imports verl): verl 0.9 has no "train on this
+verl as the second backend: :mod:`trainer.backends.verl_backend` (``--backend verl``) drives verl's
+``TrainingWorker`` directly, one ``train_batch`` per step on a converted batch
+(:mod:`trainer.backends.verl_convert`). The design first considered, kept here for the record: verl 0.9 has no "train on this
 external batch" API, so a ``VerlBackend`` would keep a Ray ``RayPPOTrainer`` alive and feed it through a
 *replay agent loop*: a subclass of ``verl.experimental.agent_loop.AgentLoopBase`` registered with
 ``@register("flywheel_replay")`` whose ``async run(...)`` pops the next pre-collected :class:`Sample` and
@@ -20,7 +22,7 @@ returns ``AgentLoopOutput(prompt_ids, response_ids, response_mask, response_logp
 ``fit`` iteration; ``algorithm.rollout_correction.bypass_mode=True`` makes the recorded behaviour
 logprobs the old logprobs (or keep the recompute with ``rollout_is: token``, ``rollout_is_threshold`` =
 ``tis_cap``). ``export_weights`` goes through verl's checkpoint engine (``CheckpointEngineManager``) and a
-vLLM sink (``trainer.weights.VllmReloadSink``) reloads them, so nothing else in the service changes.
+vLLM sink (``trainer.vllm_sink.VllmSink``) reloads them, so nothing else in the service changes.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,32 @@ def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, 
     """The child: build the backend, then answer ``(method, args)`` until the pipe closes or ``None``."""
     from trainer.app import load_backend
 
-    try:
-        backend = load_backend(
+    serve_backend(
+        conn,
+        lambda: load_backend(
             Path(model_dir), AlgorithmConfig.model_validate(algo), device=device, torch_threads=threads
-        )
+        ),
+    )
+
+
+def serve_backend(conn: Connection, build: Callable[[], Any], calls: frozenset[str] = _CALLS) -> None:
+    """Build a backend with ``build``, then answer ``(method, args)`` until the pipe closes or ``None``.
+
+    Also the child of :class:`trainer.backends.ddp.DataParallelProcessBackend` (rank 0 of a group).
+    """
+    try:
+        backend = build()
     except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}", 0))
         return
     conn.send(("ready", backend.vocab_size, backend.version))
+    try:
+        _answer(conn, backend, calls)
+    finally:
+        backend.close()  # a data-parallel rank 0 stops its group here
+
+
+def _answer(conn: Connection, backend: Any, calls: frozenset[str]) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -63,7 +81,7 @@ def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, 
                 from safetensors.torch import save
 
                 result: Any = save({k: v.contiguous() for k, v in backend.state_dict().items()})
-            elif method in _CALLS:
+            elif method in calls:
                 result = getattr(backend, method)(*args)
             else:
                 raise BackendError(f"unknown call {method!r}")
@@ -93,11 +111,7 @@ class ProcessBackend:
         self.call_timeout_s = call_timeout_s
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair()
-        argv = [
-            *(sys.executable, "-m", "trainer.backends.process", "--fd", str(theirs.fileno())),
-            *("--model-dir", str(model_dir), "--algo", algo.model_dump_json()),
-            *("--device", device, "--threads", str(torch_threads)),
-        ]
+        argv = self._child_argv(theirs.fileno(), model_dir, algo, device, torch_threads)
         with ours, theirs:
             self._proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
             self._conn = Connection(os.dup(ours.fileno()))
@@ -112,6 +126,16 @@ class ProcessBackend:
             self.close()
             raise BackendError(f"the training process did not start: {first}")
         self._vocab_size, self._version = first, version
+
+    def _child_argv(
+        self, fd: int, model_dir: Path, algo: AlgorithmConfig, device: str, torch_threads: int
+    ) -> list[str]:
+        """The child's command line (a subclass runs another module, e.g. rank 0 of a data-parallel group)."""
+        return [
+            *(sys.executable, "-m", "trainer.backends.process", "--fd", str(fd)),
+            *("--model-dir", str(model_dir), "--algo", algo.model_dump_json()),
+            *("--device", device, "--threads", str(torch_threads)),
+        ]
 
     @property
     def version(self) -> int:

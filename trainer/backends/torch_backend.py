@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,8 @@ class TorchBackend:
             weight_decay=cfg.weight_decay,
             fused=self.device.type in ("cpu", "cuda"),
         )
+        # data-parallel hook (trainer.backends.ddp): sums every rank's gradients before clipping
+        self.reduce_grads: Callable[[], None] | None = None
         self.reference: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval()
@@ -161,7 +163,7 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ steps
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        if not batch.samples:
+        if not batch.samples and self.reduce_grads is None:  # a data-parallel rank may get no rows
             raise BackendError("empty batch")
         t0 = time.perf_counter()
         mbs = self._plan(batch.samples)
@@ -216,6 +218,8 @@ class TorchBackend:
                 totals["tis_capped"] += parts.tis_capped_tokens
                 totals["ratio"] += parts.ratio_sum
                 totals["tokens"] += parts.tokens
+            if self.reduce_grads is not None:
+                self.reduce_grads()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
             self.optimizer.step()
         self._version += 1
@@ -255,7 +259,7 @@ class TorchBackend:
         return adv, returns, old_values
 
     def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        if not samples:
+        if not samples and self.reduce_grads is None:
             raise BackendError("empty SFT batch")
         t0 = time.perf_counter()
         for group in self.optimizer.param_groups:
@@ -269,6 +273,8 @@ class TorchBackend:
                 loss.backward()  # type: ignore[no-untyped-call]
                 total += loss.item()
                 real += rows.real_tokens
+            if self.reduce_grads is not None:
+                self.reduce_grads()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
             self.optimizer.step()
         finally:

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# GPU acceptance run: the calc demo's loop through the gateway with vLLM as the inference engine and the
+# trainer on verl, for a few minutes, on one GPU. Prints ONE JSON object on stdout (progress on stderr):
+#   rollout_tokens_per_s, trainer_tokens_per_s, weight_sync_seconds, updates, reward_before/after, ...
+#
+#   tests/gpu/acceptance.sh [--wheels DIR] [--minutes M] [--workdir DIR] [--backend verl|torch] [--dry-run]
+#
+# Steps (the whole script is sized for < 10 minutes on one H200):
+#   1. install   two environments, because vLLM 0.33 needs transformers >= 5.16 and verl 0.9.1 < 5.11:
+#                $WORK/vllm-env (pip: vllm==0.33.0) and $WORK/flywheel-env (this repo with the `verl`
+#                and `examples` extras, from uv.lock via `uv export`). With --wheels DIR every package
+#                comes from DIR (pip --no-index --find-links): a machine without internet needs exactly
+#                that; `pip download` the two requirement sets into DIR on a machine with internet.
+#   2. model     the demo's model (tests/gpu/acceptance_run.py build: trainer/models/tiny.py's Qwen2,
+#                SFT-warm-started), reused when already built under $WORK/models.
+#   3. serve     VLLM_SERVER_DEV_MODE=1 vllm serve --logprobs-mode processed_logprobs (dev routes for
+#                pause/reload/resume), waits for /health.
+#   4. run       acceptance_run.py run: gateway + worker + reward + trainer (verl) against that vLLM.
+# --dry-run: bash-level checks and the plan; builds the model and checks the verl conversion with
+# whatever Python is given in FLYWHEEL_PYTHON (no install, no vLLM, no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO="$PWD"
+
+WHEELS=""
+MINUTES=3
+WORK="${FLYWHEEL_ACCEPTANCE_DIR:-/tmp/flywheel-acceptance}"
+BACKEND=verl
+DRY_RUN=0
+VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+PORT="${VLLM_PORT:-8000}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --wheels) WHEELS="$2"; shift 2 ;;
+        --minutes) MINUTES="$2"; shift 2 ;;
+        --workdir) WORK="$2"; shift 2 ;;
+        --backend) BACKEND="$2"; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *) echo "acceptance.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$BACKEND" in verl|torch) ;; *) echo "acceptance.sh: --backend must be verl or torch" >&2; exit 2 ;; esac
+if ! [[ "$MINUTES" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+    echo "acceptance.sh: --minutes must be a number" >&2; exit 2
+fi
+if [ -n "$WHEELS" ] && [ ! -d "$WHEELS" ]; then
+    echo "acceptance.sh: --wheels $WHEELS is not a directory" >&2; exit 2
+fi
+mkdir -p "$WORK"
+log() { echo "[acceptance $(date -u +%H:%M:%S)] $*" >&2; }
+
+pip_install() {  # pip_install PYTHON ARGS...: from the wheel folder when given, else the index
+    local py="$1"; shift
+    if [ -n "$WHEELS" ]; then
+        "$py" -m pip install -q --no-index --find-links "$WHEELS" "$@"
+    else
+        "$py" -m pip install -q "$@"
+    fi
+}
+
+requirements() {  # the locked `verl` + `examples` set of this repo, as pip requirements
+    if command -v uv >/dev/null 2>&1; then
+        uv export --frozen --no-hashes --no-dev --extra verl --extra examples --no-emit-project
+    else
+        echo "acceptance.sh: uv is needed to export the locked requirements" >&2
+        return 1
+    fi
+}
+
+if [ "$DRY_RUN" = 1 ]; then
+    PY="${FLYWHEEL_PYTHON:-python3}"
+    log "dry run: backend=$BACKEND minutes=$MINUTES workdir=$WORK wheels=${WHEELS:-<index>} vllm=$VLLM_VERSION"
+    log "would install: $WORK/vllm-env (vllm==$VLLM_VERSION), $WORK/flywheel-env ($(requirements | grep -c '==') locked packages + this repo)"
+    PYTHONPATH="$REPO" "$PY" tests/gpu/acceptance_run.py build --out "$WORK/models" --no-warm-start --dry-run >"$WORK/build.json"
+    MODEL="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["model_dir"])' "$WORK/build.json")"
+    PYTHONPATH="$REPO" "$PY" tests/gpu/acceptance_run.py run --model-dir "$MODEL" --backend "$BACKEND" \
+        --minutes "$MINUTES" --workdir "$WORK/run" --dry-run
+    exit 0
+fi
+
+# ------------------------------------------------------------------------------------ 1. install
+command -v nvidia-smi >/dev/null 2>&1 || { echo "acceptance.sh: no GPU (nvidia-smi missing)" >&2; exit 1; }
+t_install=$(date +%s)
+if [ ! -x "$WORK/vllm-env/bin/vllm" ]; then
+    log "installing vllm==$VLLM_VERSION into $WORK/vllm-env"
+    python3 -m venv "$WORK/vllm-env"
+    pip_install "$WORK/vllm-env/bin/python" "vllm==$VLLM_VERSION"
+fi
+if [ ! -x "$WORK/flywheel-env/bin/python" ] || ! "$WORK/flywheel-env/bin/python" -c 'import verl, openai' 2>/dev/null; then
+    log "installing the verl + examples extras into $WORK/flywheel-env"
+    python3 -m venv "$WORK/flywheel-env"
+    requirements >"$WORK/requirements.txt"
+    pip_install "$WORK/flywheel-env/bin/python" -r "$WORK/requirements.txt"
+    pip_install "$WORK/flywheel-env/bin/python" --no-deps --no-build-isolation -e "$REPO" \
+        || pip_install "$WORK/flywheel-env/bin/python" --no-deps -e "$REPO"
+fi
+PY="$WORK/flywheel-env/bin/python"
+log "install took $(( $(date +%s) - t_install )) s"
+
+# -------------------------------------------------------------------------------------- 2. model
+MODEL="$(PYTHONPATH="$REPO" "$PY" tests/gpu/acceptance_run.py build --out "$WORK/models" \
+    | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["model_dir"])')"
+log "model: $MODEL"
+
+# -------------------------------------------------------------------------------------- 3. serve
+VLLM_LOG="$WORK/vllm.log"
+log "starting vLLM on :$PORT (log $VLLM_LOG)"
+VLLM_SERVER_DEV_MODE=1 "$WORK/vllm-env/bin/vllm" serve "$MODEL" --served-model-name policy \
+    --host 127.0.0.1 --port "$PORT" --logprobs-mode processed_logprobs \
+    --gpu-memory-utilization 0.35 --max-model-len 1024 --enforce-eager >"$VLLM_LOG" 2>&1 &
+VLLM_PID=$!
+stop_vllm() { kill "$VLLM_PID" 2>/dev/null || true; wait "$VLLM_PID" 2>/dev/null || true; }
+trap stop_vllm EXIT
+for _ in $(seq 1 180); do
+    if "$PY" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; then
+        break
+    fi
+    kill -0 "$VLLM_PID" 2>/dev/null || { tail -n 40 "$VLLM_LOG" >&2; echo "acceptance.sh: vLLM exited" >&2; exit 1; }
+    sleep 1
+done
+"$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/is_paused', timeout=5)" \
+    || { echo "acceptance.sh: vLLM's dev routes are missing (VLLM_SERVER_DEV_MODE)" >&2; exit 1; }
+log "vLLM up"
+
+# ---------------------------------------------------------------------------------------- 4. run
+PYTHONPATH="$REPO" "$PY" tests/gpu/acceptance_run.py run --model-dir "$MODEL" --vllm-url "http://127.0.0.1:$PORT" \
+    --backend "$BACKEND" --minutes "$MINUTES" --workdir "$WORK/run"

@@ -1,0 +1,231 @@
+"""``--backend verl``: the policy trained by verl 0.9's FSDP engine on Ray, one update per trainer step.
+
+verl has no "train on this external batch" API and no CPU training path (its FSDP and Megatron
+engines register for CUDA/NPU only). The least-coupled entry is its ``TrainingWorker``
+(``verl/workers/engine_workers.py``) in a ``RayWorkerGroup``, used as verl's own
+``tests/models/test_engine.py::test_actor_engine`` uses it: ``reset()`` builds the engine,
+``set_loss_fn(partial(ppo_loss, config=ActorConfig(...)))`` the loss, and ``train_batch`` takes a
+no-padding ``TensorDict`` (``left_right_2_no_padding(DataProto.to_tensordict())``) and runs forward,
+backward and one optimiser step over its micro-batches.
+
+One trainer step, as :meth:`VerlBackend.train_step` runs it:
+
+1. :func:`trainer.backends.verl_convert.to_verl_batch`: Flywheel's samples → prompts, responses,
+   masks (merged-trajectory observation tokens masked), behaviour logprobs, per-token advantages
+   with Flywheel's per-episode weights folded in (``loss_agg_mode="token-sum"``: the same loss as
+   :mod:`trainer.loss`, tested against verl's ``ppo_loss`` in ``tests/verl/``).
+2. ``infer_batch``: π_old's logprobs (the weights before the step), and verl's
+   ``compute_rollout_correction_weights(old - behaviour, rollout_is="token", threshold=tis_cap)``:
+   Flywheel's truncated importance sampling (``AlgorithmConfig.tis_cap``).
+3. ``train_batch`` once per ``ppo_epochs``.
+
+Weights: :meth:`export_weights` saves verl's checkpoint with ``hf_model`` and hands the Hugging Face
+directory (``<dir>/huggingface``) to the sinks (vLLM reloads it, :class:`trainer.weights.VllmSink`).
+What is not supported here, and refused with a :class:`BackendError` instead of approximated:
+``kl_coef > 0`` (a reference worker is not wired) and SFT steps.
+
+Runs only where the ``verl`` extra is installed (its own environment) and GPUs are visible; the
+GPU acceptance run is ``tests/gpu/acceptance.sh``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from trainer.backends.base import BackendError
+from trainer.backends.verl_convert import to_verl_batch
+from trainer.batching import Sample, TrainBatch
+from trainer.config import AlgorithmConfig
+
+HF_SUBDIR = "huggingface"  # where verl's checkpoint manager writes the Hugging Face model
+
+
+def _scalar(value: Any) -> float | None:
+    """A verl metric (a number, a list of them, or a ``Metric``) as one float, None if not numeric."""
+    inner = getattr(value, "value", value)
+    if isinstance(inner, list | tuple):
+        numbers = [v for v in (_scalar(x) for x in inner) if v is not None]
+        return sum(numbers) / len(numbers) if numbers else None
+    try:
+        return float(inner)
+    except (TypeError, ValueError):
+        return None
+
+
+class VerlBackend:
+    """A :class:`~trainer.backends.base.Backend` whose model lives in verl's FSDP workers on Ray."""
+
+    def __init__(
+        self, model_dir: Path, algo: AlgorithmConfig, *, gpus: int = 1, strategy: str = "fsdp2"
+    ) -> None:
+        if algo.kl_coef > 0:
+            raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
+        try:
+            import ray
+            from transformers import AutoConfig
+            from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+            from verl.trainer.config import CheckpointConfig
+            from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+            from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+            from verl.workers.utils.losses import ppo_loss
+        except ImportError as exc:
+            raise BackendError(
+                f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}"
+            ) from exc
+        self.cfg = algo
+        self._version = 0
+        hf = AutoConfig.from_pretrained(str(model_dir))
+        self._vocab_size = int(hf.vocab_size)
+        self.pad_id = int(getattr(hf, "pad_token_id", None) or 0)
+        ray.init(ignore_reinit_error=True)
+        config = TrainingWorkerConfig(
+            model_type="language_model",
+            model_config=HFModelConfig(path=str(model_dir), use_remove_padding=True),
+            engine_config=FSDPEngineConfig(
+                forward_only=False,
+                strategy=strategy,
+                fsdp_size=gpus,
+                use_dynamic_bsz=True,
+                use_remove_padding=True,
+                max_token_len_per_gpu=algo.token_budget,
+                infer_max_token_len_per_gpu=algo.token_budget,
+            ),
+            optimizer_config=FSDPOptimizerConfig(
+                lr=algo.learning_rate,
+                weight_decay=algo.weight_decay,
+                betas=algo.betas,
+                clip_grad=algo.max_grad_norm,
+            ),
+            checkpoint_config=CheckpointConfig(
+                save_contents=["model", "optimizer", "extra", "hf_model"],
+                load_contents=["model", "optimizer", "extra"],
+            ),
+        )
+        self._wg = RayWorkerGroup(
+            resource_pool=RayResourcePool(process_on_nodes=[gpus]),
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=config),
+        )
+        self._wg.reset()
+        # Flywheel's loss (trainer.loss): PPO clip with clip-higher, no dual clip (clip_ratio_c → ∞),
+        # advantages already weighted per token, summed (see trainer.backends.verl_convert)
+        actor = ActorConfig(
+            strategy=strategy,
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=-1,
+            clip_ratio_low=algo.clip_low,
+            clip_ratio_high=algo.clip_high,
+            clip_ratio_c=1e9,
+            loss_agg_mode="token-sum",
+            use_kl_loss=False,
+        )
+        self._wg.set_loss_fn(partial(ppo_loss, config=actor))
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
+
+    def _tensordict(self, samples: Sequence[Sample]) -> tuple[Any, Any]:
+        from verl import DataProto
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        batch = to_verl_batch(samples, self.pad_id)
+        proto = DataProto.from_single_dict(dict(batch.tensors), meta_info={"temperature": 1.0})
+        td = left_right_2_no_padding(proto.to_tensordict())
+        tu.assign_non_tensor(td, global_batch_size=batch.rows)
+        return proto, td
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if not batch.samples:
+            raise BackendError("empty batch")
+        import time
+
+        from verl import DataProto
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+        t0 = time.perf_counter()
+        try:
+            proto, td = self._tensordict(batch.samples)
+            out = self._wg.infer_batch(td).get()
+            old = no_padding_2_padding(tu.get(out, "log_probs").cpu(), td)
+            proto.batch["old_log_probs"] = old
+            mask = proto.batch["response_mask"].float()
+            if self.cfg.tis_cap is not None:
+                weights, _ = compute_rollout_correction_weights(
+                    old - proto.batch["rollout_log_probs"], mask, "token", self.cfg.tis_cap
+                )
+                proto.batch["rollout_is_weights"] = weights
+            metrics: dict[str, float] = {}
+            for _ in range(self.cfg.ppo_epochs):
+                td = left_right_2_no_padding(DataProto.to_tensordict(proto))
+                tu.assign_non_tensor(td, global_batch_size=len(batch.samples))
+                result = self._wg.train_batch(td).get()
+                for key, value in (tu.get(result, "metrics") or {}).items():
+                    number = _scalar(value)
+                    if number is not None:
+                        metrics[key.replace("/", "_")] = number
+        except Exception as exc:  # Ray and verl raise their own types; the service needs one
+            raise BackendError(f"verl train_step failed: {type(exc).__name__}: {exc}") from exc
+        self._version += 1
+        seconds = time.perf_counter() - t0
+        tokens = float(sum(s.response_tokens for s in batch.samples))
+        metrics.update(
+            loss=metrics.get("actor_pg_loss", 0.0),
+            clip_fraction=metrics.get("actor_pg_clipfrac", 0.0),
+            response_tokens=tokens,
+            train_seconds=seconds,
+            train_tokens_per_s=sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.samples)
+            * self.cfg.ppo_epochs
+            / seconds,
+        )
+        return metrics
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        raise BackendError("SFT steps are not wired for the verl backend: use the torch backend")
+
+    def export_weights(self, directory: Path) -> Path:
+        """verl's checkpoint with the Hugging Face model; returns ``<directory>/huggingface``."""
+        try:
+            self._wg.save_checkpoint(str(directory), global_step=self._version)
+        except Exception as exc:
+            raise BackendError(f"verl could not save to {directory}: {exc}") from exc
+        hf = directory / HF_SUBDIR
+        if not (hf / "config.json").is_file():
+            raise BackendError(f"verl wrote no Hugging Face model under {hf}")
+        return hf
+
+    def state_dict(self) -> Mapping[str, Any]:
+        """For an in-process engine: the exported Hugging Face weights, read back."""
+        from safetensors.torch import load_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            hf = self.export_weights(Path(tmp))
+            tensors: dict[str, Any] = {}
+            for f in sorted(hf.glob("*.safetensors")):
+                tensors.update(load_file(str(f)))
+            return tensors
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self.export_weights(directory)
+
+    def load_checkpoint(self, directory: Path, version: int) -> None:
+        try:
+            self._wg.load_checkpoint(str(directory), del_local_after_load=False)
+        except Exception as exc:
+            raise BackendError(f"verl could not load {directory}: {exc}") from exc
+        self._version = version
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
