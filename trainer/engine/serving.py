@@ -214,7 +214,7 @@ class EngineServing:
                     completion_tokens += len(tokens)
                     text = deltas[index].push([t.token_id for t in tokens], done)
                     delta: JSON = {"content": text}
-                    finish = done.finish_reason if done else None
+                    finish: str | None = done.finish_reason if done else None
                     if parse:
                         delta["content"] = calls[index].push(text)
                         if done is not None:

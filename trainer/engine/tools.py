@@ -13,8 +13,11 @@ for the embedded engine:
   finishes, then sent as ``tool_calls`` deltas (one per call, whole: id, name and arguments) — or, when
   it does not parse, as content.
 
-The argument JSON is re-serialised with ``json.dumps`` defaults, which is how the template renders a
-dict back, so a framework that resends the call as received re-renders the very same text.
+The argument JSON is re-serialised with ``json.dumps(..., ensure_ascii=False)`` (as vLLM's parser does),
+which is how the template writes it back: a framework that resends the call as received re-renders
+the very same text when the model wrote its JSON in that canonical form. When it did not (compact
+separators, other key spacing), the re-rendered history differs from the generated tokens and the next
+call cannot extend the trajectory; tests/e2e/test_framework_agents.py measures both cases.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[JSON]]:
             {
                 "id": _call_id(),
                 "type": "function",
-                "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+                "function": {
+                    "name": name,
+                    "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                },
             }
         )
     if not calls:
