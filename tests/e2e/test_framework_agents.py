@@ -125,6 +125,7 @@ def merge_stats(calls: list[LLMCallRecorded], scored: EpisodeScored) -> dict[str
         "broke": scored.prefix_mismatches,
         "transitions": len(scored.transitions),
         "refed_tokens": sum(len(t.prompt_ids) for t in scored.transitions[1:]),
+        "training_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in scored.transitions),
     }
 
 
