@@ -1,6 +1,7 @@
 """A rollout stack for end-to-end tests and the rollouts benchmark: the real gateway served over HTTP on
-a loopback port (in front of the fake vLLM-compatible upstream), rollout workers and the reward service,
-each on its own bus connection (Kafka or one shared in-process bus)."""
+a loopback port (in front of the fake vLLM-compatible upstream, or any ASGI upstream such as the
+embedded engine's app), rollout workers and the reward service, each on its own bus connection (Kafka
+or one shared in-process bus)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class RolloutStack:
         fake: FakeUpstreamConfig | None = None,
         worker_settings: dict[str, Any] | None = None,
         reward_settings: dict[str, Any] | None = None,
+        upstream_app: Any | None = None,
+        upstream_kind: UpstreamKind = UpstreamKind.vllm,
+        upstream_timeout_s: float = 10.0,
     ) -> None:
         self.tmp = tmp
         self.kafka = kafka
@@ -54,6 +58,9 @@ class RolloutStack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.worker_settings = worker_settings or {}
         self.reward_settings = reward_settings or {}
+        self.upstream_app = upstream_app
+        self.upstream_kind = upstream_kind
+        self.upstream_timeout_s = upstream_timeout_s
         self.buses: list[Bus] = []
         self.workers: list[RolloutWorker] = []
         self.reward: RewardService | None = None
@@ -92,14 +99,14 @@ class RolloutStack:
             admin_token="test-admin",
             gateway_id="gw-rollouts",
             episode_wait_s=5.0,
-            upstream_timeout_s=10.0,
+            upstream_timeout_s=self.upstream_timeout_s,
         )
         upstream = make_upstream(
             "http://fake/v1",
-            kind=UpstreamKind.vllm,
+            kind=self.upstream_kind,
             logprobs_mode=LogprobsMode.processed,
-            timeout_s=10.0,
-            transport=httpx.ASGITransport(app=create_fake_upstream(self.fake)),
+            timeout_s=self.upstream_timeout_s,
+            transport=httpx.ASGITransport(app=self.upstream_app or create_fake_upstream(self.fake)),
         )
         app = create_app(settings, first, [upstream], keystore=KeyStore(self.tmp / "keys.json"))
         self._server = uvicorn.Server(

@@ -24,6 +24,7 @@ class Request:
     params: SamplingParams
     max_tokens: int
     queue: asyncio.Queue[RequestUpdate | BaseException | None]
+    forced: list[int] | None = None  # forcing.py: tokens to emit instead of sampling (tests only)
     seqs: list[Seq] = field(default_factory=list)
     unfinished: int = 0
     cancelled: bool = False
@@ -39,6 +40,10 @@ class Seq:
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     done: bool = False
+
+    def forced_next(self) -> int | None:
+        forced = self.req.forced
+        return forced[len(self.tokens)] if forced is not None and len(self.tokens) < len(forced) else None
 
     @property
     def cached(self) -> int:
@@ -119,7 +124,13 @@ class BatchStepper:
         return updates
 
     def _take(self, seqs: list[Seq], logits: torch.Tensor, updates: dict[Request, RequestUpdate]) -> None:
-        result = sample(logits, [s.req.params for s in seqs], [s.generator for s in seqs])
+        forced = [s.forced_next() for s in seqs]
+        result = sample(
+            logits,
+            [s.req.params for s in seqs],
+            [s.generator for s in seqs],
+            forced if any(f is not None for f in forced) else None,
+        )
         version = self._version
         for row, seq in enumerate(seqs):
             token, lp, top = result.token_ids[row], result.logprobs[row], result.top[row]

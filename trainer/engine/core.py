@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from trainer.engine.batch import BatchStepper, Request, Seq
+from trainer.engine.forcing import ForcedOutput
 from trainer.engine.outputs import (
     ChoiceResult,
     EngineStepError,
@@ -76,8 +77,10 @@ class InferenceEngine(BatchStepper):
         max_num_seqs: int = 64,
         max_model_len: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        forced_output: ForcedOutput | None = None,
     ) -> None:
         self.model = model.eval()
+        self.forced_output = forced_output  # tests only: forcing.py
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.runner = KVRunner(model, max_model_len=max_model_len)
@@ -282,7 +285,12 @@ class InferenceEngine(BatchStepper):
     ) -> Request:
         prompt = [int(t) for t in prompt_ids]
         max_tokens = self.check_prompt(prompt, params)
-        return Request(request_id or uuid.uuid4().hex, prompt, params, max_tokens, asyncio.Queue())
+        forced = None
+        if self.forced_output is not None and (ids := self.forced_output(prompt)) is not None:
+            forced = [int(t) for t in ids]
+            if any(not 0 <= t < self.runner.vocab_size for t in forced):
+                raise InvalidRequestError("forced_output returned a token id outside the vocabulary")
+        return Request(request_id or uuid.uuid4().hex, prompt, params, max_tokens, asyncio.Queue(), forced)
 
     def _ensure_started(self) -> None:
         loop = asyncio.get_running_loop()

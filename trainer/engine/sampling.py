@@ -107,9 +107,16 @@ def processed_logprobs(
 
 
 def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    forced: Sequence[int | None] | None = None,
 ) -> SampleResult:
-    """Pick one token per row of ``logits`` ``[B, V]`` with each row's parameters and generator."""
+    """Pick one token per row of ``logits`` ``[B, V]`` with each row's parameters and generator.
+
+    ``forced`` (tests only, forcing.py): a row with a token id takes that token instead, with its logprob
+    read from the same processed distribution; its generator still draws, so nothing else shifts.
+    """
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     top_k = torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long)
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
@@ -120,6 +127,9 @@ def sample(
     target = (uniforms * cdf[:, -1]).unsqueeze(1)
     sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=logits.shape[1] - 1)
     chosen = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    if forced is not None:
+        override = torch.tensor([-1 if f is None else f for f in forced], dtype=torch.long)
+        chosen = torch.where(override >= 0, override, chosen)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
     top: list[list[tuple[int, float]]] = [[] for _ in params]
     want = max((p.logprobs or 0) for p in params)

@@ -10,18 +10,16 @@ each choice's first chunk, as vLLM does). With
 when streaming). Logprobs are the sampling distribution's (vLLM ``processed_logprobs``); ``-inf``
 is reported as -9999.0 as vLLM does.
 
-Tool calls: when a chat request lists ``tools`` and the serving was created with
-``tool_parser="hermes"`` (the default), a non-streaming answer made of ``<tool_call>{json}</tool_call>``
+Tool calls: when a chat request lists ``tools`` (and ``tool_choice`` is not ``"none"``) and the serving
+was created with ``tool_parser="hermes"`` (the default), an answer with ``<tool_call>{json}</tool_call>``
 blocks (what the Qwen template asks for) is returned as ``message.tool_calls`` with
-``finish_reason="tool_calls"``. Streaming responses always carry the raw text as ``content``.
+``finish_reason="tool_calls"`` — streaming too, as ``delta.tool_calls`` in the last chunk (tools.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -30,8 +28,7 @@ from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate
 from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest
 from trainer.engine.sampling import InvalidRequestError, SamplingParams
 from trainer.engine.streaming import JSON, TextDelta, by_choice, chain, merge, prime, sse, usage
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+from trainer.engine.tools import ToolCallStream, parse_tool_calls, wants_tool_parsing
 
 
 def _lp(value: float) -> float:
@@ -124,29 +121,8 @@ class EngineServing:
             "top_logprobs": top,
         }
 
-    def _parse_tools(self, text: str) -> tuple[str | None, list[JSON]]:
-        calls: list[JSON] = []
-        for match in _TOOL_CALL.finditer(text):
-            try:
-                body = json.loads(match.group(1))
-                name = body["name"]
-                args = body.get("arguments", {})
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-                return text, []  # not a well-formed call: hand the text back untouched
-            calls.append(
-                {
-                    "id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {
-                        "name": str(name),
-                        "arguments": args if isinstance(args, str) else json.dumps(args),
-                    },
-                }
-            )
-        if not calls:
-            return text, []
-        content = text[: text.find("<tool_call>")].strip()
-        return (content or None), calls
+    def _parses_tools(self, req: ChatCompletionRequest) -> bool:
+        return self.tool_parser == "hermes" and wants_tool_parsing(req.tools, req.tool_choice)
 
     # --------------------------------------------------------------------------------- chat
     async def chat(self, req: ChatCompletionRequest) -> JSON | AsyncIterator[str]:
@@ -165,8 +141,8 @@ class EngineServing:
             content: str | None = c.text
             tool_calls: list[JSON] = []
             finish: str = c.finish_reason
-            if req.tools and self.tool_parser == "hermes" and c.finish_reason == "stop":
-                content, tool_calls = self._parse_tools(c.text)
+            if self._parses_tools(req) and c.finish_reason == "stop":
+                content, tool_calls = parse_tool_calls(c.text)
                 if tool_calls:
                     finish = "tool_calls"
             choice: JSON = {
@@ -217,6 +193,8 @@ class EngineServing:
             created = int(time.time())
             base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
             deltas = {i: TextDelta(self.tokenizer, params) for i in range(params.n)}
+            parse = self._parses_tools(req)
+            calls = {i: ToolCallStream() for i in range(params.n)} if parse else {}
             completion_tokens = 0
             for i in range(params.n):
                 chunk: JSON = {
@@ -237,9 +215,19 @@ class EngineServing:
                 for index, tokens, done in by_choice(update):
                     completion_tokens += len(tokens)
                     text = deltas[index].push([t.token_id for t in tokens], done)
+                    delta: JSON = {"content": text}
+                    finish: str | None = done.finish_reason if done else None
+                    if parse:
+                        delta["content"] = calls[index].push(text)
+                        if done is not None:
+                            rest, tool_calls = calls[index].finish(done.text, done.finish_reason == "stop")
+                            delta["content"] += rest
+                            if tool_calls:
+                                delta["tool_calls"] = tool_calls
+                                finish = "tool_calls"
                     choice: JSON = {
                         "index": index,
-                        "delta": {"content": text},
+                        "delta": delta,
                         "logprobs": {
                             "content": self._chat_logprob_entries(
                                 [t.token_id for t in tokens],
@@ -250,7 +238,7 @@ class EngineServing:
                         }
                         if params.logprobs is not None
                         else None,
-                        "finish_reason": done.finish_reason if done else None,
+                        "finish_reason": finish,
                     }
                     if done:
                         choice["stop_reason"] = done.stop_reason

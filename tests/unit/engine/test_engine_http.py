@@ -204,15 +204,6 @@ async def test_admin_token_guards_dev_endpoints(engine: InferenceEngine) -> None
         assert (await http.post("/resume", headers={"Authorization": "Bearer s3cret"})).status_code == 200
 
 
-def test_hermes_tool_calls_are_parsed(engine: InferenceEngine) -> None:
-    serving = EngineServing(engine)
-    content, calls = serving._parse_tools(
-        'Let me.\n<tool_call>\n{"name": "calc", "arguments": {"e": "1+2"}}\n</tool_call>'
-    )
-    assert content == "Let me." and calls[0]["function"] == {"name": "calc", "arguments": '{"e": "1+2"}'}
-    assert serving._parse_tools("<tool_call>{broken</tool_call>") == ("<tool_call>{broken</tool_call>", [])
-
-
 async def test_a_client_leaving_a_stream_cancels_its_request(engine: InferenceEngine) -> None:
     from trainer.engine.protocol import ChatCompletionRequest
 

@@ -1,0 +1,212 @@
+"""Agents written in four frameworks, unchanged, through the real rollout stack and the embedded engine.
+
+Each example in ``examples/framework_agents/`` runs as the worker runs any command agent (its own
+process, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` pointing at the gateway's episode URL) against the real
+gateway over HTTP, in front of the embedded engine serving a locally built tiny model; the reward
+service scores and assembles. A tiny random model never writes a tool call, so the engine forces the
+replies a trained model would write (``forced_output``, trainer/engine/forcing.py; the script is
+tests/e2e/framework_script.py) — token ids and logprobs stay the model's own. What is under test is
+everything else: the framework's own tool loop (it parses the engine's ``tool_calls``, streamed or
+not, runs the tool and sends the result back, which the chat template renders), token-faithful
+capture of every call, and whether each framework's re-rendered history keeps the extension property
+so that its calls merge into one trajectory (``prefix_mismatches`` otherwise).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from schemas import (
+    EPISODES,
+    TASKS,
+    TRANSITIONS,
+    AgentKind,
+    AgentRef,
+    EpisodeFinished,
+    EpisodeScored,
+    EpisodeStatus,
+    LLMCallRecorded,
+    RolloutRequested,
+    ScorerSpec,
+    Task,
+    UpstreamKind,
+)
+from tests.e2e import framework_script
+from tests.e2e.rollouts_stack import RolloutStack
+from tests.unit.worker.collect import Events
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+AGENTS = Path(__file__).resolve().parents[2] / "examples" / "framework_agents"
+# (test id, example file, the module it needs, streamed?)
+FRAMEWORKS = [
+    ("openai-agents", "openai_agents_sdk.py", "agents", True),
+    ("autogen", "autogen_agent.py", "autogen_agentchat", True),
+    ("crewai", "crewai_agent.py", "crewai", False),
+    ("langgraph", "langgraph_agent.py", "langgraph", False),
+]
+QUESTIONS = [(3, 4, 5), (6, 7, 2)]
+CORPUS = [
+    "You are a calculator. Use the multiply tool for every product, then state the result. "
+    "Multiply two integers and return the product. What is the answer? The final product.",
+    '{"type": "function", "function": {"name": "multiply", "description": "", "parameters": '
+    '{"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], '
+    '"type": "object"}}}',
+    framework_script.tool_call(12, 5),
+] * 4
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.models.tiny import build_tiny
+
+    return build_tiny(
+        tmp_path_factory.mktemp("tiny") / "model",
+        CORPUS,
+        vocab_size=600,
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        max_positions=8192,  # CrewAI's prompts run to a few thousand of these small-vocabulary tokens
+    )
+
+
+@pytest.fixture
+async def stack(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[RolloutStack]:
+    from trainer.engine import InferenceEngine
+    from trainer.engine.app import create_engine_app
+    from trainer.engine.forcing import scripted_replies
+
+    # No telemetry or trace uploads from the agents' processes (the machine is offline anyway).
+    for name, value in {
+        "CREWAI_DISABLE_TELEMETRY": "true",
+        "CREWAI_TRACING_ENABLED": "false",
+        "OTEL_SDK_DISABLED": "true",
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    engine = InferenceEngine.from_pretrained(
+        tiny_dir, max_model_len=8192, forced_output=scripted_replies(tok, framework_script.reply)
+    )
+    s = RolloutStack(
+        tmp_path,
+        upstream_app=create_engine_app(engine),
+        upstream_kind=UpstreamKind.embedded,
+        upstream_timeout_s=120.0,
+        worker_settings={"concurrency": len(QUESTIONS)},
+    )
+    await s.start(workers=1)
+    try:
+        yield s
+    finally:
+        await s.stop()
+        await engine.close()
+
+
+def merge_stats(calls: list[LLMCallRecorded], scored: EpisodeScored) -> dict[str, int]:
+    """How the episode's calls assembled. ``kept``: calls that extended the trajectory before them;
+    ``broke``: prefix mismatches; ``refed_tokens``: the prompt tokens of every transition after the
+    first, which a merged trajectory would have held once (the cost of the breaks)."""
+    return {
+        "calls": len(calls),
+        "kept": len(calls) - len(scored.transitions),
+        "broke": scored.prefix_mismatches,
+        "transitions": len(scored.transitions),
+        "refed_tokens": sum(len(t.prompt_ids) for t in scored.transitions[1:]),
+        "training_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in scored.transitions),
+    }
+
+
+@pytest.mark.parametrize(
+    ("framework", "script", "module", "streamed"), FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS]
+)
+async def test_framework_agent_tool_loop_through_the_stack(
+    stack: RolloutStack, tiny_dir: Path, framework: str, script: str, module: str, streamed: bool
+) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(f"{module} is not installed: uv sync --extra examples")
+    bus = stack.buses[0]
+    events = await Events().attach(bus, EPISODES, TRANSITIONS, group=f"fw-{framework}")
+    agent = AgentRef(kind=AgentKind.command, spec=f"{sys.executable} {AGENTS / script}")
+    for i, (a, b, c) in enumerate(QUESTIONS):
+        question = framework_script.QUESTION.format(a=a, b=b, c=c)
+        task = Task(
+            task_id=f"{framework}-{i}",
+            input={"question": question},
+            answer=framework_script.answer_text(a * b * c),
+            scorer=ScorerSpec(name="exact"),
+        )
+        await bus.publish(
+            TASKS, RolloutRequested(task=task, agent=agent, group_id=f"g-{framework}-{i}", deadline_s=240)
+        )
+    scored: list[EpisodeScored] = await events.wait_for(EpisodeScored, count=len(QUESTIONS), within_s=270)
+    finished = {e.episode_id: e for e in events.of(EpisodeFinished)}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tok_eos = None
+    table = []
+    for s in sorted(scored, key=lambda s: s.task_id or ""):
+        a, b, c = QUESTIONS[int((s.task_id or "").rsplit("-", 1)[1])]
+        compact = (a, b, c) in framework_script.COMPACT
+        done = finished[s.episode_id]
+        assert done.status is EpisodeStatus.ok, done.error
+        assert isinstance(done.output, dict)
+        # the framework ran the tool twice, with the arguments the model wrote
+        assert done.output["tool_calls"] == [{"a": a, "b": b}, {"a": a * b, "b": c}]
+        assert s.reward == 1.0 and s.reward_source == "exact", done.output
+        calls = sorted(events.of(LLMCallRecorded, episode_id=s.episode_id), key=lambda c: c.call_seq)
+        assert len(calls) == s.num_calls == 3
+        for call, expected in zip(
+            calls,
+            [
+                framework_script.tool_call(a, b, compact),
+                framework_script.tool_call(a * b, c, compact),
+                framework_script.answer_text(a * b * c),
+            ],
+            strict=True,
+        ):
+            assert (
+                call.token_faithful and call.upstream is UpstreamKind.embedded and call.streamed is streamed
+            )
+            [choice] = call.choices
+            ids, lps = choice.token_ids or [], choice.logprobs or []
+            assert len(ids) == len(lps) > 0 and all(-1e4 < lp <= 0.0 for lp in lps)
+            assert ids[:-1] == tokenizer.encode(expected, add_special_tokens=False)  # what the model emitted
+            body = json.loads(call.response or "{}")
+            message = body["choices"][0]["message"]
+            if expected.startswith("<tool_call>"):
+                assert body["choices"][0]["finish_reason"] == "tool_calls"
+                assert [t["function"]["name"] for t in message["tool_calls"]] == ["multiply"]
+            else:
+                assert message["content"] == expected
+            tok_eos = ids[-1] if tok_eos is None else tok_eos
+            assert ids[-1] == tok_eos  # each reply ends with the end-of-turn token the engine emitted
+        stats = merge_stats(calls, s)
+        assert stats["kept"] + stats["broke"] == len(calls) - 1
+        # Every framework resends the history as messages, re-rendered by the template: canonical tool
+        # JSON re-renders to the very tokens generated (one trajectory), compact JSON does not.
+        if compact:
+            assert (stats["transitions"], stats["broke"]) == (3, 2), stats
+            assert [c.prefix_mismatch for c in calls] == [False, True, True]
+        else:
+            assert (stats["transitions"], stats["broke"]) == (1, 0), stats
+            assert s.transitions[0].call_seqs == [0, 1, 2]
+            assert [c.extends_previous for c in calls][1:] == [True, True]
+        for t in s.transitions:
+            assert len(t.response_ids) == len(t.response_mask) == len(t.behaviour_logprobs)
+        table.append(stats)
+    print(f"\nFRAMEWORK-MERGE {framework} {json.dumps(table)}")
+    await events.stop()
