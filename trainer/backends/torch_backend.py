@@ -95,7 +95,10 @@ class TorchBackend:
         self.value_head: torch.nn.Linear | None = None
         groups: list[dict[str, Any]] = [{"params": list(self.model.parameters()), "lr": cfg.learning_rate}]
         if cfg.algorithm == "ppo":  # a critic beside the policy (trainer.ppo); shared prompts give no values
-            self.value_head = make_value_head(int(config.hidden_size), self.device)  # type: ignore[union-attr]
+            hidden = getattr(config, "hidden_size", None)
+            if hidden is None:
+                raise BackendError("algorithm=ppo needs a model whose config has hidden_size")
+            self.value_head = make_value_head(int(hidden), self.device)
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_learning_rate})
             self.share_prompts = False
         self._lrs = [float(g["lr"]) for g in groups]

@@ -93,3 +93,12 @@ def test_the_critic_learns_and_single_sessions_move_the_policy(tmp_path: Path) -
     resumed.load_checkpoint(tmp_path / "ckpt", 16)
     assert resumed.value_head is not None and backend.value_head is not None
     assert torch.equal(resumed.value_head.weight, backend.value_head.weight)
+
+
+@pytest.mark.timeout(60)
+def test_several_ppo_epochs_use_the_values_from_before_the_step() -> None:
+    cfg = PPO.model_copy(update={"ppo_epochs": 3, "learning_rate": 2e-2, "value_clip": 0.01})
+    backend = TorchBackend(tiny_model(), cfg)
+    batch = build_batch([_session(0, GOOD, 1.0), _session(1, BAD, 0.0)], cfg, 0)
+    metrics = backend.train_step(batch)
+    assert metrics["clip_fraction"] > 0 and metrics["value_loss"] > 0 and backend.version == 1
