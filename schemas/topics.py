@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.events import (
+    AglRecorded,
     AnyEvent,
     ControlEvent,
     DeadLetter,
@@ -39,6 +40,7 @@ EPISODES = "flywheel.episodes"
 TRANSITIONS = "flywheel.transitions"
 CONTROL = "flywheel.control"
 DEADLETTER = "flywheel.deadletter"
+AGL = "flywheel.agl"  # Agent Lightning state served by ``flywheel agl-server`` (added, optional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ TOPICS: dict[str, TopicSpec] = {
         ),
     ),
     DEADLETTER: TopicSpec(DEADLETTER, "original key", 1, frozenset({DeadLetter})),
+    AGL: TopicSpec(AGL, "scope", 8, frozenset({AglRecorded})),
 }
 
 
@@ -139,6 +142,7 @@ _KEY_FIELD: dict[type, str] = {
     TrainerStepCompleted: "model",
     TrainerPauseRequested: "model",
     TrainerResumeRequested: "model",
+    AglRecorded: "scope",
 }
 
 
@@ -170,6 +174,7 @@ _PER_TOPIC: dict[str, TypeAdapter[AnyEvent]] = {
     TRANSITIONS: TypeAdapter(EpisodeScored),
     CONTROL: TypeAdapter(ControlEvent),
     DEADLETTER: TypeAdapter(DeadLetter),
+    AGL: TypeAdapter(AglRecorded),
 }
 
 

@@ -53,6 +53,9 @@ def _register() -> None:
     from infra.cli import demo_cmd
 
     demo_cmd.register(app)
+    from infra.cli import agl_cmd
+
+    agl_cmd.register(app)
 
 
 _register()

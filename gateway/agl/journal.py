@@ -1,0 +1,56 @@
+"""The durable store ``flywheel agl-server`` rebuilds its state from on start: records in SQLite.
+
+One table, append-only, in WAL mode with ``synchronous=NORMAL``: a committed append survives the
+process being killed (SIGKILL included; only a power loss may lose the last appends, as with the
+gateway's fsync-per-append spool a bus outage is what that one guards against). The same records are
+also published on the bus (``AglRecorded``) and land in the event log; the journal is what makes a
+restart exact even on the in-process bus, whose queue dies with the process.
+
+    journal = Journal(data_dir / "agl" / "journal.sqlite")
+    journal.append(record)             # returns once committed
+    for record in journal.replay(): …  # oldest first
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from gateway.agl.state import Record
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,"
+            " kind TEXT NOT NULL, rollout_id TEXT, attempt_id TEXT, data BLOB NOT NULL)"
+        )
+
+    def append(self, record: Record) -> None:
+        row = (record.tenant, record.kind, record.rollout_id, record.attempt_id, orjson.dumps(record.data))
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO records (tenant, kind, rollout_id, attempt_id, data) VALUES (?, ?, ?, ?, ?)", row
+            )
+
+    def replay(self) -> Iterator[Record]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT tenant, kind, rollout_id, attempt_id, data FROM records ORDER BY seq"
+            ).fetchall()
+        for tenant, kind, rollout_id, attempt_id, data in rows:
+            yield Record(str(tenant), str(kind), orjson.loads(data), rollout_id, attempt_id)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
