@@ -222,7 +222,7 @@ class AglProxy:
                 raise AglError(exc.status_code, exc.message) from exc
             if isinstance(answer, StreamAnswer):
                 handed_off = True
-                return StreamAnswer(self._counted(tenant, answer.chunks), answer.call_id)
+                return StreamAnswer(self._counted(call, answer.chunks), answer.call_id)
             return answer
         finally:
             if not handed_off:
@@ -243,12 +243,15 @@ class AglProxy:
     def _leave(self, tenant: str) -> None:
         self.service.inflight[tenant] = max(0, self.service.inflight.get(tenant, 1) - 1)
 
-    async def _counted(self, tenant: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def _counted(self, call: _Call, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The stream, with the call known to the recording hook (it runs in the response's task)
+        and counted in flight until its last chunk."""
+        _CALL.set(call)
         try:
             async for chunk in chunks:
                 yield chunk
         finally:
-            self._leave(tenant)
+            self._leave(call.tenant)
 
     # ------------------------------------------------------------------------------ recording
     def _data(self, call: _Call, response: Any, status: int, **more: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ AGL's clients read them unchanged. The key is accepted as ``Authorization: Beare
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable
 from typing import Annotated
@@ -62,6 +63,11 @@ def _tenant(request: Request) -> str:
 
 
 Tenant = Annotated[str, Depends(_tenant)]
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_agl_app(
@@ -148,7 +154,20 @@ def create_agl_app(
     async def llm_proxy(
         rollout_id: str, attempt_id: str, mode: str, path: str, request: Request, t: Tenant
     ) -> Response:
-        answer = await proxy.serve(t, rollout_id, attempt_id, mode, path, await request.body())
+        raw = await request.body()
+        # An agent that hangs up abandons its call: the upstream request is cancelled and nothing is
+        # recorded for it (AGL answers 499 the same way), so a retried call is not counted twice.
+        serving = asyncio.create_task(proxy.serve(t, rollout_id, attempt_id, mode, path, raw))
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait((serving, gone), return_when=asyncio.FIRST_COMPLETED)
+            if serving not in done:
+                return Response(status_code=499)
+            answer = serving.result()
+        finally:
+            for task in (serving, gone):
+                task.cancel()
+            await asyncio.gather(serving, gone, return_exceptions=True)
         headers = {"x-flywheel-call": answer.call_id}
         if isinstance(answer, StreamAnswer):
             return StreamingResponse(

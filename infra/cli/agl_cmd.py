@@ -80,7 +80,9 @@ def agl_server_command(
 async def _serve(
     settings: StackSettings, key: str, config: Any, upstream_url: str | None, model_dir: Path | None
 ) -> int:
+    import asyncio
     import contextlib
+    import signal
 
     import uvicorn
 
@@ -143,6 +145,12 @@ async def _serve(
                 timeout_keep_alive=120,
             )
         )
+        # uvicorn re-raises SIGTERM/SIGINT once it has stopped serving, which would kill the process
+        # before the stack below is unwound (recorder flush, journal close): stop it ourselves instead.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         typer.echo(
             f"agl-server on http://{settings.gateway_host}:{settings.gateway_port} "
             f"(model {config.model_name}, upstream {default.url}, {service.replayed} records replayed, "
