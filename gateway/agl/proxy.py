@@ -290,7 +290,7 @@ class AglProxy:
             call_id=event.call_id,
             streamed=event.streamed,
         )
-        self.service.append_call(call.tenant, call.rollout_id, call.attempt_id, data)
+        self.service.append_call(call.tenant, call.rollout_id, call.attempt_id, data, event)
 
     def _failed(self, call: _Call, exc: UpstreamError) -> AglError:
         """An upstream error: the AGL event recorded, and the answer AGL would give."""
@@ -300,7 +300,7 @@ class AglProxy:
             except orjson.JSONDecodeError:
                 body = {}
             self.service.append_call(
-                call.tenant, call.rollout_id, call.attempt_id, self._data(call, body, call.error_status)
+                call.tenant, call.rollout_id, call.attempt_id, self._data(call, body, call.error_status), None
             )
             return AglError(call.error_status, exc.message, body=body)
         if isinstance(exc, UpstreamTimeoutError):
@@ -311,7 +311,7 @@ class AglProxy:
             status, detail = exc.status_code, exc.message
         error = {"error": {"message": exc.message}}
         self.service.append_call(
-            call.tenant, call.rollout_id, call.attempt_id, self._data(call, error, status)
+            call.tenant, call.rollout_id, call.attempt_id, self._data(call, error, status), None
         )
         return AglError(status, detail)
 

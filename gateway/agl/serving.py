@@ -67,6 +67,7 @@ from schemas import (
     RewardOrigin,
     RewardReported,
     Task,
+    decode_any,
 )
 
 
@@ -119,6 +120,7 @@ class AglService:
         self._resumed: dict[str, asyncio.Event] = {}
         self._announced: set[str] = set()  # episodes whose EpisodeStarted is published (or replayed)
         self.replayed = 0
+        self.replayed_events = 0
         for record in journal.replay():
             self.tenant(record.tenant).apply(record)
             self.replayed += 1
@@ -150,9 +152,8 @@ class AglService:
             if record.rollout_id is not None and record.attempt_id is not None
             else None
         )
-        for event in extra:
-            await self.publish(event)
-        await self.publish(
+        events = [
+            *extra,
             AglRecorded(
                 producer=self.producer,
                 scope=self._scope(record.tenant, record.rollout_id),
@@ -162,10 +163,23 @@ class AglService:
                 attempt_id=record.attempt_id,
                 episode_id=episode_id,
                 data=record.data,
-            )
-        )
-        self.journal.append(record)
+            ),
+        ]
+        for event in events:
+            await self.publish(event)
+        self.journal.append(record, [e.model_dump_json() for e in events])
         self.tenant(record.tenant).apply(record)
+
+    async def republish(self, logged: set[str]) -> int:
+        """Publish again what the journal holds and the event log lacks (``logged``: the event ids it
+        has), oldest first; returns how many. For the in-process bus, after a process died."""
+        n = 0
+        for raw in self.journal.outbox():
+            event = decode_any(raw)
+            if event.event_id not in logged:
+                await self.publish(event)
+                n += 1
+        return n
 
     def _get(self, tenant: str, rollout_id: str) -> Rollout:
         rollout = self.tenant(tenant).rollouts.get(rollout_id)
@@ -335,14 +349,16 @@ class AglService:
             )
             return event
 
-    def append_call(self, tenant: str, rollout_id: str, attempt_id: str, data: dict[str, Any]) -> None:
+    def append_call(
+        self, tenant: str, rollout_id: str, attempt_id: str, data: dict[str, Any], call: AnyEvent | None
+    ) -> None:
         """A proxied call's ``model_request`` event, journaled and applied at once (its bus copy is the
         gateway's ``LLMCallRecorded``, published before this runs; AGL appends it synchronously too)."""
         if rollout_id not in self.tenant(tenant).rollouts:
             return  # deleted while the call ran, as AGL drops it
         event = new_event(rollout_id, attempt_id, "model_request", data)
         record = Record(tenant, "event", event.model_dump(mode="json"), rollout_id, attempt_id)
-        self.journal.append(record)
+        self.journal.append(record, [call.model_dump_json()] if call is not None else [])
         self.tenant(tenant).apply(record)
 
     def query_events(

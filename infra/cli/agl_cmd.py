@@ -125,6 +125,13 @@ async def _serve(
             salt_path=settings.data_dir / "agl" / "salt",
             producer=f"agl-server:{gateway.id}",
         )
+        if store is not None:  # what the last process published but its in-process bus never delivered
+            rows = await asyncio.to_thread(
+                store.query,
+                f"SELECT DISTINCT event_id FROM {store.database}.events WHERE startsWith(producer, 'agl-server:')",
+                max_rows=100_000_000,
+            )
+            service.replayed_events = await service.republish({str(r[0]) for r in rows.rows})
         proxy = AglProxy(service, gateway, config, default)
         stack.push_async_callback(proxy.aclose)
         app = create_agl_app(
@@ -154,6 +161,7 @@ async def _serve(
         typer.echo(
             f"agl-server on http://{settings.gateway_host}:{settings.gateway_port} "
             f"(model {config.model_name}, upstream {default.url}, {service.replayed} records replayed, "
+            f"{service.replayed_events} events republished, "
             f"data dir {settings.data_dir})",
             err=True,
         )

@@ -48,7 +48,7 @@ _stub_errors: list[BaseException] = []
 class _Stub(BaseHTTPRequestHandler):
     """The model server ``flywheel agl-server`` reaches through its HTTP proxy."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         send = importlib.import_module("agentlightning.server.proxy")._send_upstream_with_retries
