@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 def register(app: typer.Typer) -> None:
     app.command("agl-server")(agl_server_command)
+    app.command("agl-agent")(agl_agent_command)
 
 
 def agl_server_command(
@@ -245,3 +246,29 @@ async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | 
     )
     stack.push_async_callback(up.client.aclose)
     return up
+
+
+def agl_agent_command(
+    agent_class: Annotated[str, typer.Argument(help="the AGL agent class, package.module:Class")],
+    env_map: Annotated[
+        list[str] | None,
+        typer.Option("--env-map", help="NAME=input.path (AGL's config.local.env_map); repeat"),
+    ] = None,
+    path: Annotated[
+        list[Path] | None, typer.Option("--path", help="a directory to import the agent from; repeat")
+    ] = None,
+) -> None:
+    """Run an Agent Lightning agent class for the worker's task, as AGL's local controller does."""
+    import sys
+
+    from rollout_worker.agl_agent import main
+
+    mapping: dict[str, str] = {}
+    for item in env_map or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            usage(f"--env-map wants NAME=input.path, got {item!r}")
+        mapping[name] = value
+    sys.path[:0] = [str(p) for p in path or []]
+    sys.path.insert(0, "")  # as `python -c` does: the working directory first
+    raise typer.Exit(main(agent_class, mapping))
