@@ -16,6 +16,10 @@ agent's own reward event.
 
 ``env_map`` comes from ``--env-map`` and from the task's ``metadata["agl_env_map"]`` (a JSON object,
 as AGL keeps it in ``config.local.env_map``); the task's wins.
+
+With ``--python PY`` the class runs in a child ``PY -c …`` (the agent's own environment, e.g. a 3.12
+venv with AutoGen; its ``bin`` first on ``PATH``, the ``--path`` dirs as its ``PYTHONPATH``), as AGL's
+controller runs it in a child of its own interpreter; the child shares the worker's process group.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import importlib
 import inspect
 import json
 import os
+import subprocess
 import sys
 import threading
 import traceback
@@ -137,7 +142,42 @@ class EventSink:
         return None
 
 
-def run_agent(spec: str, env_map: Mapping[str, str], task: Mapping[str, Any], environ: dict[str, str]) -> int:
+# What the child interpreter runs (``--python``): load the class, run it, exit 0, or 1 with the traceback.
+CHILD = """
+import asyncio, importlib, inspect, sys, traceback
+spec = sys.argv[1]
+module, sep, name = spec.partition(":")
+if not sep:
+    module, _, name = spec.rpartition(".")
+try:
+    result = getattr(importlib.import_module(module), name)().run()
+    if inspect.isawaitable(result):
+        async def _wait():
+            return await result
+        asyncio.run(_wait())
+except Exception:
+    traceback.print_exc()
+    sys.exit(1)
+"""
+
+
+def _run_in_child(python: str, spec: str, environ: dict[str, str], paths: list[str]) -> int:
+    env = dict(environ)
+    env["PATH"] = str(os.path.dirname(python)) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("VIRTUAL_ENV", None)
+    return subprocess.run([python, "-c", CHILD, spec], env=env, check=False).returncode
+
+
+def run_agent(
+    spec: str,
+    env_map: Mapping[str, str],
+    task: Mapping[str, Any],
+    environ: dict[str, str],
+    *,
+    python: str | None = None,
+    paths: list[str] | None = None,
+) -> int:
     """Run ``spec``'s ``Class().run()`` for ``task``; prints the result line; returns the exit code."""
     base_url = environ.get("OPENAI_BASE_URL", "")
     key = environ.get("OPENAI_API_KEY", "")
@@ -155,9 +195,12 @@ def run_agent(spec: str, env_map: Mapping[str, str], task: Mapping[str, Any], en
                 AGL_KEY=key,
                 AGL_EVENT_URL=f"{sink.url}/api/rollouts/{episode}/attempt/0/events",
             )
-            result = load_class(spec)().run()
-            if inspect.isawaitable(result):
-                asyncio.run(_awaited(result))
+            if python is not None:
+                code = _run_in_child(python, spec, environ, paths or [])
+            else:
+                result = load_class(spec)().run()
+                if inspect.isawaitable(result):
+                    asyncio.run(_awaited(result))
         except Exception:
             traceback.print_exc()
             code = 1
@@ -171,7 +214,9 @@ async def _awaited(result: Any) -> Any:
     return await result
 
 
-def main(spec: str, env_map: Mapping[str, str]) -> int:
+def main(
+    spec: str, env_map: Mapping[str, str], *, python: str | None = None, paths: list[str] | None = None
+) -> int:
     raw = os.environ.get("FLYWHEEL_TASK")
     if raw is None:
         raw = sys.stdin.read()
@@ -179,4 +224,4 @@ def main(spec: str, env_map: Mapping[str, str]) -> int:
     if not isinstance(task, dict):
         print("the task (FLYWHEEL_TASK or stdin) is not a JSON object", file=sys.stderr)
         return 2
-    return run_agent(spec, env_map, task, os.environ)  # type: ignore[arg-type]
+    return run_agent(spec, env_map, task, os.environ, python=python, paths=paths)  # type: ignore[arg-type]

@@ -257,6 +257,9 @@ def agl_agent_command(
     path: Annotated[
         list[Path] | None, typer.Option("--path", help="a directory to import the agent from; repeat")
     ] = None,
+    python: Annotated[
+        Path | None, typer.Option("--python", help="run the class in this interpreter (the agent's venv)")
+    ] = None,
 ) -> None:
     """Run an Agent Lightning agent class for the worker's task, as AGL's local controller does."""
     import sys
@@ -269,6 +272,9 @@ def agl_agent_command(
         if not sep or not name:
             usage(f"--env-map wants NAME=input.path, got {item!r}")
         mapping[name] = value
-    sys.path[:0] = [str(p) for p in path or []]
+    if python is not None and not python.is_file():
+        usage(f"--python {python}: no such interpreter")
+    dirs = [str(p.resolve()) for p in path or []]
+    sys.path[:0] = dirs
     sys.path.insert(0, "")  # as `python -c` does: the working directory first
-    raise typer.Exit(main(agent_class, mapping))
+    raise typer.Exit(main(agent_class, mapping, python=str(python) if python else None, paths=dirs))

@@ -85,3 +85,89 @@ async def test_gsm8k_chat_agent_unchanged_is_scored_from_its_own_reward_event(tm
         assert ep.status.value == "ok", ep
         assert ep.reward_source == "agent" and ep.reward == 0.0  # its own reward event: wrong answer, 0.0
         assert ep.num_calls == 1 and ep.transitions and ep.transitions[0].response_ids
+
+
+CALC_DEPS = (
+    "autogen_agentchat",
+    "autogen_ext.models.openai",
+    "autogen_ext.tools.mcp",
+    "mcp_server_calculator",
+)
+
+
+def _calc_python() -> Path:
+    """AGL's venv with calc_x's dependencies (AutoGen, the MCP calculator server), installed once."""
+    import subprocess
+
+    from tests.compat.agl_env import agl_python, clean_env, unavailable
+
+    python = agl_python()
+    probe = [str(python), "-c", "import " + ", ".join(CALC_DEPS)]
+    if subprocess.run(probe, env=clean_env(), capture_output=True, check=False).returncode != 0:
+        deps = [
+            "autogen-agentchat",
+            "autogen-ext[openai]",
+            "mcp>=1.11.0,<2",
+            "mcp-server-calculator",
+            "sympy",
+        ]
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *deps],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if done.returncode != 0:
+            unavailable(f"calc_x dependencies did not install: {done.stderr.strip().splitlines()[-1:]}")
+    return python
+
+
+async def test_calc_x_autogen_agent_runs_its_tool_rollout_through_the_worker(tmp_path: Path) -> None:
+    """AGL's calc_x ``Agent`` (AutoGen ``AssistantAgent`` + the MCP calculator over stdio), unchanged,
+    in its own 3.12 venv: the fake model calls the calculator, AutoGen runs it through MCP, reflects on
+    the result in a second call, and the agent posts its reward (the fake's answer is wrong: 0.0)."""
+    from tests.e2e.rollouts_stack import RolloutStack
+    from tests.fakes.upstream import FakeUpstreamConfig
+
+    sdist = agl_sdist()
+    python = _calc_python()
+    fake = FakeUpstreamConfig(use_tools=True, tool_arguments='{"expression": "12 * 7"}')
+    stack = await RolloutStack(tmp_path, fake=fake).start()
+    scored: list[EpisodeScored] = []
+    done = asyncio.Event()
+
+    async def on_scored(msg: Message) -> None:
+        if isinstance(msg.event, EpisodeScored):
+            scored.append(msg.event)
+            done.set()
+
+    try:
+        bus = await stack.bus()
+        sub = await bus.subscribe(TRANSITIONS, "agl-calc", on_scored, from_beginning=True)
+        spec = (
+            f"{FLYWHEEL} agl-agent --python {python} --path {sdist / 'examples' / 'calc_x'} "
+            "--env-map QUESTION=input.question --env-map RESULT=input.result calc_agent:Agent"
+        )
+        task = Task(task_id="calc-0", input={"question": "What is 12 times 7?", "result": "84"})
+        await bus.publish(
+            TASKS,
+            RolloutRequested(
+                task=task,
+                agent=AgentRef(kind=AgentKind.command, spec=spec),
+                group_id="agl-calc",
+                deadline_s=200,
+            ),
+        )
+        await asyncio.wait_for(done.wait(), 240)
+        await sub.stop()
+    finally:
+        await stack.stop()
+    [ep] = scored
+    assert ep.status.value == "ok", ep
+    assert ep.reward_source == "agent" and ep.reward == 0.0
+    assert ep.num_calls == 2  # the tool call, then the reflection on the calculator's result
+    requests = [r for r in fake.requests if r.get("messages")]
+    tool_results = [m for m in requests[-1]["messages"] if m.get("role") == "tool"]
+    assert tool_results and "84" in str(tool_results[0].get("content"))  # the MCP calculator ran
