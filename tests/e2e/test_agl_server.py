@@ -8,6 +8,7 @@ streaming works, paused calls are held and admitted, tenants are apart, bad inpu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -42,8 +43,8 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, upstream: str, *extra: str) -> None:
-        self.data_dir, self.upstream, self.extra = data_dir, upstream, extra
+    def __init__(self, data_dir: Path, upstream: str, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir, self.upstream, self.extra, self.more_env = data_dir, upstream, extra, env or {}
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -54,7 +55,7 @@ class Server:
             k: v for k, v in os.environ.items() if not k.startswith(("FLYWHEEL_", "HTTP_PROXY", "http_proxy"))
         }
         env.update(PYTHONPATH=str(REPO), FLYWHEEL_DATA_DIR=str(self.data_dir), FLYWHEEL_ADMIN_TOKEN=ADMIN)
-        env.update(FLYWHEEL_LOG_JSON="1", FLYWHEEL_RECORDER_MAX_WAIT_S="0.05")
+        env.update(FLYWHEEL_LOG_JSON="1", FLYWHEEL_RECORDER_MAX_WAIT_S="0.05", **self.more_env)
         argv = [FLYWHEEL, "agl-server", "--port", str(self.port), "--key", KEY, "--model", "policy-7b"]
         argv += ["--upstream", self.upstream, *self.extra]
         with open(self.log, "ab") as out:
@@ -88,9 +89,21 @@ def upstream() -> Iterator[BackgroundUpstream]:
         yield up
 
 
+_CLIENTS: list[openai.OpenAI] = []
+
+
 def _agent(server: Server, rid: str, aid: str = "0", mode: str = "train") -> openai.OpenAI:
     base = f"{server.url}/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai/v1"
-    return openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+    _CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
 
 
 def _snapshot(c: httpx.Client, rids: list[str]) -> dict[str, Any]:
@@ -301,3 +314,54 @@ def test_bad_input_is_a_4xx_and_keys_are_tenants(tmp_path: Path, upstream: Backg
     log = server.log.read_text()
     assert "Traceback" not in log and "agl.unhandled" not in log, log[-3000:]
     assert json.dumps(KEY) not in log
+
+
+@pytest.mark.kafka
+async def test_on_kafka_every_change_is_on_the_bus_and_a_restart_keeps_the_state(
+    tmp_path: Path, upstream: BackgroundUpstream, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    from infra.bus.base import Message
+    from infra.bus.kafka import KafkaBus
+    from schemas import AGL, EPISODES, AglRecorded
+
+    kafka = {
+        "FLYWHEEL_BUS": "kafka",
+        "FLYWHEEL_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "FLYWHEEL_TOPIC_PREFIX": topic_prefix,
+    }
+    server = Server(tmp_path / "data", upstream.url, env=kafka).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers=H, timeout=30) as c:
+            (await c.post("/api/rollouts", json=[{"rollout_id": "k1", "input": {"q": 1}}])).raise_for_status()
+            base = f"{server.url}/proxy/rollout/k1/attempt/0/mode/train/openai/v1"
+            async with openai.AsyncOpenAI(base_url=base, api_key=KEY) as agent:
+                await agent.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+            event = {"event_type": "reward", "data": {"value": 1.0}}
+            (await c.post("/api/rollouts/k1/attempt/0/events", json=event)).raise_for_status()
+            before = (await c.get("/api/rollouts/k1/events")).json()
+    finally:
+        server.stop(signal.SIGKILL)
+    seen: list[str] = []
+    got = asyncio.Event()
+
+    async def on(msg: Message) -> None:
+        seen.append(msg.event.type)
+        if {"agl_recorded", "llm_call_recorded", "reward_reported"} <= set(seen):
+            got.set()
+
+    bus = KafkaBus(kafka_bootstrap, prefix=topic_prefix)
+    await bus.start()
+    try:
+        subs = [await bus.subscribe(t, "agl-e2e-check", on, from_beginning=True) for t in (AGL, EPISODES)]
+        await asyncio.wait_for(got.wait(), 60)
+        for sub in subs:
+            await sub.stop()
+    finally:
+        await bus.stop()
+    assert seen.count("agl_recorded") == 2 and AglRecorded  # the rollout and the reward event
+    again = Server(tmp_path / "data", upstream.url, env=kafka).start()
+    try:
+        async with httpx.AsyncClient(base_url=again.url, headers=H, timeout=30) as c:
+            assert (await c.get("/api/rollouts/k1/events")).json() == before
+    finally:
+        assert again.stop() == 0

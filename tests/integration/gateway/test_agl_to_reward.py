@@ -74,16 +74,16 @@ async def test_a_succeeded_rollout_is_scored_from_its_reward_event(tmp_path: Pat
                 await c.post("/api/rollouts", json=[{"rollout_id": "r1", "input": {"q": "hi"}}])
             ).raise_for_status()
             (await c.patch("/api/rollouts/r1", json={"status": {"state": "running"}})).raise_for_status()
-            agent = openai.AsyncOpenAI(
+            async with openai.AsyncOpenAI(
                 base_url="http://agl/proxy/rollout/r1/attempt/0/mode/train/openai/v1",
                 api_key=KEY,
                 http_client=httpx.AsyncClient(transport=transport),
-            )
-            messages = [{"role": "user", "content": "What is 6 times 7?"}]
-            first = await agent.chat.completions.create(model="x", messages=messages)  # type: ignore[arg-type]
-            answer = first.choices[0].message.content or ""
-            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Sure?"}]
-            await agent.chat.completions.create(model="x", messages=messages)  # type: ignore[arg-type]
+            ) as agent:
+                messages = [{"role": "user", "content": "What is 6 times 7?"}]
+                first = await agent.chat.completions.create(model="x", messages=messages)  # type: ignore[arg-type]
+                answer = first.choices[0].message.content or ""
+                messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Sure?"}]
+                await agent.chat.completions.create(model="x", messages=messages)  # type: ignore[arg-type]
             event = {"event_type": "reward", "data": {"value": 0.75}}
             (await c.post("/api/rollouts/r1/attempt/0/events", json=event)).raise_for_status()
             (await c.patch("/api/rollouts/r1", json={"status": {"state": "succeeded"}})).raise_for_status()
