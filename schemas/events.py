@@ -353,8 +353,8 @@ class AglRecorded(EventBase):
     scope: str = Field(min_length=1, max_length=64, description="partition key: tenant + rollout digest")
     tenant: str = Field(default="default", max_length=128)
     kind: str = Field(min_length=1, max_length=64)
-    rollout_id: str | None = Field(default=None, max_length=512)
-    attempt_id: str | None = Field(default=None, max_length=512)
+    rollout_id: str | None = None  # the caller's own id, any length (AGL sets no limit)
+    attempt_id: str | None = None
     episode_id: str | None = Field(default=None, max_length=64)
     data: JsonValue = None
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 import secrets
 import time
 import uuid
@@ -272,14 +273,14 @@ class AglService:
         if not events:
             return None
         rewards = [e.data.get("value") for e in events if e.event_type == "reward"]
-        reward = rewards[-1] if rewards and isinstance(rewards[-1], int | float) else None
+        reward = rewards[-1] if rewards and _finite(rewards[-1]) else None
         ok = rollout.status.state is RolloutState.SUCCEEDED
         return EpisodeFinished(
             producer=self.producer,
             episode_id=self.episode_id(tenant, rollout.rollout_id, attempt),
             status=EpisodeStatus.ok if ok else EpisodeStatus.error,
             error=None if ok else (rollout.status.error_message or "rollout failed")[:16384],
-            reported_reward=float(reward) if reward is not None and not isinstance(reward, bool) else None,
+            reported_reward=float(reward) if reward is not None else None,
             num_calls=sum(1 for e in events if e.event_type == "model_request"),
             task_id=rollout.rollout_id[:256],
             attempt=int(attempt) if attempt.isdigit() else 0,
@@ -332,7 +333,7 @@ class AglService:
             _, started = self.open_attempt(tenant, rollout, attempt_id)
             extra: list[AnyEvent] = [started] if started is not None else []
             value = data.get("value")
-            if event_type == "reward" and isinstance(value, int | float) and not isinstance(value, bool):
+            if event_type == "reward" and _finite(value):
                 extra.append(
                     RewardReported(
                         producer=self.producer,
@@ -416,6 +417,11 @@ class AglService:
             await self._commit(Record(tenant, "resumed", None))
             self.resumed(tenant).set()
         return self.pause_state(tenant)
+
+
+def _finite(value: Any) -> bool:
+    """A reward Flywheel can score with: a finite number (AGL stores NaN too; it is kept, not scored)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _json_value(value: Any) -> Any:

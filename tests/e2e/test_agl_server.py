@@ -278,6 +278,20 @@ def test_bad_input_is_a_4xx_and_keys_are_tenants(tmp_path: Path, upstream: Backg
             assert r.status_code == 400, r.text
         r = c.post("/api/rollouts", headers={**H, "content-type": "application/json"}, content=b"{oops")
         assert r.status_code == 422
+        # what AGL accepts is accepted: a 10k-character rollout id, a NaN reward (kept, not scored)
+        long_id = "x" * 10_000
+        assert (
+            c.post("/api/rollouts", headers=H, json=[{"rollout_id": long_id, "input": None}]).status_code
+            == 201
+        )
+        nan = b'{"event_type": "reward", "data": {"value": NaN}}'
+        r = c.post(
+            f"/api/rollouts/{long_id}/attempt/0/events",
+            headers={**H, "content-type": "application/json"},
+            content=nan,
+        )
+        assert r.status_code == 200, r.text
+        assert c.get(f"/api/rollouts/{long_id}", headers=H).json()["attempts"] == ["0"]
         # an upstream 4xx is relayed as it came, and recorded as an error
         upstream.config.fail_next = [400]
         r = c.post(proxy, headers=H, json={"messages": [{"role": "user", "content": "hi"}]})
