@@ -333,7 +333,7 @@ class AglService:
             _, started = self.open_attempt(tenant, rollout, attempt_id)
             extra: list[AnyEvent] = [started] if started is not None else []
             value = data.get("value")
-            if event_type == "reward" and _finite(value):
+            if event_type == "reward" and isinstance(value, int | float) and _finite(value):
                 extra.append(
                     RewardReported(
                         producer=self.producer,
