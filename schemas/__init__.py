@@ -13,6 +13,7 @@ from schemas.common import (
     TokenLogprob,
 )
 from schemas.events import (
+    AglRecorded,
     AnyEvent,
     CallChoice,
     DeadLetter,
@@ -43,6 +44,7 @@ from schemas.events import (
 )
 from schemas.ids import is_valid_episode_id, new_episode_id, new_event_id, new_group_id
 from schemas.topics import (
+    AGL,
     CONTROL,
     DEADLETTER,
     EPISODES,
@@ -61,6 +63,7 @@ from schemas.topics import (
 )
 
 __all__ = [
+    "AGL",
     "CONTROL",
     "DEADLETTER",
     "EPISODES",
@@ -70,6 +73,7 @@ __all__ = [
     "TRANSITIONS",
     "AgentKind",
     "AgentRef",
+    "AglRecorded",
     "AnyEvent",
     "CallChoice",
     "DeadLetter",

@@ -441,6 +441,27 @@ ControlEvent = Annotated[
 # ---------------------------------------------------------------------------------- deadletter
 
 
+# ------------------------------------------------------------------------ agent lightning (added)
+
+
+class AglRecorded(EventBase):
+    """One change to Agent Lightning state served by ``flywheel agl-server`` (added, optional).
+
+    ``kind``: ``rollout_created`` | ``rollout_patched`` | ``rollout_deleted`` | ``event`` |
+    ``models_registered`` | ``models_cleared`` | ``paused`` | ``resumed``; ``data`` is the AGL object
+    as the server answered it. Model calls travel as ``LLMCallRecorded`` on ``flywheel.episodes`` too.
+    """
+
+    type: Literal["agl_recorded"] = "agl_recorded"
+    scope: str = Field(min_length=1, max_length=64, description="partition key: tenant + rollout digest")
+    tenant: str = Field(default="default", max_length=128)
+    kind: str = Field(min_length=1, max_length=64)
+    rollout_id: str | None = None  # the caller's own id, any length (AGL sets no limit)
+    attempt_id: str | None = None
+    episode_id: str | None = Field(default=None, max_length=64)
+    data: JsonValue = None
+
+
 class DeadLetter(EventBase):
     """A message a consumer could not process, with where it came from and why."""
 
@@ -474,6 +495,7 @@ Event = Annotated[
     | TrainerResumeRequested
     | PromptVersionRequested
     | PromptVersionActivated
+    | AglRecorded
     | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -497,6 +519,7 @@ AnyEvent = (
     | TrainerResumeRequested
     | PromptVersionRequested
     | PromptVersionActivated
+    | AglRecorded
     | DeadLetter
 )
 """The same union without the discriminator annotation, for type hints."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.events import (
+    AglRecorded,
     AnyEvent,
     ControlEvent,
     DeadLetter,
@@ -41,6 +42,7 @@ EPISODES = "flywheel.episodes"
 TRANSITIONS = "flywheel.transitions"
 CONTROL = "flywheel.control"
 DEADLETTER = "flywheel.deadletter"
+AGL = "flywheel.agl"  # Agent Lightning state served by ``flywheel agl-server`` (added, optional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ TOPICS: dict[str, TopicSpec] = {
         ),
     ),
     DEADLETTER: TopicSpec(DEADLETTER, "original key", 1, frozenset({DeadLetter})),
+    AGL: TopicSpec(AGL, "scope", 8, frozenset({AglRecorded})),
 }
 
 
@@ -147,6 +150,7 @@ _KEY_FIELD: dict[type, str] = {
     TrainerResumeRequested: "model",
     PromptVersionRequested: "model",
     PromptVersionActivated: "model",
+    AglRecorded: "scope",
 }
 
 
@@ -178,6 +182,7 @@ _PER_TOPIC: dict[str, TypeAdapter[AnyEvent]] = {
     TRANSITIONS: TypeAdapter(EpisodeScored),
     CONTROL: TypeAdapter(ControlEvent),
     DEADLETTER: TypeAdapter(DeadLetter),
+    AGL: TypeAdapter(AglRecorded),
 }
 
 

@@ -57,6 +57,10 @@ def _register() -> None:
 
     optimize_cmd.register(app)
 
+    from infra.cli import agl_cmd
+
+    agl_cmd.register(app)
+
 
 _register()
 

@@ -38,7 +38,7 @@ from infra.bus.base import Bus, Message, Subscription
 from infra.eventlog.rows import messages_to_arrow
 from infra.eventlog.store import EventStore
 from infra.logging import get_logger
-from schemas import CONTROL, DEADLETTER, EPISODES, TASKS, TRANSITIONS
+from schemas import AGL, CONTROL, DEADLETTER, EPISODES, TASKS, TRANSITIONS
 
 log = get_logger(__name__)
 
@@ -49,7 +49,7 @@ MAX_BATCH = 10_000
 # Rows per build chunk: ~40 ms of building at ~15 µs a row, small enough to start inserting early,
 # large enough that the writer's inserts (one or more chunks each) stay in the thousands of rows.
 BUILD_CHUNK = 2_500
-ALL_TOPICS: tuple[str, ...] = (TASKS, EPISODES, TRANSITIONS, CONTROL, DEADLETTER)
+ALL_TOPICS: tuple[str, ...] = (TASKS, EPISODES, TRANSITIONS, CONTROL, DEADLETTER, AGL)  # AGL: added
 
 
 @dataclass

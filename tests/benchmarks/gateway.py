@@ -28,6 +28,11 @@ issue's throughput floor; the wire one is what any Python proxy on this stack (u
 the least, so it bounds the added-latency goals from below.
 LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
 ~/.cache/flywheel/litellm-venv/bin/litellm) because its pins conflict with Flywheel's.
+Agent Lightning 1.0.2's `agl-server` (target `agl`) runs from its own Python 3.12 venv
+(`FLYWHEEL_AGL_SERVER`, default ~/.cache/flywheel/venv-agl/bin/agl-server, built by the compat tests,
+``tests/compat/agl_env.py``): its proxy route for one rollout in train mode, the fake upstream
+registered as its model server. `flywheel_agl` is `flywheel agl-server` on the same route (context:
+it records into its journal and the event log, AGL's keeps a dict).
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ PY = sys.executable
 # the `flywheel` that serves the gateway (FLYWHEEL_BIN: another build of the CLI, to compare one with it)
 FLYWHEEL = os.environ.get("FLYWHEEL_BIN", str(Path(PY).with_name("flywheel")))
 LITELLM = os.environ.get("FLYWHEEL_LITELLM", str(Path.home() / ".cache/flywheel/litellm-venv/bin/litellm"))
+AGL_SERVER = os.environ.get(
+    "FLYWHEEL_AGL_SERVER", str(Path.home() / ".cache/flywheel/venv-agl/bin/agl-server")
+)
 KAFKA = os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 ADMIN = "bench-admin"
 MASTER_KEY = "sk-" + uuid.uuid4().hex + uuid.uuid4().hex  # LiteLLM refuses weak keys; others ignore it
@@ -366,6 +374,32 @@ async def start_litellm(upstream: str, data_dir: Path) -> tuple[Proc | None, str
     return proc, f"http://127.0.0.1:{port}/v1/chat/completions", ""
 
 
+async def start_agl(name: str, upstream: str, data_dir: Path) -> tuple[Proc, str]:
+    """AGL's ``agl-server`` (``agl``) or ``flywheel agl-server`` (``flywheel_agl``), one rollout open."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    if name == "agl":
+        if not Path(AGL_SERVER).exists():  # noqa: ASYNC240 - once, at start-up
+            raise RuntimeError(f"unavailable, not installed ({AGL_SERVER}; the compat tests build it)")
+        argv = [AGL_SERVER, "host=127.0.0.1", f"port={port}", f"key={MASTER_KEY}"]
+        argv += ["default_proxy.model_name=policy", f"hydra.run.dir={data_dir / 'agl-hydra'}"]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    else:
+        argv = [FLYWHEEL, "agl-server", "--port", str(port), "--key", MASTER_KEY, "--model", "policy"]
+        argv += ["--upstream", upstream]
+        env = {**os.environ, "FLYWHEEL_DATA_DIR": str(data_dir / name), "FLYWHEEL_LOG_LEVEL": "WARNING"}
+    proc = Proc(argv, env)
+    await wait_http(f"{base}/healthz", proc, within_s=120)
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers) as c:
+        if name == "agl":
+            (await c.post("/api/models", json=[{"model": "policy", "endpoint": upstream}])).raise_for_status()
+        r = await c.post("/api/rollouts", json=[{"input": {"q": "bench"}}])
+        r.raise_for_status()
+        rid = r.json()[0]["rollout_id"]
+    return proc, f"{base}/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/chat/completions"
+
+
 async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc, str]:
     """Start one proxy under test; raises RuntimeError (with why) when it cannot run here."""
     if name in ("passthrough", "passthrough_wire"):
@@ -380,6 +414,8 @@ async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc,
             raise RuntimeError(f"skipped, no broker at {KAFKA}")
         proc, url, _ = await start_gateway(upstream, bus, data_dir)
         return proc, url
+    if name in ("agl", "flywheel_agl"):
+        return await start_agl(name, upstream, data_dir)
     lp, lurl, why = await start_litellm(upstream, data_dir)
     if lp is None:
         raise RuntimeError(f"unavailable, {why}")
@@ -430,7 +466,15 @@ async def _measure(
     return serial, row, opened, notes
 
 
-TARGETS = ("passthrough", "passthrough_wire", "gateway_memory", "gateway_kafka", "litellm")
+TARGETS = (
+    "passthrough",
+    "passthrough_wire",
+    "gateway_memory",
+    "gateway_kafka",
+    "litellm",
+    "agl",
+    "flywheel_agl",
+)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -480,7 +524,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     d, od = rows["direct"], opened["direct"]
     figures: dict[str, float] = {"offered_rate_rps": od["rate"]}
-    for name in ("passthrough", "passthrough_wire", "gateway_memory", "gateway_kafka", "litellm"):
+    for name in TARGETS:
         if name in opened:  # the goals' figures: 32 clients, open loop below saturation
             figures[f"{name}_added_p50_ms"] = opened[name]["p50"] - od["p50"]
             figures[f"{name}_added_p99_ms"] = opened[name]["p99"] - od["p99"]
@@ -498,6 +542,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if name in rows:
                 figures[key] = g / rows[name]["rps"]
         figures["stream_ttft_overhead_p50_ms"] = ttfts["gateway_memory"] - ttfts["direct"]
+        if "agl" in rows:  # side by side with Agent Lightning 1.0.2's proxy, same upstream and load
+            figures["throughput_vs_agl"] = g / rows["agl"]["rps"]
+            # open loop at the goals' rate, else at the highest rate AGL's proxy could carry
+            both = [f for f, runs in res_sweep(sweep) if "agl" in runs and "gateway_memory" in runs]
+            if both:
+                frac = max(both)
+                runs, base = sweep[frac], sweep[frac]["direct"]["p50"]
+                figures["added_p50_vs_agl"] = (runs["gateway_memory"]["p50"] - base) / (
+                    runs["agl"]["p50"] - base
+                )
+                figures["agl_compared_at_rps"] = runs["direct"]["rate"]
+            ours = serial["gateway_memory"]["p50"] - serial["direct"]["p50"]
+            figures["serial_added_p50_vs_agl"] = ours / (serial["agl"]["p50"] - serial["direct"]["p50"])
     for name in ("gateway_memory", "gateway_kafka"):
         if name in rows and "passthrough" in rows:  # CPU the gateway adds over the bare proxy per call
             figures[f"{name}_cpu_over_passthrough_ms"] = rows[name]["cpu_ms"] - rows["passthrough"]["cpu_ms"]
@@ -518,6 +575,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "throughput_vs_passthrough": "≥ 0.7",
         "throughput_vs_litellm": "≥ 2",
         "stream_ttft_overhead_p50_ms": "≤ 2",
+        "added_p50_vs_agl": "≤ 0.3",
+        "throughput_vs_agl": "≥ 3",
     }
     return {
         "figures": figures,
@@ -528,6 +587,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "sweep": sweep,
         "notes": notes,
     }
+
+
+def res_sweep(
+    sweep: dict[float, dict[str, dict[str, float]]],
+) -> list[tuple[float, dict[str, dict[str, float]]]]:
+    return sorted(sweep.items())
 
 
 def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
@@ -599,6 +664,15 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
         ("gateway_kafka_open_broker_cpu_ms_per_call", "Kafka broker CPU a call, open loop, same CPUs"),
     ):
         if key in figures:  # CPU per call on the shared CPUs: what bounds the Kafka latency goal
+            print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
+    for key, what in (
+        (
+            "agl_compared_at_rps",
+            "open-loop rate of added_p50_vs_agl (AGL's proxy carries less than the goals' rate)",
+        ),
+        ("serial_added_p50_vs_agl", "the same ratio with 1 client"),
+    ):
+        if key in figures:
             print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
     if "throughput_vs_passthrough_wire" in figures:
         print(
