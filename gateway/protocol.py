@@ -13,6 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from gateway.errors import InvalidRequestError, ValidationFailedError
+from gateway.limits import MAX_JSON_DEPTH, check_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -118,13 +119,21 @@ class ResumeRequest(BaseModel):
 
 
 def parse_json(raw: bytes) -> Any:
-    """The body as JSON; malformed JSON is a 400 in OpenAI's format."""
+    """The body as JSON; malformed JSON is a 400 in OpenAI's format, and so is JSON that nests deeper
+    than ``gateway.limits.MAX_JSON_DEPTH`` (a container too large is a 413)."""
     if not raw.strip():
         raise InvalidRequestError("request body is empty; expected a JSON object", code="invalid_json")
     try:
-        return orjson.loads(raw)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "recursion" in str(exc).lower():
+            raise InvalidRequestError(
+                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
+            ) from exc
         raise InvalidRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if isinstance(data, dict | list):
+        check_json(data, raw)
+    return data
 
 
 def validate(model: type[M], data: Any) -> M:
