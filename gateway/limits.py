@@ -65,6 +65,12 @@ def check_json(data: Any, raw: bytes) -> None:
                 stack.append((child, depth + 1))
 
 
+def too_deep_for_parser(exc: orjson.JSONDecodeError) -> bool:
+    """orjson refused the body for its nesting (over 1024 levels), not for its syntax."""
+    message = str(exc).lower()
+    return "depth limit" in message or "recursion" in message
+
+
 def check_json_bytes(raw: bytes) -> None:
     """:func:`check_json` on a body not parsed yet; a body that is not JSON is left to its route."""
     if raw.count(b"[") + raw.count(b"{") < MAX_JSON_DEPTH and raw.count(b",") < MAX_JSON_ITEMS:
@@ -72,7 +78,7 @@ def check_json_bytes(raw: bytes) -> None:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        if "recursion" in str(exc).lower():
+        if too_deep_for_parser(exc):
             raise InvalidRequestError(
                 f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
             ) from exc
@@ -108,13 +114,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes, self._head_size, self._header_count, self._in_head = 0, 0, 0, True
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            # Counted as bytes arrive, so a header that never ends cannot grow the parser's buffer.
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEADER_BYTES + 65536:  # slack: a first body chunk may come along
-                self._reject_headers()
-                return
         super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            # Still inside a request head after this read: count it, so a header that never ends
+            # cannot grow the parser's buffer without bound (a read's body bytes are not counted:
+            # the head was complete by then).
+            self._head_bytes += len(data)
+            if self._head_bytes > 2 * MAX_HEADER_BYTES:
+                self._reject_headers()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1

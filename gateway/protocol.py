@@ -13,7 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from gateway.errors import InvalidRequestError, ValidationFailedError
-from gateway.limits import MAX_JSON_DEPTH, check_json
+from gateway.limits import MAX_JSON_DEPTH, check_json, too_deep_for_parser
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -126,7 +126,7 @@ def parse_json(raw: bytes) -> Any:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        if "recursion" in str(exc).lower():
+        if too_deep_for_parser(exc):
             raise InvalidRequestError(
                 f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
             ) from exc
