@@ -112,3 +112,93 @@ def flywheel_up(tmp_path: Path) -> Iterator[Up]:
         yield up
     finally:
         up.kill()
+
+
+class ThreadServer:
+    """An ASGI app served by uvicorn on a free loopback port from its own thread (a test's upstream)."""
+
+    def __init__(self, app: object) -> None:
+        import asyncio
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise AssertionError("the test upstream did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+class GatewayProcess:
+    """``flywheel gateway`` on Kafka as a child process, on a fixed port and data directory."""
+
+    def __init__(self, upstream: str, data_dir: Path, env: dict[str, str], log_path: Path) -> None:
+        self.upstream = upstream
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.env = {**env, "FLYWHEEL_DATA_DIR": str(data_dir)}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("a")
+        self.proc = subprocess.Popen(
+            [
+                FLYWHEEL,
+                "gateway",
+                "--upstream",
+                f"{self.upstream}/v1",
+                "--kind",
+                "vllm",
+                "--port",
+                str(self.port),
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        log.close()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> float:
+        started = time.monotonic()
+        with httpx.Client(timeout=2) as client:
+            while time.monotonic() - started < timeout_s:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"flywheel gateway exited: {self.log_path.read_text()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/readyz").status_code == 200:
+                        return time.monotonic() - started
+                time.sleep(0.05)  # polling another process's port: no event to wait on
+        raise AssertionError(f"flywheel gateway not ready: {self.log_path.read_text()[-2000:]}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
