@@ -25,7 +25,12 @@ from tests.fakes.upstream import create_fake_upstream
 from tests.faults.procs import FLYWHEEL, TOKEN, Figures, GatewayProcess, ThreadServer, clean_env, free_port
 from tests.faults.test_gateway_restart import Agent, _recorded, _until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(170)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(170),
+    # ~2.5 minutes with its own broker: more than the suite's CI budget while it is an xfail
+    pytest.mark.skipif(not os.environ.get("FLYWHEEL_FAULT_BROKER"), reason="set FLYWHEEL_FAULT_BROKER=1"),
+]
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 AGENTS = 8
 

@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -59,7 +60,7 @@ class Agent(threading.Thread):
         self.client.close()
 
 
-def _until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
