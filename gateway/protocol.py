@@ -72,7 +72,7 @@ class RewardRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     value: float = Field(allow_inf_nan=False)
-    call_index: int | None = Field(default=None, ge=0, le=MAX_INT)
+    call_index: int | None = Field(default=None, ge=0, le=(1 << 31) - 1)  # the event log's Int32 call_seq
     message: str = Field(default="", max_length=8192)
 
 

@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from infra.eventlog.api import create_eventlog_router
-from infra.eventlog.recorder import Recorder
+from infra.eventlog.recorder import RECORDER_GROUP, Recorder
 from infra.eventlog.store import ChdbStore
+from schemas import EPISODES
 from tests.fakes.gateway_harness import ADMIN, BackgroundGateway
 from tests.faults.procs import Figures
+from tests.integration.bus.helpers import wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 FUZZ_BODY = {"min_weight_version": -135453303929910784, "limit": 1000000.0}
@@ -75,9 +77,8 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
                     )
                     read_statuses.append(r.status_code)
 
-        threads = [threading.Thread(target=agent) for _ in range(2)] + [
-            threading.Thread(target=reader) for _ in range(2)
-        ]
+        # one of each: this runs on a small shared CI machine, and the point is concurrency, not load
+        threads = [threading.Thread(target=agent), threading.Thread(target=reader)]
         for t in threads:
             t.start()
         fuzzed: list[int] = []
@@ -92,7 +93,7 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
                 auth.update(ADMIN if op.path.startswith("/admin") else {"Authorization": f"Bearer {key}"})
 
                 @settings(
-                    max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), database=None
+                    max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), database=None
                 )
                 @given(case=op.as_strategy())
                 def check(case) -> None:  # type: ignore[no-untyped-def]
@@ -113,6 +114,11 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
             stop.set()
             for t in threads:
                 t.join(60)
+
+            async def read_to_end() -> bool:  # the calls answered last are on the bus, maybe not read yet
+                return await gw.h.bus.lag(EPISODES, RECORDER_GROUP) == 0
+
+            gw.run(wait_until_async(read_to_end, 30, "the recorder at the end of the topic"), within_s=40)
             gw.run(recorder.stop())
         fuzz_s = time.monotonic() - started
         recorded = store.query(
@@ -140,4 +146,4 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
     figures.report()
     assert not errors, errors[:3]
     assert figures.server_errors == 0 and not lost and figures.duplicates == 0, figures
-    assert len(fuzzed) >= 60 and answered
+    assert len(fuzzed) >= 40 and answered
