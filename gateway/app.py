@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.capture import Endpoint
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.keys import KeyStore
+from gateway.limits import check_json_bytes
 from gateway.routes import build_router, call_response, serve_call
 from gateway.service import Gateway
 from gateway.serving import Answer
@@ -235,46 +236,54 @@ def _declared_length(scope: Scope) -> int:
 
 
 class BodyLimit:
-    """Rejects bodies over ``max_bytes`` with 413 (by Content-Length, or while reading a chunked body)."""
+    """The door for every route but the hot ones: a body over ``max_bytes`` is a 413 (by
+    Content-Length, or counted while a chunked body is read), and a JSON body beyond
+    ``gateway.limits`` (depth, members) a 4xx, all before the route runs.
+
+    The body is read whole here (it is bounded) and handed on: a limit hit while the route itself
+    reads would reach FastAPI's body parsing, which answers any error there as a 400.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        if _declared_length(scope) > self.max_bytes:
-            await _send_413(send, self.max_bytes)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+        try:
+            if _declared_length(scope) > self.max_bytes:
+                raise PayloadTooLargeError(f"request body over {self.max_bytes} bytes", code="body_too_large")
+            chunks: list[bytes] = []
+            seen = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk: bytes = message.get("body", b"")
+                seen += len(chunk)
                 if seen > self.max_bytes:
                     raise PayloadTooLargeError(
                         f"request body over {self.max_bytes} bytes", code="body_too_large"
                     )
-            return message
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            check_json_bytes(body)
+        except GatewayError as exc:
+            await JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)(
+                scope, receive, send
+            )
+            return
+        sent = False
 
-        await self.app(scope, limited, send)
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
 
-
-async def _send_413(send: Send, limit: int) -> None:
-    import orjson
-
-    body = orjson.dumps(
-        error_body(f"request body over {limit} bytes", "invalid_request_error", code="body_too_large")
-    )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+        await self.app(scope, replay, send)

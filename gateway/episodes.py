@@ -5,6 +5,13 @@ are reachable only at ``/episodes/{id}/v1`` and only while open. Production epis
 gateway, one per (tenant, session). Memory is bounded: at most ``max_episodes`` open episodes are kept
 (least recently used first out) and a bounded set of recently finished ids answers 404 at once.
 
+``call_seq`` survives restarts: a gateway learns every recorded call of an episode from the bus (its
+``flywheel.episodes`` subscription replays the topic, its own earlier calls included) and from its
+spool (calls not on the bus yet), and numbers the next call after the highest it saw
+(:meth:`EpisodeRegistry.saw_call`). The gateway serves calls only once its subscription has caught up
+with the topic (``Gateway`` waits for a lag of 0 at start), so a restarted gateway continues an
+episode's numbering instead of starting again at 0.
+
 Extension (DESIGN.md, "Token-faithful capture"): a call extends the previous one when its prompt ids
 start with the previous prompt ids followed by one of the previous choices' ids. Anything else after a
 first call is a ``prefix_mismatch``; the ids are never spliced.
@@ -96,6 +103,9 @@ class EpisodeRegistry:
         self._sessions: dict[tuple[str, str], str] = {}
         self._session_history: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._calls: OrderedDict[str, tuple[str, str | None, int]] = OrderedDict()
+        # the next call_seq each recently seen episode must start from (calls recorded before this
+        # process saw its EpisodeStarted: from the spool, or a topic replayed out of order)
+        self._seq_floor: OrderedDict[str, int] = OrderedDict()
         self.prefix_mismatches = 0
 
     def __len__(self) -> int:
@@ -134,7 +144,24 @@ class EpisodeRegistry:
         )
         if state.tenant is not None and state.session_id is not None:
             self._sessions[(state.tenant, state.session_id)] = state.episode_id
+        state.next_seq = self._seq_floor.pop(state.episode_id, 0)
         return self._insert(state)
+
+    def saw_call(self, episode_id: str, call_seq: int) -> None:
+        """A call of ``episode_id`` numbered ``call_seq`` is recorded (by any gateway, any process):
+        this episode's next call is numbered after it."""
+        state = self._open.get(episode_id)
+        if state is not None:
+            if call_seq >= state.next_seq:
+                state.next_seq = call_seq + 1
+            return
+        if episode_id in self._finished:
+            return
+        floor = self._seq_floor.get(episode_id, 0)
+        self._seq_floor[episode_id] = max(floor, call_seq + 1)
+        self._seq_floor.move_to_end(episode_id)
+        while len(self._seq_floor) > self.max_episodes:
+            self._seq_floor.popitem(last=False)
 
     def finish(self, episode_id: str) -> EpisodeState | None:
         state = self._open.pop(episode_id, None)

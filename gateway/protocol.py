@@ -13,8 +13,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from gateway.errors import InvalidRequestError, ValidationFailedError
+from gateway.limits import MAX_JSON_DEPTH, check_json, too_deep_for_parser
 
 M = TypeVar("M", bound=BaseModel)
+# Integers the gateway's own routes take stay in a signed 64-bit range: the JSON encoder (orjson)
+# cannot write larger ones, and a version or index that large means nothing (found by the fuzzer:
+# ``/admin/pause`` with ``version: 176790371284283719680`` was a 500).
+MAX_INT = (1 << 62) - 1
 
 
 class _Open(BaseModel):
@@ -67,7 +72,7 @@ class RewardRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     value: float = Field(allow_inf_nan=False)
-    call_index: int | None = Field(default=None, ge=0)
+    call_index: int | None = Field(default=None, ge=0, le=(1 << 31) - 1)  # the event log's Int32 call_seq
     message: str = Field(default="", max_length=8192)
 
 
@@ -107,24 +112,32 @@ class FinishEpisodeRequest(BaseModel):
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(default=None, ge=0)
+    version: int | None = Field(default=None, ge=0, le=MAX_INT)
     drain_timeout_s: float | None = Field(default=None, gt=0, le=3600)
 
 
 class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(default=None, ge=0)
+    version: int | None = Field(default=None, ge=0, le=MAX_INT)
 
 
 def parse_json(raw: bytes) -> Any:
-    """The body as JSON; malformed JSON is a 400 in OpenAI's format."""
+    """The body as JSON; malformed JSON is a 400 in OpenAI's format, and so is JSON that nests deeper
+    than ``gateway.limits.MAX_JSON_DEPTH`` (a container too large is a 413)."""
     if not raw.strip():
         raise InvalidRequestError("request body is empty; expected a JSON object", code="invalid_json")
     try:
-        return orjson.loads(raw)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if too_deep_for_parser(exc):
+            raise InvalidRequestError(
+                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
+            ) from exc
         raise InvalidRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if isinstance(data, dict | list):
+        check_json(data, raw)
+    return data
 
 
 def validate(model: type[M], data: Any) -> M:

@@ -55,6 +55,12 @@ class Spool:
             ).fetchall()
         return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in rows]
 
+    def all_rows(self) -> list[tuple[str, bytes]]:
+        """Every spooled (topic, data), oldest first (read once at start)."""
+        with self._lock:
+            rows = self._db.execute("SELECT topic, data FROM spool ORDER BY seq").fetchall()
+        return [(str(r[0]), bytes(r[1])) for r in rows]
+
     def remove(self, seq: int) -> None:
         with self._lock:
             cur = self._db.execute("DELETE FROM spool WHERE seq = ?", (seq,))

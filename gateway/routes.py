@@ -92,6 +92,8 @@ async def serve_call(
     same paths straight from the ASGI server) both end here and only shape the answer differently.
     A production call is authenticated before its body is read.
     """
+    if not gw.caught_up.is_set():  # only right after start (see Gateway._catch_up)
+        await gw.wait_caught_up()
     if episode_id is not None:
         raw = await read_body()
         data = _parse(raw, endpoint)

@@ -38,8 +38,11 @@ class GatewayServer:
     def __init__(
         self, app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
     ) -> None:
+        from gateway.limits import GatewayHttpProtocol
+
         config = uvicorn.Config(
             app,
+            http=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
             host=host,
             port=port,
             log_level=log_level,

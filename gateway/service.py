@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.control import Admission, DrainResult
 from gateway.episodes import EpisodeRegistry, EpisodeState
-from gateway.errors import ConflictError, NotFoundError, ValidationFailedError
+from gateway.errors import ConflictError, NotFoundError, ServiceUnavailableError, ValidationFailedError
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
@@ -36,6 +36,7 @@ from schemas import (
     EpisodeSource,
     EpisodeStarted,
     EpisodeStatus,
+    EventDecodeError,
     InferenceDrained,
     InferenceResumed,
     LLMCallRecorded,
@@ -48,6 +49,7 @@ from schemas import (
     WeightsActivated,
     WeightUpdateFailed,
     WeightUpdateRequested,
+    decode_any,
     new_episode_id,
 )
 
@@ -96,6 +98,10 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._pause_lock = asyncio.Lock()
         self.started = False
+        # cleared by start() until the episodes topic was read to its end (a gateway that is never
+        # started, as in unit tests, serves at once)
+        self.caught_up = asyncio.Event()
+        self.caught_up.set()
         # parts of a larger process still starting (the embedded stack): /readyz answers 503 until empty
         self.starting: set[str] = set()
 
@@ -103,6 +109,7 @@ class Gateway:
     async def start(self) -> None:
         if self.started:
             return
+        await asyncio.to_thread(self._calls_in_spool)
         self.recorder.start()
         group = f"gateway.{self.id}"
         self._subs.append(
@@ -110,6 +117,9 @@ class Gateway:
                 EPISODES, group, self._on_episode_event, from_beginning=self.settings.episodes_from_beginning
             )
         )
+        self.starting.add("catching-up")
+        self.caught_up.clear()
+        await self._catch_up(group)  # bounded (catch_up_timeout_s); quick on a topic read to its end
         self._subs.append(
             await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
         )
@@ -121,6 +131,50 @@ class Gateway:
         gc.freeze()
         self.started = True
         log.info("gateway started", gateway_id=self.id, upstreams=[u.url for u in self.pool.upstreams])
+
+    def _calls_in_spool(self) -> None:
+        """Calls a predecessor spooled and the bus has not seen yet also number their episodes."""
+        for topic, data in self.recorder.spool.all_rows():
+            if topic != EPISODES:
+                continue
+            try:
+                event = decode_any(data)
+            except EventDecodeError:
+                continue
+            if isinstance(event, LLMCallRecorded):
+                self.episodes.saw_call(event.episode_id, event.call_seq)
+
+    async def _catch_up(self, group: str) -> None:
+        """Serve calls only once ``flywheel.episodes`` has been read up to its end: every call recorded
+        before this process started has then numbered its episode (``EpisodeRegistry.saw_call``).
+
+        Bounded by ``catch_up_timeout_s``: a bus that cannot say its lag (down) does not keep the
+        gateway from serving; an episode it could not learn about is unknown to it anyway (404).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_timeout_s
+        try:
+            while loop.time() < deadline:
+                try:
+                    if await self.bus.lag(EPISODES, group) == 0:
+                        return
+                except Exception as exc:  # the bus could not tell: try again until the deadline
+                    log.debug("catch-up lag unknown", error=type(exc).__name__)
+                await asyncio.sleep(0.05)
+            log.warning("serving before the episodes topic was read to its end", group=group)
+        finally:
+            self.starting.discard("catching-up")
+            self.caught_up.set()
+
+    async def wait_caught_up(self) -> None:
+        """Until :meth:`_catch_up` is done; a call that waits longer than that is a 503."""
+        try:
+            async with asyncio.timeout(self.settings.catch_up_timeout_s + 1.0):
+                await self.caught_up.wait()
+        except TimeoutError:
+            raise ServiceUnavailableError(
+                "the gateway is still reading the episodes topic", code="catching_up"
+            ) from None
 
     async def stop(self) -> None:
         self.started = False
@@ -143,8 +197,10 @@ class Gateway:
             self.episodes.open(event)
         elif isinstance(event, EpisodeFinished):
             self.episodes.finish(event.episode_id)
-        elif isinstance(event, LLMCallRecorded) and event.producer != self.calls.producer:
-            self._remember_call(event)  # our own calls were remembered when they were recorded
+        elif isinstance(event, LLMCallRecorded):
+            self.episodes.saw_call(event.episode_id, event.call_seq)  # a restarted or other gateway's
+            if event.producer != self.calls.producer:
+                self._remember_call(event)  # our own calls were remembered when they were recorded
         self.metrics.open_episodes.set(len(self.episodes))
 
     async def _on_control(self, msg: Message) -> None:

@@ -38,6 +38,8 @@ class GatewaySettings(FlywheelSettings):
     session_idle_s: float = 1800.0  # production sessions close after this long without calls
     max_episodes: int = 20_000  # per-episode state kept in memory (LRU beyond this)
     episodes_from_beginning: bool = True
+    # at start, how long calls wait for the episodes topic to be read to its end (call_seq numbering)
+    catch_up_timeout_s: float = Field(default=30.0, ge=0, le=600)
 
     # pause/resume and publishing
     pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After

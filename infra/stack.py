@@ -179,9 +179,14 @@ class EmbeddedStack:
 
     # ------------------------------------------------------------------ parts
     async def _start_bus(self) -> None:
+        from infra.bus.factory import park_path
         from infra.bus.memory import MemoryBus
 
-        bus = MemoryBus(prefix=self.settings.topic_prefix, publish_timeout_s=self.settings.publish_timeout_s)
+        bus = MemoryBus(
+            prefix=self.settings.topic_prefix,
+            publish_timeout_s=self.settings.publish_timeout_s,
+            park_path=park_path(self.settings),
+        )
         await bus.start()
         self._stoppers.append(("bus", bus.stop))
         await bus.ensure_topics(list(TOPICS))

@@ -474,7 +474,23 @@ class DeadLetter(EventBase):
     error_type: str = ""
     error: str = Field(default="", max_length=16384)
     attempts: int = 1
-    payload: str = Field(default="", description="the original message (utf-8, invalid bytes replaced)")
+    payload: str = Field(
+        default="",
+        description="the original message as text (utf-8); when it is not faithful text, or too large, "
+        "a preview (see payload_base64)",
+    )
+    payload_base64: str = Field(
+        default="",
+        description="the original bytes, base64, when payload is not them exactly (invalid utf-8, "
+        "control bytes, too large); cut to fit the broker when payload_truncated (added, optional)",
+    )
+    payload_size: int = Field(default=0, ge=0, description="bytes of the original message (added, optional)")
+    payload_sha256: str = Field(
+        default="", description="sha256 of the whole original message (added, optional)"
+    )
+    payload_truncated: bool = Field(
+        default=False, description="the original did not fit the broker and was cut (added, optional)"
+    )
 
 
 Event = Annotated[

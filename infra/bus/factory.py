@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from infra.bus.base import Bus
 from infra.settings import FlywheelSettings
 
@@ -16,7 +18,17 @@ def make_bus(settings: FlywheelSettings) -> Bus:
             prefix=settings.topic_prefix,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
             publish_timeout_s=settings.publish_timeout_s,
+            park_path=park_path(settings),
         )
     from infra.bus.memory import MemoryBus
 
-    return MemoryBus(prefix=settings.topic_prefix, publish_timeout_s=settings.publish_timeout_s)
+    return MemoryBus(
+        prefix=settings.topic_prefix,
+        publish_timeout_s=settings.publish_timeout_s,
+        park_path=park_path(settings),
+    )
+
+
+def park_path(settings: FlywheelSettings) -> Path:
+    """Where dead letters the bus would not take are parked (``infra.bus.deadletter``)."""
+    return settings.data_dir / "deadletter-parked.jsonl"

@@ -23,6 +23,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -30,6 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
+from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.kafka_consumer import KafkaSubscription
 from infra.bus.partitioner import partition_for
 from infra.logging import get_logger
@@ -80,8 +82,10 @@ class KafkaBus:
         fetch_max_wait_ms: int = 20,
         batched_fetch_topics: frozenset[str] = BATCHED_FETCH_TOPICS,
         quiet_fetch_max_wait_ms: int = QUIET_FETCH_MAX_WAIT_MS,
+        park_path: Path = DEFAULT_PARK_PATH,
     ) -> None:
         self.bootstrap = bootstrap
+        self.parking = Parking(park_path)  # dead letters the broker would not take (infra.bus.deadletter)
         self.prefix = prefix
         self.client_id = client_id
         self.publish_timeout_s = publish_timeout_s

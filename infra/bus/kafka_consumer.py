@@ -22,9 +22,9 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
 from infra.bus.base import BatchHandler, BusError, Handler, Message, new_message
-from infra.bus.deadletter import dead_letter
+from infra.bus.deadletter import dead_letter, deliver
 from infra.logging import get_logger
-from schemas import DEADLETTER, EventDecodeError, decode
+from schemas import DEADLETTER, DeadLetter, EventDecodeError, decode
 
 if TYPE_CHECKING:
     from infra.bus.kafka import KafkaBus
@@ -282,7 +282,12 @@ class KafkaSubscription:
             group=self.group,
             error=error,
             attempts=attempts,
-            event=message.event if message is not None else None,
-            raw=record.value if message is None else None,
+            raw=record.value or b"",  # the original bytes, whether they decoded or not
         )
-        await self._bus.publish(DEADLETTER, letter, key=key or "")
+
+        async def publish(letter: DeadLetter) -> None:
+            await self._bus.publish(DEADLETTER, letter, key=key or "")
+
+        # Returns once the letter is on the topic or parked in the local file; only then does the
+        # caller move on and commit the poison message's offset (infra.bus.deadletter).
+        await deliver(letter, publish, self._bus.parking, backoff_s=self._bus.retry_backoff_s)

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 from infra.bus import gc_policy
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
-from infra.bus.deadletter import dead_letter
+from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking, dead_letter, deliver
 from infra.bus.memory_group import (
     IN_CONSUMER,
     Bad,
@@ -44,7 +45,7 @@ from infra.bus.memory_group import (
 )
 from infra.bus.partitioner import partition_for
 from infra.logging import get_logger
-from schemas import DEADLETTER, AnyEvent, EventDecodeError, decode, key_for, spec_for
+from schemas import DEADLETTER, AnyEvent, DeadLetter, EventDecodeError, decode, key_for, spec_for
 
 log = get_logger(__name__)
 
@@ -64,6 +65,7 @@ class MemoryBus:
         retry_backoff_s: float = 0.01,
         stop_grace_s: float = 10.0,
         publish_timeout_s: float = 10.0,
+        park_path: Path = DEFAULT_PARK_PATH,
     ) -> None:
         self.prefix = prefix  # one MemoryBus is one namespace; the prefix is kept for parity and logs
         self.max_backlog = max_backlog
@@ -75,6 +77,7 @@ class MemoryBus:
         self._topics: dict[str, Topic] = {}
         self._running = False
         self._gc = gc_policy.POLICY  # process-wide: see infra.bus.gc_policy
+        self.parking = Parking(park_path)  # dead letters the bus could not take (infra.bus.deadletter)
 
     # lifecycle ----------------------------------------------------------------------------------------
 
@@ -248,7 +251,11 @@ class MemoryBus:
             event=None if isinstance(item, Bad) else item,
             raw=item.raw if isinstance(item, Bad) else None,
         )
-        await self._append(self._topic(DEADLETTER), key, letter)
+
+        async def publish(letter: DeadLetter) -> None:
+            await self._append(self._topic(DEADLETTER), key, letter)
+
+        await deliver(letter, publish, self.parking, backoff_s=self._retry_backoff_s)
 
     # subscribing --------------------------------------------------------------------------------------
 

@@ -94,9 +94,12 @@ def gateway_command(
         except Exception as exc:
             fail(f"cannot start the {settings.bus} bus: {type(exc).__name__}: {exc}")
         try:
+            from gateway.limits import GatewayHttpProtocol
+
             app = create_app(settings, bus, ups)
             config = uvicorn.Config(
                 app,
+                http=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
                 host=settings.gateway_host,
                 port=settings.gateway_port,
                 access_log=False,

@@ -6,13 +6,20 @@ own routes, the event log's (``/admin/eventlog``) and the ops routes (``/admin/o
 ``/admin/ops/replay``) — so ``flywheel status|query|replay|export --url URL`` work against it from
 another terminal. Ctrl-C (or SIGTERM) stops the parts newest first: the trainer finishes its step,
 the recorder writes what it holds, nothing is lost.
+
+Stopping is bounded in every state (starting, serving, stopping): the first Ctrl-C starts a clean
+stop that must end within ``STOP_DEADLINE_S``; past it the process prints every thread's stack and
+exits (``faulthandler``'s watchdog runs in C, so it fires even if Python itself were wedged). A
+second Ctrl-C stops the process at once: after the first, SIGINT is back to the system's default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
     from schemas import EpisodeScored
 
 TINY_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "up-tiny"
+STOP_DEADLINE_S = 30.0  # a clean stop (trainer step, recorder flush, chdb close) ends within this
 TINY_CORPUS = [f"What is {a} plus {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
 
 
@@ -109,9 +117,33 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
     console = Console()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        # Bounded from here on, whatever happens to this process's threads (see the module docstring).
+        faulthandler.dump_traceback_later(STOP_DEADLINE_S, exit=True, file=sys.stderr)
+        if sig is signal.SIGINT:
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # the second Ctrl-C ends the process at once
+        console.print(f"flywheel up: stopping (at most {STOP_DEADLINE_S:g} s; Ctrl-C again to quit now)")
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stack.start(ready=False)  # ready once the ops routes below are mounted
+        loop.add_signal_handler(sig, on_signal, sig)
+    # Starting can take a while (a model to load): a Ctrl-C meanwhile stops what has started so far.
+    starting = asyncio.create_task(stack.start(ready=False))  # ready once the ops routes are mounted
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await stack.stop()
+        console.print("flywheel up: stopped while starting")
+        return 0
+    stopped.cancel()
+    starting.result()  # a StackError is the caller's to print
     ctx: OpsContext | None = None
     try:
         if stack.bus is None or stack.gateway_app is None:

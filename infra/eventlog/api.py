@@ -3,8 +3,13 @@
 Mounted by whoever owns the store (the embedded stack, ``flywheel recorder``):
 ``app.include_router(create_eventlog_router(store, admin_token))``. Every route needs
 ``Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>``; errors are OpenAI-shaped
-(``{"error": {"message", "type", "code"}}``). Store calls block, so routes are plain ``def`` and run
-in the threadpool.
+(``{"error": {"message", "type", "code"}}``).
+
+Reads never stop the process from serving: each runs on this router's own reader threads (never on
+the event loop, never on the threadpool the host's other routes use), at most ``max_reads`` at a time
+(more: 503 ``eventlog_busy`` at once), and is answered 504 ``eventlog_timeout`` when it passes
+``deadline_s`` (the store bounds the read itself too, see ``infra.eventlog.store``). Filters are
+validated before any query runs (``infra.eventlog.models``: int limits, bounded versions and strings).
 
     POST /admin/eventlog/query                     {"sql": "...", "max_rows": N} → QueryResult
     POST /admin/eventlog/episodes                  EpisodeFilter → [EpisodeSummary]
@@ -17,18 +22,25 @@ in the threadpool.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.eventlog.errors import EventLogError, EventLogQueryError, ReadOnlyQueryError
+from infra.eventlog.errors import (
+    EventLogError,
+    EventLogQueryError,
+    EventLogTimeoutError,
+    ReadOnlyQueryError,
+)
 from infra.eventlog.models import (
     Bucket,
     CallFilter,
@@ -44,13 +56,16 @@ from infra.logging import get_logger
 
 log = get_logger(__name__)
 PREFIX = "/admin/eventlog"
+T = TypeVar("T")
+DEADLINE_S = 35.0  # a little over the store's own read bound (READ_TIMEOUT_S), which answers first
+MAX_READS = 4
 
 
 class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sql: str = Field(min_length=1, max_length=100_000)
-    max_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+    max_rows: int = Field(default=10_000, ge=1, le=1_000_000, strict=True)
 
 
 class ScoredRequest(BaseModel):
@@ -87,6 +102,9 @@ class _EventLogRoute(APIRoute):
                 return _error_response(400, "invalid_request_error", "read_only", str(exc))
             except EventLogQueryError as exc:
                 return _error_response(400, "invalid_request_error", "query_failed", str(exc))
+            except EventLogTimeoutError as exc:
+                log.warning("eventlog.read_timeout", error=str(exc))
+                return _error_response(504, "server_error", "eventlog_timeout", str(exc))
             except RequestValidationError as exc:
                 first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
                 where = ".".join(str(p) for p in first.get("loc", ()))
@@ -104,11 +122,48 @@ class _EventLogRoute(APIRoute):
         return route
 
 
-def _ndjson(items: Iterator[BaseModel]) -> StreamingResponse:
+class Readers:
+    """Where this router's reads run: ``max_reads`` threads of its own, each read with a deadline."""
+
+    def __init__(self, max_reads: int = MAX_READS, deadline_s: float = DEADLINE_S) -> None:
+        self.deadline_s = deadline_s
+        self._threads = ThreadPoolExecutor(max_reads, thread_name_prefix="eventlog-read")
+        self._free = max_reads
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        if self._free <= 0:
+            raise ApiError(
+                503, "server_error", "eventlog_busy", "the event log is busy with other reads; retry shortly"
+            )
+        self._free -= 1
+        future = asyncio.get_running_loop().run_in_executor(self._threads, fn)
+        try:
+            # shield: on timeout the read keeps its thread until the store's own bound stops it,
+            # and only then is the slot given back (so abandoned reads cannot pile up).
+            return await asyncio.wait_for(asyncio.shield(future), self.deadline_s)
+        except TimeoutError:
+            raise EventLogTimeoutError(
+                f"the event-log read did not finish within {self.deadline_s:g} s"
+            ) from None
+        finally:
+            if future.done():
+                self._free += 1
+            else:
+                future.add_done_callback(self._release)
+
+    def _release(self, _: object) -> None:
+        self._free += 1
+
+    def iterate(self, items: Iterator[T]) -> Callable[[], T | None]:
+        return lambda: next(items, None)
+
+
+async def _ndjson(readers: Readers, items: Iterator[BaseModel]) -> StreamingResponse:
     """Stream ``items`` as NDJSON; the first one is fetched here so a failing query is a clean 4xx/5xx."""
-    first = next(items, None)
+    first = await readers.run(readers.iterate(items))
 
     def lines() -> Iterator[bytes]:
+        # Starlette runs this sync iterator in its threadpool; each page the store fetches is bounded.
         if first is None:
             return
         yield first.model_dump_json().encode() + b"\n"
@@ -118,9 +173,12 @@ def _ndjson(items: Iterator[BaseModel]) -> StreamingResponse:
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-def create_eventlog_router(store: EventStore, admin_token: str) -> APIRouter:
+def create_eventlog_router(
+    store: EventStore, admin_token: str, *, max_reads: int = MAX_READS, deadline_s: float = DEADLINE_S
+) -> APIRouter:
     """Routes under ``/admin/eventlog`` reading ``store``; all of them need ``admin_token``."""
     expected = admin_token.encode()
+    readers = Readers(max_reads, deadline_s)
 
     def require_admin(request: Request) -> None:
         header = request.headers.get("authorization", "")
@@ -142,40 +200,41 @@ def create_eventlog_router(store: EventStore, admin_token: str) -> APIRouter:
     )
 
     @router.post("/query", response_model=QueryResult)
-    def query(body: QueryRequest) -> QueryResult:
-        return store.query(body.sql, max_rows=body.max_rows)
+    async def query(body: QueryRequest) -> QueryResult:
+        return await readers.run(lambda: store.query(body.sql, max_rows=body.max_rows))
 
     @router.post("/episodes", response_model=list[EpisodeSummary])
-    def episodes(body: EpisodeFilter) -> list[EpisodeSummary]:
-        return store.episodes(body)
+    async def episodes(body: EpisodeFilter) -> list[EpisodeSummary]:
+        return await readers.run(lambda: store.episodes(body))
 
     @router.get("/episodes/{episode_id}/events", response_model=list[EventRecord])
-    def episode_events(episode_id: str) -> list[EventRecord]:
+    async def episode_events(episode_id: str) -> list[EventRecord]:
         if not 0 < len(episode_id) <= 64:
             raise ApiError(
                 400, "invalid_request_error", "invalid_episode_id", "episode id must be 1-64 characters"
             )
-        return store.episode_events(episode_id)
+        return await readers.run(lambda: store.episode_events(episode_id))
 
     @router.get("/stats", response_model=list[StatsPoint])
-    def stats(
+    async def stats(
         since: datetime | None = None,
         until: datetime | None = None,
         bucket: Bucket = "hour",
-        success_threshold: float = 1.0,
+        success_threshold: float = Query(1.0, ge=-1e12, le=1e12, allow_inf_nan=False),
     ) -> list[StatsPoint]:
-        return store.stats(since, until, bucket, success_threshold)
+        return await readers.run(lambda: store.stats(since, until, bucket, success_threshold))
 
     @router.get("/counts", response_model=EventCounts)
-    def counts() -> EventCounts:
-        return store.counts()
+    async def counts() -> EventCounts:
+        return await readers.run(store.counts)
 
     @router.post("/scored")
-    def scored(body: ScoredRequest) -> StreamingResponse:
-        return _ndjson(store.select_scored_episodes(body.filter, latest_per_episode=body.latest_per_episode))
+    async def scored(body: ScoredRequest) -> StreamingResponse:
+        items = store.select_scored_episodes(body.filter, latest_per_episode=body.latest_per_episode)
+        return await _ndjson(readers, items)
 
     @router.post("/calls")
-    def calls(body: CallFilter) -> StreamingResponse:
-        return _ndjson(store.select_calls(body))
+    async def calls(body: CallFilter) -> StreamingResponse:
+        return await _ndjson(readers, store.select_calls(body))
 
     return router

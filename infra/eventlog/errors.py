@@ -3,6 +3,7 @@
     EventLogError
      ├── EventLogLockedError       the chdb directory is held by another process
      ├── EventLogUnavailableError  the store (server, or a running process's admin API) cannot be reached
+ │    └── EventLogTimeoutError  a call did not finish within its deadline (the store is busy or stuck)
      ├── ReadOnlyQueryError        ``query()`` was given something other than one read statement
      └── EventLogQueryError        the engine rejected a query (bad SQL, unknown column, ...)
 
@@ -31,6 +32,10 @@ class EventLogLockedError(EventLogError):
 
 
 class EventLogUnavailableError(EventLogError):
+    pass
+
+
+class EventLogTimeoutError(EventLogUnavailableError):
     pass
 
 

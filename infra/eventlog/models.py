@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
+
+# Bounds every filter's values are checked against at the API, before a query runs: an int limit
+# (``1e6`` as a float is refused, not truncated), versions ≥ 0 within a signed 64-bit column, finite
+# rewards, short strings and bounded id lists, so no request can ask the engine for an absurd plan.
+MAX_LIMIT = 1_000_000
+MAX_VERSION = (1 << 62) - 1
+MAX_IDS = 10_000
+Text = Annotated[str, StringConstraints(max_length=256)]
+Version = Annotated[int, Field(ge=0, le=MAX_VERSION, strict=True)]
+Reward = Annotated[float, Field(allow_inf_nan=False, ge=-1e12, le=1e12)]
 
 
 class EpisodeFilter(BaseModel):
@@ -19,18 +29,18 @@ class EpisodeFilter(BaseModel):
 
     since: datetime | None = None
     until: datetime | None = None
-    tenant: str | None = None
-    group_id: str | None = None
-    task_id: str | None = None
-    episode_ids: list[str] | None = None
-    source: str | None = Field(default=None, description="live | production | replay")
-    status: str | None = Field(default=None, description="ok | error | timeout | cancelled")
-    min_weight_version: int | None = None
-    max_weight_version: int | None = None
-    min_reward: float | None = None
-    max_reward: float | None = None
-    task_id_like: str | None = Field(default=None, description="SQL LIKE pattern on task_id")
-    limit: int = Field(default=100, ge=1, le=1_000_000)
+    tenant: Text | None = None
+    group_id: Text | None = None
+    task_id: Text | None = None
+    episode_ids: list[Text] | None = Field(default=None, max_length=MAX_IDS)
+    source: Text | None = Field(default=None, description="live | production | replay")
+    status: Text | None = Field(default=None, description="ok | error | timeout | cancelled")
+    min_weight_version: Version | None = None
+    max_weight_version: Version | None = None
+    min_reward: Reward | None = None
+    max_reward: Reward | None = None
+    task_id_like: Text | None = Field(default=None, description="SQL LIKE pattern on task_id")
+    limit: int = Field(default=100, ge=1, le=MAX_LIMIT, strict=True)
 
     @model_validator(mode="after")
     def _ranges(self) -> EpisodeFilter:
@@ -54,13 +64,13 @@ class CallFilter(BaseModel):
 
     since: datetime | None = None
     until: datetime | None = None
-    tenant: str | None = None
-    episode_ids: list[str] | None = None
-    source: str | None = None
-    min_weight_version: int | None = None
-    max_weight_version: int | None = None
+    tenant: Text | None = None
+    episode_ids: list[Text] | None = Field(default=None, max_length=MAX_IDS)
+    source: Text | None = None
+    min_weight_version: Version | None = None
+    max_weight_version: Version | None = None
     token_faithful_only: bool = False
-    limit: int | None = Field(default=None, ge=1)
+    limit: int | None = Field(default=None, ge=1, le=1 << 40, strict=True)
 
 
 class EpisodeSummary(BaseModel):
