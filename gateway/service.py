@@ -22,9 +22,10 @@ from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
+from gateway.routing import build_pool
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstream, UpstreamPool
+from gateway.upstream import Upstream
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
 from schemas import (
@@ -66,8 +67,14 @@ class Gateway:
         self.id = settings.gateway_id
         self.keystore = keystore
         self.metrics = GatewayMetrics()
-        self.pool = UpstreamPool(
-            upstreams, retries=settings.upstream_retries, backoff_s=settings.upstream_backoff_s
+        self.pool = build_pool(
+            upstreams,
+            settings.gateway_model_routes,
+            kind=settings.upstream_kind,
+            api_key=settings.upstream_api_key,
+            timeout_s=settings.upstream_timeout_s,
+            retries=settings.upstream_retries,
+            backoff_s=settings.upstream_backoff_s,
         )
         self.episodes = EpisodeRegistry(max_episodes=settings.max_episodes, wait_s=settings.episode_wait_s)
         self.admission = Admission(

@@ -99,7 +99,7 @@ class CallService:
         version = await self.admission.enter()
         handed_off = False
         try:
-            upstream = self.pool.pick(call.episode.episode_id)
+            upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
             body, asked = prepare_body(
                 call.data, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
             )
