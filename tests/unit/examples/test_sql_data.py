@@ -56,7 +56,7 @@ def test_every_gold_query_runs_and_answers_something(bench: Benchmark) -> None:
         rows, preview = execute(e.db, e.gold)
         assert rows, (e.question, e.gold, preview)
         assert Task.model_validate(e.task()).answer == e.gold
-    per_db = {e.db_id: set() for e in bench.examples}
+    per_db: dict[str, set[str]] = {e.db_id: set() for e in bench.examples}
     for e in bench.examples:
         assert e.question not in per_db[e.db_id]
         per_db[e.db_id].add(e.question)
