@@ -22,7 +22,7 @@ from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
-from gateway.routing import build_pool
+from gateway.routing import RoutedPool, build_pool
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
@@ -397,4 +397,8 @@ class Gateway:
             "spool_depth": self.recorder.spool_depth,
             "prefix_mismatches": self.episodes.prefix_mismatches,
             "upstreams": [{"url": u.url, "kind": u.kind.value} for u in self.pool.upstreams],
+            "model_routes": {
+                model: [{"url": u.url, "kind": u.kind.value} for u in pool.upstreams]
+                for model, pool in (self.pool.routes if isinstance(self.pool, RoutedPool) else {}).items()
+            },
         }

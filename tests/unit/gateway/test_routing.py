@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -9,6 +11,7 @@ from gateway.routing import Route, RoutedPool, build_pool, parse_routes
 from gateway.settings import GatewaySettings
 from gateway.upstream import UpstreamPool, make_upstream
 from schemas import UpstreamKind
+from tests.fakes.gateway_harness import GatewayHarness
 
 
 def test_parse_routes() -> None:
@@ -45,3 +48,10 @@ async def test_pick_by_model_and_default() -> None:
         assert routed.pick("ep1", "writer") in policy
     finally:
         await routed.aclose()
+
+
+async def test_gateway_state_lists_its_routes(tmp_path: Path) -> None:
+    async with GatewayHarness(tmp_path, gateway_model_routes="checker=openai+http://fixed:9/v1") as h:
+        state = h.gateway.state()
+        assert state["model_routes"] == {"checker": [{"url": "http://fixed:9/v1", "kind": "openai"}]}
+        assert state["upstreams"] == [{"url": "http://fake0/v1", "kind": "vllm"}]
