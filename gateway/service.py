@@ -23,9 +23,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
+from gateway.routing import RoutedPool, build_pool
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstream, UpstreamPool
+from gateway.upstream import Upstream
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
 from schemas import (
@@ -71,8 +72,14 @@ class Gateway:
         self.id = settings.gateway_id
         self.keystore = keystore
         self.metrics = GatewayMetrics()
-        self.pool = UpstreamPool(
-            upstreams, retries=settings.upstream_retries, backoff_s=settings.upstream_backoff_s
+        self.pool = build_pool(
+            upstreams,
+            settings.gateway_model_routes,
+            kind=settings.upstream_kind,
+            api_key=settings.upstream_api_key,
+            timeout_s=settings.upstream_timeout_s,
+            retries=settings.upstream_retries,
+            backoff_s=settings.upstream_backoff_s,
         )
         self.episodes = EpisodeRegistry(max_episodes=settings.max_episodes, wait_s=settings.episode_wait_s)
         self.admission = Admission(
@@ -468,4 +475,8 @@ class Gateway:
             "prefix_mismatches": self.episodes.prefix_mismatches,
             **self.prompts.state(),
             "upstreams": [{"url": u.url, "kind": u.kind.value} for u in self.pool.upstreams],
+            "model_routes": {
+                model: [{"url": u.url, "kind": u.kind.value} for u in pool.upstreams]
+                for model, pool in (self.pool.routes if isinstance(self.pool, RoutedPool) else {}).items()
+            },
         }

@@ -103,7 +103,7 @@ class CallService:
         version = await self.admission.enter()
         handed_off = False
         try:
-            upstream = self.pool.pick(call.episode.episode_id)
+            upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
             # the active prompt version substituted before the engine sees the call (gateway/prompts.py)
             prompt = self.prompts.apply(call.episode, call.data, call.raw) if self.prompts else None
             body, asked = prepare_body(

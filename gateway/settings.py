@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from gateway.routing import parse_routes
 from infra.settings import FlywheelSettings
 from schemas import LogprobsMode, UpstreamKind
 
@@ -32,6 +33,14 @@ class GatewaySettings(FlywheelSettings):
     upstream_retries: int = 2
     upstream_backoff_s: float = 0.2
     request_weight_versions: bool = False  # ask vLLM for per-token weight versions
+    # requested model name → its own upstream, "name=url,..." (gateway/routing.py); others: the default
+    gateway_model_routes: str = ""
+
+    @field_validator("gateway_model_routes")
+    @classmethod
+    def _routes(cls, value: str) -> str:
+        parse_routes(value)  # a malformed route fails at startup, with the entry named
+        return value
 
     # episodes and sessions
     episode_wait_s: float = 2.0  # how long a call for an unknown episode waits for EpisodeStarted

@@ -121,7 +121,8 @@ class UpstreamPool:
         self.retries = retries
         self.backoff_s = backoff_s
 
-    def pick(self, episode_id: str) -> Upstream:
+    def pick(self, episode_id: str, model: str = "") -> Upstream:
+        """The replica for ``episode_id``; ``model`` is for :class:`gateway.routing.RoutedPool`."""
         return self.upstreams[zlib.crc32(episode_id.encode()) % len(self.upstreams)]
 
     async def aclose(self) -> None:

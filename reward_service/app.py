@@ -14,6 +14,7 @@ from infra.bus.base import Bus
 from reward_service.feedback import FeedbackMapping
 from reward_service.judge import Judge
 from reward_service.scoring import Scoring
+from reward_service.selection import CallSelector
 from reward_service.service import RewardService
 from reward_service.settings import RewardSettings
 from reward_service.state import EpisodeStore
@@ -53,6 +54,7 @@ def build_service(
         sweep_interval_s=settings.sweep_interval_s,
         max_batch=settings.max_batch,
         batch_wait_s=settings.reward_batch_wait_s,
+        selector=CallSelector.parse(settings.train_models, settings.train_system_match),
     )
 
 

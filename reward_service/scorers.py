@@ -193,7 +193,9 @@ def _strip_sql(text: str) -> str:
 
 
 async def score_sql(record: EpisodeRecord, spec: ScorerSpec) -> Score:
-    """Execution match: predicted and gold SQL on the task's SQLite database, result sets compared."""
+    """Execution match: predicted and gold SQL on the task's SQLite database, result rows compared by
+    value (Spider's execution accuracy, Yu et al., 2018): as multisets, or in order when ``ordered`` is
+    true or (the default, ``"auto"``) the gold query has an ``ORDER BY``."""
     db = spec.options.get("db")
     task = record.started.task if record.started is not None else None
     if not isinstance(db, str) and task is not None:
@@ -213,8 +215,35 @@ async def score_sql(record: EpisodeRecord, spec: ScorerSpec) -> Score:
         got = await asyncio.to_thread(_run_sql, db, _strip_sql(got_text), timeout_s)
     except (sqlite3.Error, sqlite3.Warning) as exc:
         return Score(0.0, "sql", f"predicted query failed: {exc}")
-    same = got == want if spec.options.get("ordered") else Counter(map(repr, got)) == Counter(map(repr, want))
+    ordered = spec.options.get("ordered", "auto")
+    if ordered == "auto":
+        ordered = _has_order_by(gold)
+    rows_got, rows_want = _rows(got), _rows(want)
+    same = rows_got == rows_want if ordered else Counter(rows_got) == Counter(rows_want)
     return Score(1.0 if same else 0.0, "sql")
+
+
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+_ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
+
+
+def _has_order_by(sql: str) -> bool:
+    """Whether the gold query orders its result (as Spider's evaluation decides): then row order counts."""
+    return bool(_ORDER_BY.search(_QUOTED.sub("''", sql)))
+
+
+def _value(v: Any) -> Any:
+    """One cell, compared by value: ``2`` and ``2.0`` are the same number (``AVG`` vs an integer column),
+    floats agree to 9 significant digits (summation order), ``NULL`` equals only ``NULL``."""
+    if isinstance(v, float) and math.isfinite(v):
+        if v.is_integer():
+            return int(v)
+        return float(f"{v:.9g}")
+    return v
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple(_value(v) for v in row) for row in rows]
 
 
 # ------------------------------------------------------------------------------- user function

@@ -37,6 +37,7 @@ from prometheus_client import Counter
 from infra.bus.base import Bus, Message
 from infra.logging import get_logger
 from reward_service.scoring import Outcome, Scoring, is_rank, scorer_for
+from reward_service.selection import CallSelector
 from reward_service.state import EpisodeRecord, EpisodeStore
 from reward_service.transitions import assemble
 from schemas import (
@@ -85,6 +86,7 @@ class RewardStats:
     late_events: int = 0
     rescored: int = 0  # late feedback that published a new revision
     feedback_unchanged: int = 0  # late feedback kept without a new revision (no new reward)
+    context_calls: int = 0  # calls the selector kept out of training (selection.py)
     feedback_unheld: int = 0  # late feedback for a session no longer held: sent to the dead-letter topic
 
 
@@ -104,6 +106,7 @@ class RewardService:
         max_batch: int = 500,
         batch_wait_s: float = 0.05,
         producer: str = "reward-service",
+        selector: CallSelector | None = None,
     ) -> None:
         self.bus = bus
         self.scoring = scoring
@@ -117,6 +120,7 @@ class RewardService:
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.producer = producer
+        self.selector = selector or CallSelector()
         self.stats = RewardStats()
         self.waiting_groups: dict[str, float] = {}  # rank-mode group → first finish (monotonic)
         self._sub: object | None = None
@@ -252,13 +256,16 @@ class RewardService:
             if r.call_seq is not None and r.value is not None and r.origin is RewardOrigin.agent
         }
         calls = record.ordered_calls()
+        trained, context = self.selector.split(calls)
         assembly = assemble(
-            calls,
+            trained,
             reward=outcome.reward if outcome.reward is not None else 0.0,
             call_rewards=call_rewards,
             discount=float(discount) if isinstance(discount, int | float) else self.discount,
         )
-        reason = assembly.unusable_reason(len(calls))
+        reason = assembly.unusable_reason(len(trained))
+        if calls and not trained:
+            reason = "no_selected_calls"
         if started is None and not calls and record.source is EpisodeSource.live:
             reason = "state_lost"
         elif reason is None and outcome.error is not None:
@@ -284,6 +291,7 @@ class RewardService:
             score_error=outcome.error,
             score_note=outcome.note[:8192] or None,
             num_calls=len(calls),
+            context_calls=len(context),
             prefix_mismatches=assembly.prefix_mismatches,
             transitions=assembly.transitions,
             unusable_reason=reason,
@@ -298,6 +306,7 @@ class RewardService:
             self.store.keep(record, revision=revision)
             return  # counted as a re-score, not as another scored episode
         self.stats.scored += 1
+        self.stats.context_calls += len(context)
         SCORED.labels(outcome.source).inc()
         PREFIX_MISMATCH.inc(assembly.prefix_mismatches)
         if outcome.error is not None:

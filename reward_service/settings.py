@@ -36,6 +36,10 @@ class RewardSettings(FlywheelSettings):
     # this long (the bus's default, 0.2 s, was a fixed delay on every group's completion).
     reward_batch_wait_s: float = Field(default=0.05, ge=0)
     scorer_timeout_s: float = Field(default=120.0, gt=0)
+    # selective training (reward_service/selection.py): the model names / system-prompt regex whose calls
+    # become transitions; the other calls are kept as context. Empty: every call trains.
+    train_models: str = ""
+    train_system_match: str = ""
 
     def journal_path(self) -> Path | None:
         if self.journal is not None:

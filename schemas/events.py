@@ -286,6 +286,12 @@ class EpisodeScored(EventBase):
     reward_source: str = Field(default="", description="agent | filled | scorer name | feedback | judge")
     score_error: str | None = None
     num_calls: int = 0
+    context_calls: int = Field(
+        default=0,
+        ge=0,
+        description="recorded calls the training selector kept out of the transitions: context only "
+        "(--train-models / train_system_match; added, optional)",
+    )
     prefix_mismatches: int = 0
     transitions: list[Transition] = Field(default_factory=list)
     unusable_reason: str | None = Field(

@@ -55,6 +55,12 @@ def register(app: typer.Typer) -> None:
     @app.command("reward")
     def reward_command(
         gateway: Annotated[str | None, typer.Option(help="the gateway the LLM judge calls")] = None,
+        train_models: Annotated[
+            str | None,
+            typer.Option(
+                help="only calls asking for these models (comma-separated) train; the rest is context"
+            ),
+        ] = None,
     ) -> None:
         """Run the reward service: score finished episodes, publish transitions (until Ctrl-C)."""
         import asyncio
@@ -63,7 +69,10 @@ def register(app: typer.Typer) -> None:
         from reward_service.app import serve
         from reward_service.settings import RewardSettings
 
-        settings = RewardSettings(**({"gateway_url": gateway} if gateway else {}))  # type: ignore[arg-type]
+        overrides: dict[str, str] = {"gateway_url": gateway} if gateway else {}
+        if train_models is not None:
+            overrides["train_models"] = train_models
+        settings = RewardSettings(**overrides)  # type: ignore[arg-type]
         configure_logging(settings.log_level, settings.log_json)
         asyncio.run(serve(settings))
 

@@ -203,3 +203,40 @@ async def test_exact_and_numeric_say_why_in_words() -> None:
     assert right.reward == 1.0 and right.note.startswith("correct")
     empty = await scoring().score(record(ScorerSpec(name="exact"), {"answer": ""}, answer="85"))
     assert empty.note == "expected '85', got no answer"
+
+
+async def test_sql_compares_values_not_their_text_and_orders_like_spider(tmp_path: Path) -> None:
+    """``2`` and ``2.0`` are the same number, NULLs match NULLs, and a gold ``ORDER BY`` makes row order
+    count (Spider's rule) while an unordered gold compares multisets."""
+    path = tmp_path / "m.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE t (name TEXT, a INTEGER, b REAL);"
+        "INSERT INTO t VALUES ('x', 2, 2.0), ('y', 4, NULL), ('z', 3, 0.1);"
+    )
+    conn.commit()
+    conn.close()
+    meta = {"db": str(path)}
+    spec = ScorerSpec(name="sql")
+
+    async def score(pred: str, gold: str) -> float | None:
+        return (await scoring().score(record(spec, {"sql": pred}, answer=gold, metadata=meta))).reward
+
+    assert await score("SELECT a FROM t WHERE name = 'x'", "SELECT b FROM t WHERE name = 'x'") == 1.0
+    assert await score("SELECT AVG(a) FROM t WHERE a < 4", "SELECT 5 / 2.0") == 1.0
+    assert await score("SELECT 0.1 + 0.2", "SELECT 0.3") == 1.0  # float summation noise
+    assert await score("SELECT b FROM t", "SELECT b FROM t WHERE b IS NOT NULL") == 0.0
+    assert await score("SELECT name, b FROM t", "SELECT name, b FROM t ORDER BY a DESC") == 0.0
+    assert await score("SELECT name FROM t ORDER BY a DESC", "SELECT name FROM t ORDER BY a DESC") == 1.0
+    assert await score("SELECT name FROM t ORDER BY a", "SELECT name FROM t") == 1.0
+    assert await score("SELECT 'order by'", "SELECT 'order by'") == 1.0
+    unordered = ScorerSpec(name="sql", options={"ordered": False})
+    flipped = await scoring().score(
+        record(
+            unordered,
+            "SELECT name FROM t ORDER BY a",
+            answer="SELECT name FROM t ORDER BY a DESC",
+            metadata=meta,
+        )
+    )
+    assert flipped.reward == 1.0
