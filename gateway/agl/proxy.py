@@ -93,7 +93,7 @@ class AglUpstream(Upstream):
 class _Pool(UpstreamPool):
     """The upstream is chosen per call by the proxy (AGL's rule), not by episode."""
 
-    def pick(self, episode_id: str) -> Upstream:
+    def pick(self, episode_id: str, model: str = "") -> Upstream:
         return _CALL.get().upstream
 
 
