@@ -126,9 +126,9 @@ class KubernetesRunner:
             from kubernetes import client, config
 
             try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                config.load_incluster_config()  # type: ignore[no-untyped-call, unused-ignore]  # typed from kubernetes 36 on
             except config.ConfigException:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
+                config.load_kube_config()  # type: ignore[no-untyped-call, unused-ignore]
             self._batch = self._batch or client.BatchV1Api()
             self._core = self._core or client.CoreV1Api()
         return self._batch, self._core
