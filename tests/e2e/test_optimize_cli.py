@@ -122,3 +122,57 @@ def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
     assert poor and all(r["messages"][0]["content"] == POOR for r in poor)  # what the model saw
     rl_rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
     assert versions <= {r["prompt_version"] for r in rl_rows}
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.slow
+def test_demo_optimizes_the_prompt_then_trains_under_the_winner(tmp_path: Path) -> None:
+    """``flywheel demo --tiny --optimize-prompt``: GEPA first (real rollouts, scripted reflection), then
+    the after-evaluation and every RL call are served under the winning prompt version."""
+    from infra.eventlog.store import open_store
+
+    out = tmp_path / "demo"
+    env = {**os.environ, "FLYWHEEL_ENV": "development"}
+    env.pop("FLYWHEEL_BUS", None)
+    with ScriptedReflectionLM(SCRIPTED) as lm:
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--no-baseline"),
+                *(
+                    "--optimize-prompt",
+                    "--reflection-url",
+                    lm.url,
+                    "--reflection-model",
+                    "scripted-reflection",
+                ),
+                *("--threads", "1", "--cache", str(tmp_path / "cache"), "--out", str(out)),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=450,
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    stage = report["prompt_optimization"]
+    winner = stage["best_prompt"]["prompt_version"]
+    assert stage["candidates"] >= 1 and stage["seed_prompt"]["prompt_version"] != ""
+    assert report["rl_groups_received"] >= 1  # RL ran after the stage
+    store = open_store(chdb_path=out / "data" / "chdb")
+    try:
+        db = store.database
+        activated = store.query(
+            f"SELECT max(emitted_at) FROM {db}.events WHERE type = 'prompt_version_activated' "
+            f"AND prompt_version = '{winner}'"
+        ).rows
+        assert activated and activated[0][0] is not None
+        rows = store.query(
+            f"SELECT prompt_version, count() FROM {db}.events FINAL WHERE type = 'llm_call_recorded' "
+            f"AND emitted_at > (SELECT max(emitted_at) FROM {db}.events "
+            "WHERE type = 'prompt_version_activated') GROUP BY prompt_version"
+        ).rows
+    finally:
+        store.close()
+    served = {str(v): int(n) for v, n in rows}
+    assert served and set(served) == {winner}, served  # nothing after the stage ran under another prompt
