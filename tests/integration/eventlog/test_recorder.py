@@ -67,7 +67,7 @@ async def test_recorder_writes_every_topic_and_replay_changes_nothing(
     counts = store.counts()
     assert counts.total == len(events)
     topics = dict(store.query(f"SELECT topic, count() FROM {store.database}.events GROUP BY topic").rows)  # type: ignore[arg-type]
-    assert set(topics) == {s.TASKS, s.EPISODES, s.TRANSITIONS, s.CONTROL, s.DEADLETTER}
+    assert set(topics) == {s.TASKS, s.EPISODES, s.TRANSITIONS, s.CONTROL, s.DEADLETTER, s.AGL}
     offsets = store.query(f"SELECT min(bus_offset), min(bus_partition) FROM {store.database}.events").rows
     assert offsets[0][0] == 0 and offsets[0][1] >= 0  # partition and offset recorded
     episodes = store.episodes(EpisodeFilter())

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 
-import httpx2
 import pytest
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from examples.calc_agent import agent, tasks
+
+# The HTTP library the installed openai SDK is built on (httpx for openai 2.x, httpx2 for 3.x): its
+# MockTransport must come from the same package as the SDK's client.
+httpx_lib = importlib.import_module(DefaultAsyncHttpxClient.__mro__[1].__module__.partition(".")[0])
 
 
 def test_calculate_and_refuse() -> None:
@@ -31,11 +35,11 @@ def test_react_accepts_only_the_exact_protocol() -> None:
 
 
 def _scripted(replies: list[str], seen: list[list[dict[str, str]]]) -> AsyncOpenAI:
-    def handle(request: httpx2.Request) -> httpx2.Response:
+    def handle(request):  # an httpx(2).Request → Response
         body = json.loads(request.content)
         seen.append(body["messages"])
         text = replies[len(seen) - 1]
-        return httpx2.Response(
+        return httpx_lib.Response(
             200,
             json={
                 "id": "x",
@@ -48,7 +52,7 @@ def _scripted(replies: list[str], seen: list[list[dict[str, str]]]) -> AsyncOpen
             },
         )
 
-    http = DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handle))
+    http = DefaultAsyncHttpxClient(transport=httpx_lib.MockTransport(handle))
     return AsyncOpenAI(base_url="http://gw/episodes/e/v1", api_key="e", http_client=http, max_retries=0)
 
 
