@@ -76,6 +76,16 @@ class RewardRequest(BaseModel):
     message: str = Field(default="", max_length=8192)
 
 
+class AglEventRequest(BaseModel):
+    """``POST /episodes/{id}/agl/events``: an Agent Lightning agent's event (AGL 1.0's ``EventCreate``).
+
+    Unknown fields are ignored, as AGL's model ignores them; ``data`` is opaque except for ``reward``.
+    """
+
+    event_type: str = Field(min_length=1, max_length=64)
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+
+
 class FeedbackRequest(BaseModel):
     """``POST /v1/feedback``: production feedback on a session or one call."""
 

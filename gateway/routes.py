@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -12,8 +13,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.capture import Endpoint
 from gateway.episodes import EpisodeState
-from gateway.errors import AuthenticationError, ServiceUnavailableError
+from gateway.errors import AuthenticationError, ServiceUnavailableError, ValidationFailedError
 from gateway.protocol import (
+    AglEventRequest,
     ChatCompletionRequest,
     CompletionRequest,
     FeedbackRequest,
@@ -28,6 +30,7 @@ from gateway.protocol import (
 )
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
+from schemas import AglRecorded
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _MODELS: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
@@ -138,6 +141,43 @@ def _session_of(headers: Mapping[str, str], data: dict[str, Any]) -> str | None:
     return user[:256] if isinstance(user, str) and user else None
 
 
+async def record_agl_event(gw: Gateway, state: EpisodeState, body: AglEventRequest) -> dict[str, Any]:
+    """An Agent Lightning agent's event, posted to the ``AGL_EVENT_URL`` its Kubernetes Job was given.
+
+    Every event is kept as ``AglRecorded`` (kind ``event``, the episode standing in for AGL's rollout,
+    attempt ``"0"``); a ``reward`` event is also the episode's agent-reported reward, so its
+    ``data.value`` must be a finite number (AGL leaves it unchecked; a reward that cannot score is a
+    422 here, not an event that silently scores nothing). The answer is AGL's ``Event``.
+    """
+    recorded = AglRecorded(
+        producer=f"gateway:{gw.id}",
+        scope=state.episode_id,
+        tenant=state.tenant or "default",
+        kind="event",
+        rollout_id=state.episode_id,
+        attempt_id="0",
+        episode_id=state.episode_id,
+        data={"event_type": body.event_type, "data": body.data},
+    )
+    if body.event_type == "reward":
+        value = body.data.get("value")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValidationFailedError(
+                "a reward event needs data.value, a finite number", code="invalid_reward", param="data.value"
+            )
+        message = body.data.get("message")
+        reward = RewardRequest(value=float(value), message=message[:8192] if isinstance(message, str) else "")
+        await gw.report_reward(state, reward)
+    await gw.publish(recorded)
+    return {
+        "event_type": body.event_type,
+        "rollout_id": state.episode_id,
+        "attempt_id": "0",
+        "timestamp": recorded.emitted_at.timestamp(),
+        "data": body.data,
+    }
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
     chat_body = openapi_body(ChatCompletionRequest)
@@ -163,6 +203,11 @@ def build_router() -> APIRouter:
         gw = _gw(request)
         event = await gw.report_reward(await gw.episodes.training(episode_id), body)
         return _json({"ok": True, "event_id": event.event_id})
+
+    @router.post("/episodes/{episode_id}/agl/events", tags=["episodes"])
+    async def episode_agl_event(episode_id: str, body: AglEventRequest, request: Request) -> Response:
+        gw = _gw(request)
+        return _json(await record_agl_event(gw, await gw.episodes.training(episode_id), body))
 
     # ----------------------------------------------------------- production traffic (tenant key)
     @router.post("/v1/chat/completions", openapi_extra=chat_body, tags=["production"])

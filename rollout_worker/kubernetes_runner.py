@@ -1,14 +1,30 @@
 """Kubernetes agents: one Job per episode, rendered from a user-supplied Job template.
 
-The template (YAML or JSON, the path is the agent spec) is an ordinary ``batch/v1`` Job. For each
-episode the runner names it ``flywheel-<episode prefix>``, labels it with the episode, injects the
-episode's environment (``OPENAI_BASE_URL``, ``OPENAI_API_BASE``, ``OPENAI_API_KEY``, ``FLYWHEEL_TASK``,
-…) into every container, sets ``activeDeadlineSeconds`` to the episode deadline,
-``ttlSecondsAfterFinished`` and ``backoffLimit: 0`` (retries are Flywheel's, as new attempts), then
-polls the Job's status until it succeeds, fails, or the deadline passes (then it deletes the Job with
-its pods → ``timeout``). The agent's result is the last JSON line of its pod's log.
+The template (the path is the agent spec) is an ordinary ``batch/v1`` Job in YAML or JSON, or an Agent
+Lightning 1.0 Job template: a Jinja2 text rendered, as AGL's Kubernetes controller renders it
+(``agentlightning/controller/k8s_reconciler.py``), with ``job_name``, ``input`` (the task's input) and
+the ``yaml_escape`` filter (a JSON-quoted string), to exactly one YAML document that is a Job. A
+template without Jinja syntax renders to itself, so there is one path for both. Jinja runs sandboxed:
+a template may not reach Python's internals.
 
-Tested only against a fake API in unit tests; untested against a live cluster.
+Then, for each episode, as AGL does for a rollout: the Job is named ``flywheel-<episode prefix>`` (the
+``job_name`` the template saw), labelled ``app.kubernetes.io/managed-by: flywheel``,
+``agentlightning/rollout-id: <episode>``, ``agentlightning/attempt-id: "0"`` and
+``flywheel.dev/episode`` (the pod too), given ``backoffLimit: 0`` (retries are Flywheel's, as new
+attempts), ``ttlSecondsAfterFinished``, ``activeDeadlineSeconds`` (the episode deadline) and
+``restartPolicy: Never``. Every container gets the episode's environment, replacing entries of the same
+names: Flywheel's (``OPENAI_BASE_URL``, ``OPENAI_API_BASE``, ``OPENAI_API_KEY``, ``FLYWHEEL_TASK``, …)
+and AGL's three, so an AGL agent image runs unchanged: ``AGL_OPENAI_BASE_URL`` (the episode's gateway
+URL: every call recorded token-faithfully), ``AGL_EVENT_URL`` (the gateway's
+``/episodes/<id>/agl/events``: events are kept, a ``reward`` event is the episode's reported reward)
+and ``AGL_KEY`` (the episode token). What differs from AGL by design: the name prefix, the managed-by
+label's value, and the URLs, which point at Flywheel's gateway rather than at ``agl-server``.
+
+The runner polls the Job's status until it succeeds, fails, or the deadline passes (then it deletes the
+Job with its pods → ``timeout``). The agent's result is the last JSON line of its pod's log, if any.
+
+Tested against a fake API and against AGL 1.0.2's own renderer (tests/compat); untested against a live
+cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ import copy
 import json
 import time
 from collections import deque
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +42,104 @@ from rollout_worker.runners import AgentResult, AgentRun, AgentSpecError, Stopwa
 from schemas import EpisodeStatus
 
 LABEL = "flywheel.dev/episode"
+AGL_ATTEMPT = "0"  # AGL's DEFAULT_ATTEMPT_ID: one Job per attempt, and Flywheel's attempts are episodes
 
 
-def load_template(path: str) -> dict[str, Any]:
+def _yaml_escape(value: object) -> str:
+    return json.dumps(str(value), ensure_ascii=True)
+
+
+@cache
+def _jinja() -> Any:
+    """The sandboxed environment (jinja2 and PyYAML come with the ``k8s`` extra, imported on first use)."""
+    import jinja2.sandbox
+
+    env = jinja2.sandbox.SandboxedEnvironment()
+    env.filters["yaml_escape"] = _yaml_escape
+    return env
+
+
+class JobTemplate:
+    """A Job template file, compiled once; :meth:`render` gives one episode's Job before injection."""
+
+    def __init__(self, path: str, text: str) -> None:
+        import jinja2
+
+        self.path = path
+        try:
+            self._template = _jinja().from_string(text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise AgentSpecError(path, f"Job template is not a valid Jinja2 template: {exc}") from exc
+
+    def render(self, name: str, task_input: Any) -> dict[str, Any]:
+        import jinja2
+        import yaml
+
+        try:
+            text = self._template.render(job_name=name, input=task_input)
+        except jinja2.UndefinedError as exc:
+            raise AgentSpecError(
+                self.path, f"the task's input lacks what the Job template uses: {exc}"
+            ) from exc
+        except jinja2.TemplateError as exc:
+            raise AgentSpecError(self.path, f"rendering the Job template failed: {exc}") from exc
+        try:
+            docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        except yaml.YAMLError as exc:
+            raise AgentSpecError(self.path, f"Job template is not valid YAML/JSON: {exc}") from exc
+        if len(docs) != 1:
+            raise AgentSpecError(
+                self.path, f"the Job template must render one YAML document, not {len(docs)}"
+            )
+        job = docs[0]
+        if not isinstance(job, dict) or job.get("kind") != "Job":
+            raise AgentSpecError(self.path, "the template must be a batch/v1 Job")
+        containers = job.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise AgentSpecError(self.path, "the Job template has no containers")
+        return job
+
+
+def load_template(path: str) -> JobTemplate:
+    """Read and compile ``path``, and check that it renders a Job (with an empty input, where it can)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise AgentSpecError(path, f"cannot read Job template: {exc}") from exc
-    try:
-        import yaml
+    import jinja2
 
-        data = yaml.safe_load(text)
-    except Exception as exc:  # yaml raises a family of errors without a common public base we rely on
-        raise AgentSpecError(path, f"Job template is not valid YAML/JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("kind") != "Job":
-        raise AgentSpecError(path, "the template must be a batch/v1 Job")
-    containers = data.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise AgentSpecError(path, "the Job template has no containers")
-    return data
+    template = JobTemplate(path, text)
+    try:
+        template.render("flywheel-check", {})
+    except AgentSpecError as exc:
+        if not isinstance(exc.__cause__, jinja2.UndefinedError):  # needs a real input: checked per episode
+            raise
+    return template
 
 
 def job_name(episode_id: str) -> str:
     return f"flywheel-{episode_id[:20]}"  # DNS-1123: lowercase hex is safe, well under 63 characters
 
 
-def render_job(template: dict[str, Any], run: AgentRun, *, ttl_after_finished_s: int) -> dict[str, Any]:
-    job = copy.deepcopy(template)
+def agl_env(base_url: str, key: str) -> dict[str, str]:
+    """AGL's three variables for an episode whose gateway URL is ``{gateway}/episodes/{id}/v1``."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    return {"AGL_OPENAI_BASE_URL": base_url, "AGL_EVENT_URL": f"{root}/agl/events", "AGL_KEY": key}
+
+
+def render_job(template: JobTemplate, run: AgentRun, *, ttl_after_finished_s: int) -> dict[str, Any]:
+    name = job_name(run.episode_id)
+    job = copy.deepcopy(template.render(name, run.task.get("input")))
     meta = job.setdefault("metadata", {})
     meta.pop("generateName", None)
-    meta["name"] = job_name(run.episode_id)
-    meta.setdefault("labels", {})[LABEL] = run.episode_id
+    meta["name"] = name
+    labels = meta.setdefault("labels", {})
+    labels.update({
+        "app.kubernetes.io/managed-by": "flywheel",
+        "agentlightning/rollout-id": run.episode_id,
+        "agentlightning/attempt-id": AGL_ATTEMPT,
+        LABEL: run.episode_id,
+    })  # fmt: skip
     spec = job.setdefault("spec", {})
     spec["activeDeadlineSeconds"] = max(1, int(run.deadline_s + 0.999))
     spec["ttlSecondsAfterFinished"] = ttl_after_finished_s
@@ -63,8 +147,9 @@ def render_job(template: dict[str, Any], run: AgentRun, *, ttl_after_finished_s:
     pod = spec.setdefault("template", {})
     pod.setdefault("metadata", {}).setdefault("labels", {})[LABEL] = run.episode_id
     pod_spec = pod.setdefault("spec", {})
-    pod_spec.setdefault("restartPolicy", "Never")
-    injected = run.env()
+    pod_spec["restartPolicy"] = "Never"
+    episode_env = run.env()
+    injected = {**episode_env, **agl_env(run.llm.base_url, run.llm.api_key)}
     for container in pod_spec.get("containers", []):
         env = [e for e in container.get("env", []) if e.get("name") not in injected]
         env.extend({"name": k, "value": v} for k, v in injected.items())
@@ -119,7 +204,7 @@ class KubernetesRunner:
         self.limiter = RateLimiter(jobs_per_minute)
         self._batch = batch_api
         self._core = core_api
-        self._templates: dict[str, dict[str, Any]] = {}
+        self._templates: dict[str, JobTemplate] = {}
 
     def _apis(self) -> tuple[Any, Any]:
         if self._batch is None or self._core is None:
@@ -137,7 +222,7 @@ class KubernetesRunner:
         template = self._templates.get(run.agent.spec)
         if template is None:
             template = self._templates[run.agent.spec] = load_template(run.agent.spec)
-        body = render_job(template, run, ttl_after_finished_s=self.ttl)
+        body = render_job(template, run, ttl_after_finished_s=self.ttl)  # AgentSpecError: the episode fails
         batch, core = self._apis()
         await self.limiter.acquire()
         watch = Stopwatch()

@@ -11,18 +11,22 @@ wrong, as expected) and posts its reward event; the reward service scores the ep
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.bus.base import Message
 from infra.stack import EmbeddedStack, StackSettings
 from schemas import (
+    AGL,
     TASKS,
     TRANSITIONS,
     AgentKind,
     AgentRef,
+    AglRecorded,
     EpisodeScored,
     RolloutRequested,
     ScorerSpec,
@@ -97,8 +101,6 @@ CALC_DEPS = (
 
 def _calc_python() -> Path:
     """AGL's venv with calc_x's dependencies (AutoGen, the MCP calculator server), installed once."""
-    import subprocess
-
     from tests.compat.agl_env import agl_python, clean_env, unavailable
 
     python = agl_python()
@@ -171,3 +173,108 @@ async def test_calc_x_autogen_agent_runs_its_tool_rollout_through_the_worker(tmp
     requests = [r for r in fake.requests if r.get("messages")]
     tool_results = [m for m in requests[-1]["messages"] if m.get("role") == "tool"]
     assert tool_results and "84" in str(tool_results[0].get("content"))  # the MCP calculator ran
+
+
+class OneNodeKubelet:
+    """A stand-in for the Kubernetes API and one node (no cluster here), named as such: creating a Job
+    runs its first container's command as a local process with exactly the environment the rendered
+    manifest gives it (``python`` → AGL's venv, first on ``PATH`` as in the image; ``/app`` → the sdist's
+    ``calc_x`` directory, which is what calc_x's Dockerfile copies there); the Job's status and its pod's
+    log are that process's."""
+
+    def __init__(self, python: Path, app_dir: Path, workdir: Path) -> None:
+        self.python, self.app_dir, self.workdir = python, app_dir, workdir
+        self.jobs: dict[str, Any] = {}
+        self.manifests: list[dict[str, Any]] = []
+
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        from tests.compat.agl_env import clean_env
+
+        self.manifests.append(body)
+        [container] = body["spec"]["template"]["spec"]["containers"]
+        argv = [
+            str(self.python) if part == "python" else part.replace("/app", str(self.app_dir))
+            for part in container["command"]
+        ]
+        env = clean_env() | {e["name"]: e["value"] for e in container["env"]}
+        env["PATH"] = f"{self.python.parent}:{env.get('PATH', '')}"  # the image's python comes first
+        name = body["metadata"]["name"]
+        log = open(self.workdir / f"{name}.log", "w+")  # noqa: SIM115 - the process writes it until it ends
+        self.jobs[name] = (subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+        return body
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> dict[str, Any]:
+        code = self.jobs[name][0].poll()
+        return {"status": {} if code is None else {"succeeded": 1} if code == 0 else {"failed": 1}}
+
+    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str = "") -> None:
+        self.jobs[name][0].kill()
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> dict[str, Any]:
+        return {"items": [{"metadata": {"name": name}} for name in self.jobs]}
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, tail_lines: int = 0) -> str:
+        return (self.workdir / f"{name}.log").read_text()
+
+
+async def test_calc_x_job_template_renders_as_agl_and_its_pod_is_scored_from_its_reward_event(
+    tmp_path: Path,
+) -> None:
+    """AGL's ``examples/calc_x/job-template.yaml``, unchanged, as a Kubernetes agent: the worker renders
+    it as AGL's controller does (``input.question | yaml_escape`` …), the pod's unchanged
+    ``calc_agent.py`` calls the episode's gateway URL from ``AGL_OPENAI_BASE_URL`` and posts its reward
+    to ``AGL_EVENT_URL`` (the gateway's ``/episodes/<id>/agl/events``), and that reward event scores
+    the episode. Only the cluster is a stand-in (``OneNodeKubelet``)."""
+    from rollout_worker.kubernetes_runner import KubernetesRunner
+    from tests.e2e.rollouts_stack import RolloutStack
+    from tests.fakes.upstream import FakeUpstreamConfig
+
+    sdist = agl_sdist()
+    python = _calc_python()
+    calc_x = sdist / "examples" / "calc_x"
+    kubelet = OneNodeKubelet(python, calc_x, tmp_path)
+    fake = FakeUpstreamConfig(use_tools=True, tool_arguments='{"expression": "12 * 7"}')
+    stack = await RolloutStack(tmp_path, fake=fake).start()
+    stack.workers[0].runners[AgentKind.kubernetes] = KubernetesRunner(
+        namespace="agents", poll_s=0.2, batch_api=kubelet, core_api=kubelet
+    )
+    scored: list[EpisodeScored] = []
+    agl_events: list[AglRecorded] = []
+    done = asyncio.Event()
+
+    async def on_event(msg: Message) -> None:
+        if isinstance(msg.event, EpisodeScored):
+            scored.append(msg.event)
+            done.set()
+        elif isinstance(msg.event, AglRecorded):
+            agl_events.append(msg.event)
+
+    try:
+        bus = await stack.bus()
+        await bus.ensure_topics([AGL])
+        subs = [await bus.subscribe(t, "agl-k8s", on_event, from_beginning=True) for t in (TRANSITIONS, AGL)]
+        task = Task(task_id="calc-k8s", input={"question": "What is 12 times 7?", "result": "84"})
+        agent = AgentRef(kind=AgentKind.kubernetes, spec=str(calc_x / "job-template.yaml"))
+        await bus.publish(TASKS, RolloutRequested(task=task, agent=agent, group_id="agl-k8s", deadline_s=200))
+        await asyncio.wait_for(done.wait(), 240)
+        for sub in subs:
+            await sub.stop()
+    finally:
+        await stack.stop()
+        for proc, log in kubelet.jobs.values():
+            proc.kill()
+            log.close()
+    [manifest] = kubelet.manifests
+    [container] = manifest["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["QUESTION"] == "What is 12 times 7?" and env["RESULT"] == "84"  # rendered from the input
+    [ep] = scored
+    assert env["AGL_OPENAI_BASE_URL"] == f"{stack.url}/episodes/{ep.episode_id}/v1"
+    assert env["AGL_EVENT_URL"] == f"{stack.url}/episodes/{ep.episode_id}/agl/events"
+    assert manifest["metadata"]["labels"]["agentlightning/rollout-id"] == ep.episode_id
+    assert ep.status.value == "ok", ep
+    assert (
+        ep.reward_source == "agent" and ep.reward == 0.0
+    )  # its own reward event: the fake's answer is wrong
+    assert ep.num_calls == 2  # the tool call, then the reflection on the MCP calculator's result
+    assert [e.data["event_type"] for e in agl_events if isinstance(e.data, dict)] == ["reward"]

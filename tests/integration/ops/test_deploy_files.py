@@ -237,12 +237,15 @@ def test_rollout_job_template_renders_for_the_worker() -> None:
     from rollout_worker.kubernetes_runner import load_template, render_job
 
     template = load_template(str(K8S_DIR / "jobs" / "rollout-job.yaml"))
+    episode = "0123456789abcdef0123456789abcdef"
     run = SimpleNamespace(
-        episode_id="0123456789abcdef0123456789abcdef",
+        episode_id=episode,
         deadline_s=120.0,
-        env=lambda: {"OPENAI_BASE_URL": "http://gateway:8100/episodes/x/v1", "FLYWHEEL_TASK": "{}"},
+        task={"input": {}},
+        llm=SimpleNamespace(base_url=f"http://gateway:8100/episodes/{episode}/v1", api_key=episode),
+        env=lambda: {"OPENAI_BASE_URL": f"http://gateway:8100/episodes/{episode}/v1", "FLYWHEEL_TASK": "{}"},
     )
     job = render_job(template, run, ttl_after_finished_s=600)  # type: ignore[arg-type]
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
     env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert {"OPENAI_BASE_URL", "FLYWHEEL_TASK"} <= env
+    assert {"OPENAI_BASE_URL", "FLYWHEEL_TASK", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"} <= env

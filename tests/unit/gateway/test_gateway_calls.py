@@ -223,6 +223,35 @@ async def test_weight_versions_and_reward(tmp_path):
         assert rew.value == 1.5 and rew.call_seq == 0 and rew.episode_id == ep
 
 
+async def test_agl_events_are_kept_and_a_reward_event_is_the_agent_reward(tmp_path):
+    from schemas import AGL, AglRecorded, RewardReported
+
+    async with GatewayHarness(tmp_path) as h:
+        await h.bus.ensure_topics([AGL])
+        await h.events.attach(h.bus, AGL, group="agl-collector")
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/agl/events"
+        r = await h.client.post(url, json={"event_type": "reward", "data": {"value": 1, "message": "right"}})
+        assert r.status_code == 200, r.text
+        assert r.json()["event_type"] == "reward" and r.json()["rollout_id"] == ep
+        r = await h.client.post(url, json={"event_type": "step", "data": {"turn": 2}})
+        assert r.status_code == 200, r.text
+        for bad in ({"value": "1"}, {"value": True}, {}, {"value": None}):
+            r = await h.client.post(url, json={"event_type": "reward", "data": bad})
+            assert r.status_code == 422 and r.json()["error"]["param"] == "data.value", (bad, r.text)
+        assert (await h.client.post(url, json={"data": {}})).status_code == 422
+        missing = await h.client.post("/episodes/0123/agl/events", json={"event_type": "step"})
+        assert missing.status_code == 404
+        (rew,) = await h.events.wait_for(lambda e: isinstance(e, RewardReported))
+        assert rew.value == 1.0 and rew.episode_id == ep and rew.message == "right"
+        kept = await h.events.wait_for(lambda e: isinstance(e, AglRecorded), count=2)
+        assert [e.data for e in kept] == [
+            {"event_type": "reward", "data": {"value": 1, "message": "right"}},
+            {"event_type": "step", "data": {"turn": 2}},
+        ]
+        assert all(e.episode_id == ep and e.kind == "event" for e in kept)
+
+
 async def test_replicas_are_sticky(tmp_path):
     async with GatewayHarness(tmp_path, replicas=3) as h:
         eps = [await h.open_episode() for _ in range(6)]

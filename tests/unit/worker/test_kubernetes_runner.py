@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,13 @@ def test_render_injects_env_deadline_ttl_and_labels(template_path: str) -> None:
     run = make_run(template_path, deadline_s=12.2)
     job = render_job(load_template(template_path), run, ttl_after_finished_s=99)
     assert job["metadata"]["name"] == f"flywheel-{'cd' * 10}" and "generateName" not in job["metadata"]
-    assert job["metadata"]["labels"] == {"team": "rl", LABEL: run.episode_id}
+    assert job["metadata"]["labels"] == {
+        "team": "rl",
+        LABEL: run.episode_id,
+        "app.kubernetes.io/managed-by": "flywheel",
+        "agentlightning/rollout-id": run.episode_id,
+        "agentlightning/attempt-id": "0",
+    }
     assert job["spec"]["activeDeadlineSeconds"] == 13
     assert job["spec"]["ttlSecondsAfterFinished"] == 99 and job["spec"]["backoffLimit"] == 0
     pod = job["spec"]["template"]
@@ -96,12 +103,62 @@ def test_render_injects_env_deadline_ttl_and_labels(template_path: str) -> None:
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == run.llm.base_url
         assert env["OPENAI_API_KEY"] == run.episode_id and '"task_id": "t"' in env["FLYWHEEL_TASK"]
+        assert env["AGL_OPENAI_BASE_URL"] == run.llm.base_url and env["AGL_KEY"] == run.episode_id
+        assert env["AGL_EVENT_URL"] == f"http://gw/episodes/{run.episode_id}/agl/events"
     assert {"name": "KEEP", "value": "1"} in pod["spec"]["containers"][0]["env"]
+
+
+AGL_TEMPLATE = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: auto}
+spec:
+  template:
+    spec:
+      restartPolicy: OnFailure
+      containers:
+        - name: agent
+          image: calc:1
+          args: [{{ job_name | yaml_escape }}]
+          env:
+            - {name: QUESTION, value: {{ input.question | yaml_escape }}}
+            - {name: AGL_KEY, value: "from-the-template"}
+"""
+
+
+def test_agl_jinja_template_renders_from_the_task_input(tmp_path: Path) -> None:
+    path = tmp_path / "job-template.yaml"
+    path.write_text(AGL_TEMPLATE)
+    question = 'two: "quoted" words\nand a line'
+    run = dataclasses.replace(make_run(str(path)), task={"input": {"question": question}})
+    job = render_job(load_template(str(path)), run, ttl_after_finished_s=5)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["QUESTION"] == question  # yaml_escape: JSON-quoted, so YAML reads the string back exactly
+    assert env["AGL_KEY"] == run.episode_id  # AGL's variables replace the template's entries of that name
+    assert container["args"] == [job["metadata"]["name"]]  # job_name is the Job's real name
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # forced, as AGL forces it
+
+
+@pytest.mark.timeout(10)
+async def test_a_task_input_the_template_cannot_render_fails_the_episode_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "job-template.yaml"
+    path.write_text(AGL_TEMPLATE.replace("input.question", "input.q.deeper"))
+    runner = KubernetesRunner(namespace="agents", batch_api=FakeBatch([{}]), core_api=FakeCore(""))
+    with pytest.raises(AgentSpecError, match="the task's input lacks"):
+        await runner.run(make_run(str(path)))  # the rollout runner turns this into an error episode
+
+
+def test_the_template_sandbox_keeps_python_internals_out(tmp_path: Path) -> None:
+    path = tmp_path / "job-template.yaml"
+    path.write_text(AGL_TEMPLATE.replace("input.question", "input.__class__.__subclasses__()"))
+    with pytest.raises(AgentSpecError, match="rendering the Job template failed"):
+        render_job(load_template(str(path)), make_run(str(path)), ttl_after_finished_s=5)
 
 
 def test_bad_templates(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    for text in ["kind: Pod\n", "kind: Job\nspec: {}\n", "{{{"]:
+    for text in ["kind: Pod\n", "kind: Job\nspec: {}\n", "{{{", "kind: Job\n---\nkind: Job\n", "{% if %}"]:
         bad.write_text(text)
         with pytest.raises(AgentSpecError):
             load_template(str(bad))
