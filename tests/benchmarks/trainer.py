@@ -38,6 +38,10 @@ Figures:
   B × G rows on 1 rank × 1 thread (``ProcessBackend``) and on 2 ranks × 1 thread each
   (``DataParallelProcessBackend``, gloo), interleaved per repeat; ``dp1_update_ms`` / ``dp2_update_ms``
   are medians, ``dp_update_ratio`` the median over repeats of that repeat's 1-rank / 2-rank time.
+  The baseline for what the machine allows: ``dp_ceiling_ratio``, the same 1-rank time over two
+  independent 1-thread processes running the two ranks' shards at once with no communication at all
+  (the wall time of the pair): no data-parallel scheme on this machine can beat it, whatever its
+  collectives cost. ``dp_efficiency`` = ``dp_update_ratio`` / ``dp_ceiling_ratio``.
 
     python tests/benchmarks/trainer.py [--json] [--updates N] [--repeats R] [--dp]
 """
@@ -514,13 +518,41 @@ def measure_dp(model_dir: Path, repeats: int, steps: int = 5) -> dict[str, float
         finally:
             backend.close()
 
+    def pair_ms() -> float:
+        """Two independent 1-thread processes, one shard each, stepped at once: the machine's ceiling."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from trainer.backends.ddp import shard_samples
+        from trainer.batching import TrainBatch
+
+        halves = [TrainBatch(s, batch.stats, batch.group_ids) for s in shard_samples(batch.samples, 2)]
+        pair = [ProcessBackend(model_dir, ALGO, torch_threads=1) for _ in halves]
+        try:
+            with ThreadPoolExecutor(2) as pool:  # each call waits on its child's pipe: both run at once
+                list(pool.map(lambda bh: bh[0].train_step(bh[1]), zip(pair, halves, strict=True)))
+                times = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    list(pool.map(lambda bh: bh[0].train_step(bh[1]), zip(pair, halves, strict=True)))
+                    times.append(time.perf_counter() - start)
+            return statistics.median(times) * 1000
+        finally:
+            for backend in pair:
+                backend.close()
+
     one: list[float] = []
     two: list[float] = []
+    ceiling: list[float] = []
     for _ in range(repeats):
         one.append(step_ms(ProcessBackend(model_dir, ALGO, torch_threads=1)))
         two.append(step_ms(DataParallelProcessBackend(model_dir, ALGO, world=2, torch_threads=1)))
+        ceiling.append(pair_ms())
     ratios = [a / b for a, b in zip(one, two, strict=True)]
+    ceilings = [a / c for a, c in zip(one, ceiling, strict=True)]
     return {
+        "dp_pair_no_comm_ms": round(statistics.median(ceiling), 1),
+        "dp_ceiling_ratio": round(statistics.median(ceilings), 2),
+        "dp_efficiency": round(statistics.median(ratios) / statistics.median(ceilings), 2),
         "dp1_update_ms": round(statistics.median(one), 1),
         "dp2_update_ms": round(statistics.median(two), 1),
         "dp1_tok_s": round(tokens / statistics.median(one) * 1000, 1),
