@@ -19,7 +19,7 @@ from infra.bus.base import Bus
 from infra.logging import configure_logging, get_logger
 from trainer.backends.base import Backend
 from trainer.backends.process import ProcessBackend
-from trainer.backends.torch_backend import TorchBackend
+from trainer.backends.torch_backend import load_backend
 from trainer.checkpoints import CheckpointStore
 from trainer.config import AlgorithmConfig
 from trainer.groups import Intake
@@ -31,20 +31,6 @@ from trainer.vllm_sink import VllmSink
 from trainer.weights import HttpSink, WeightSink, WeightSync
 
 log = get_logger(__name__)
-
-
-def load_backend(
-    model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
-) -> TorchBackend:
-    """A torch backend around the Hugging Face causal LM in ``model_dir``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if torch_threads:
-        torch.set_num_threads(torch_threads)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    pad = getattr(model.config, "pad_token_id", None)
-    return TorchBackend(model, algo, device=device, pad_id=int(pad) if pad is not None else 0)
 
 
 def start_backend(

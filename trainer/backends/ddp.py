@@ -261,7 +261,7 @@ def _rank_device(device: str, local_rank: int) -> str:
 
 
 def _build_replica(model_dir: Path, algo: AlgorithmConfig, device: str, threads: int) -> TorchBackend:
-    from trainer.app import load_backend
+    from trainer.backends.torch_backend import load_backend
 
     return load_backend(model_dir, algo, device=device, torch_threads=threads)
 

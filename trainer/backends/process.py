@@ -40,7 +40,7 @@ _CALLS = frozenset({"train_step", "sft_step", "export_weights", "save_checkpoint
 
 def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, threads: int) -> None:
     """The child: build the backend, then answer ``(method, args)`` until the pipe closes or ``None``."""
-    from trainer.app import load_backend
+    from trainer.backends.torch_backend import load_backend
 
     serve_backend(
         conn,

@@ -364,3 +364,16 @@ class TorchBackend:
 
     def close(self) -> None:
         """Nothing to release: the model lives in this process."""
+
+
+def load_backend(
+    model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
+) -> TorchBackend:
+    """A torch backend around the Hugging Face causal LM in ``model_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    pad = getattr(model.config, "pad_token_id", None)
+    return TorchBackend(model, algo, device=device, pad_id=int(pad) if pad is not None else 0)
