@@ -22,6 +22,9 @@ from schemas import AnyEvent, decode_any, encode, key_for, topic_for
 log = get_logger("gateway.publishing")
 
 
+DRAIN_BATCH = 500  # spooled rows read, sent and deleted at a time
+
+
 class Spool:
     """An append-only SQLite queue (``synchronous=FULL``: each append is fsync'd before it returns)."""
 
@@ -65,6 +68,22 @@ class Spool:
         with self._lock:
             cur = self._db.execute("DELETE FROM spool WHERE seq = ?", (seq,))
             self.depth -= cur.rowcount
+
+    def remove_many(self, seqs: list[int]) -> None:
+        """Delete ``seqs`` in one transaction (one fsync, not one per row)."""
+        if not seqs:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                removed = sum(
+                    self._db.execute("DELETE FROM spool WHERE seq = ?", (q,)).rowcount for q in seqs
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            self.depth -= removed
 
     def close(self) -> None:
         with self._lock:
@@ -126,18 +145,38 @@ class Recorder:
             self._drainer = None
 
     async def drain_once(self) -> int:
-        """Publish spooled events oldest first until the spool is empty or the bus fails; returns count."""
+        """Publish spooled events until the spool is empty or the bus fails; returns how many were sent.
+
+        Oldest first per key (an episode's events stay in their order, as its partition needs), keys
+        side by side: one acknowledgement at a time for the whole spool drained slower than eight
+        agents refill it while it is not empty (every new event queues behind it), so after a broker
+        outage under load the spool never emptied (tests/faults/test_broker_kill.py). Sent rows are
+        deleted in one transaction per batch; a row sent but not yet deleted when the process dies is
+        sent again, and consumers drop the duplicate by ``event_id``.
+        """
         sent = 0
         while True:
-            rows = await asyncio.to_thread(self.spool.peek, 100)
+            rows = await asyncio.to_thread(self.spool.peek, DRAIN_BATCH)
             if not rows:
                 self.spool.depth = await asyncio.to_thread(self.spool.count)  # another process may share it
                 return sent
-            for seq, topic, key, data in rows:
-                event = decode_any(data)
-                await self.bus.publish(topic, event, key=key)
-                await asyncio.to_thread(self.spool.remove, seq)
-                sent += 1
+            chains: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = {}
+            for row in rows:
+                chains.setdefault((row[1], row[2]), []).append(row)
+            done: list[int] = []
+            results = await asyncio.gather(
+                *(self._publish_in_order(chain, done) for chain in chains.values()), return_exceptions=True
+            )
+            await asyncio.to_thread(self.spool.remove_many, done)
+            sent += len(done)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+
+    async def _publish_in_order(self, chain: list[tuple[int, str, str, bytes]], done: list[int]) -> None:
+        for seq, topic, key, data in chain:
+            await self.bus.publish(topic, decode_any(data), key=key)
+            done.append(seq)
 
     async def _drain_forever(self) -> None:
         delay = self.retry_s
@@ -149,8 +188,13 @@ class Recorder:
                 if sent:
                     log.info("spool drained", events=sent)
                 delay = self.retry_s
-            except (BusError, TimeoutError, OSError) as exc:
-                log.debug("spool drain waiting for the bus", error=type(exc).__name__)
+            except (
+                Exception
+            ) as exc:  # the drainer must outlive anything the bus raises, or the spool only grows
+                if isinstance(exc, BusError | TimeoutError | OSError):
+                    log.debug("spool drain waiting for the bus", error=type(exc).__name__)
+                else:
+                    log.warning("spool drain failed; retrying", error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 self._wake.set()

@@ -230,7 +230,12 @@ class KafkaBus:
             producer = self._running_producer()
             for topic, spec in specs.items():
                 # Wait until the producer's metadata knows the topic; keep the broker's count.
-                parts = await producer.partitions_for(self.physical(topic))
+                try:
+                    parts = await producer.partitions_for(self.physical(topic))
+                except (KafkaError, OSError) as exc:  # bounded by request_timeout_ms
+                    raise BusUnavailableError(
+                        f"no metadata for {topic} from {self.bootstrap}: {exc!r}"
+                    ) from exc
                 self._partitions[topic] = len(parts) or spec.partitions
 
     async def list_topics(self) -> list[str]:

@@ -108,3 +108,60 @@ async def test_a_stuck_consumer_spools_calls_instead_of_holding_them(tmp_path):
     finally:
         stuck.set()
         await bus.stop()
+
+
+class SlowAckBus(MemoryBus):
+    """Each publish waits 20 ms for its 'acknowledgement'; records the order and the overlap."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        super().__init__()
+        self.order: list[tuple[str, int]] = []
+        self.active = 0
+        self.most_at_once = 0
+        self.fail_after = fail_after
+
+    async def publish(self, topic: str, event: Any, *, key: str | None = None) -> None:
+        if self.fail_after is not None and len(self.order) >= self.fail_after:
+            raise BusUnavailableError("broker went away again")
+        self.active += 1
+        self.most_at_once = max(self.most_at_once, self.active)
+        await asyncio.sleep(0.02)
+        self.active -= 1
+        self.order.append((event.episode_id, event.call_seq))
+
+
+def _spooled(spool: Spool, episodes: int, calls: int) -> None:
+    from schemas import encode
+
+    for seq in range(calls):  # interleaved, as eight agents' calls arrive
+        for e in range(episodes):
+            call = LLMCallRecorded(episode_id=f"ep{e}", call_seq=seq, call_id=f"c{e}-{seq}", request="{}")
+            spool.append("flywheel.episodes", f"ep{e}", encode(call))
+
+
+async def test_drain_sends_keys_side_by_side_each_in_order(tmp_path):
+    from gateway.publishing import Recorder
+
+    bus = SlowAckBus()
+    spool = Spool(tmp_path / "s.sqlite")
+    _spooled(spool, episodes=8, calls=5)
+    sent = await Recorder(bus, spool).drain_once()
+    assert sent == 40 and spool.count() == 0 and spool.depth == 0
+    for e in range(8):
+        assert [s for ep, s in bus.order if ep == f"ep{e}"] == [0, 1, 2, 3, 4]  # each episode in order
+    assert bus.most_at_once == 8  # one acknowledgement at a time drained slower than agents refill
+
+
+async def test_a_failed_drain_keeps_what_was_not_sent(tmp_path):
+    from gateway.publishing import Recorder
+
+    bus = SlowAckBus(fail_after=10)
+    spool = Spool(tmp_path / "s.sqlite")
+    _spooled(spool, episodes=4, calls=5)
+    with pytest.raises(BusUnavailableError):
+        await Recorder(bus, spool).drain_once()
+    assert 0 < len(bus.order) < 20 and spool.count() == 20 - len(bus.order) == spool.depth
+    bus.fail_after = None
+    await Recorder(bus, spool).drain_once()
+    for e in range(4):
+        assert [s for ep, s in bus.order if ep == f"ep{e}"] == [0, 1, 2, 3, 4]  # nothing lost, nothing twice
