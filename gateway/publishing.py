@@ -188,9 +188,8 @@ class Recorder:
                 if sent:
                     log.info("spool drained", events=sent)
                 delay = self.retry_s
-            except (
-                Exception
-            ) as exc:  # the drainer must outlive anything the bus raises, or the spool only grows
+            # the drainer must outlive anything the bus raises, or the spool only grows
+            except Exception as exc:
                 if isinstance(exc, BusError | TimeoutError | OSError):
                     log.debug("spool drain waiting for the bus", error=type(exc).__name__)
                 else:
