@@ -11,6 +11,12 @@ Why these numbers:
 - ``MAX_JSON_ITEMS = 262_144`` members in one array or object: a completions prompt of 128k token
   ids fits twice; more is a body built to burn CPU in the validator. Strings are bounded by the body
   limit (``GatewaySettings.max_body_bytes``, 8 MiB by default) and nothing else.
+- Integers fit in 64 bits (``-2**63`` to ``2**64 - 1``): orjson writes no larger ones, and every
+  body is recorded with orjson. Routes whose body FastAPI parses (the standard library, which keeps
+  integers of any size) would otherwise fail late with a 500 (found by the fuzzer: an AGL event whose
+  ``data`` held ``14556506565315812917248``). A body with a run of 19 digits or more is parsed with
+  the standard library and walked; one with such an integer is refused with 400
+  ``integer_out_of_range`` (the hot routes parse with orjson, which reads such an integer as a float).
 - Headers: at most ``MAX_HEADERS = 100`` and ``MAX_HEADER_BYTES = 32 KiB`` in all (request line
   included), answered 431 by :class:`GatewayHttpProtocol` while they are still being read (uvicorn's
   httptools protocol has no such limit: a 200 KB header and 2,000 headers were accepted).
@@ -22,6 +28,8 @@ Protocol errors uvicorn detects itself (bad header bytes, conflicting ``Content-
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -33,6 +41,8 @@ MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 262_144
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 32 * 1024
+INT_RANGE = range(-(1 << 63), 1 << 64)
+_LONG_DIGITS = re.compile(rb"[0-9]{19,}")  # -2**63 - 1 has 19 digits
 
 
 def check_json(data: Any, raw: bytes) -> None:
@@ -72,7 +82,9 @@ def too_deep_for_parser(exc: orjson.JSONDecodeError) -> bool:
 
 
 def check_json_bytes(raw: bytes) -> None:
-    """:func:`check_json` on a body not parsed yet; a body that is not JSON is left to its route."""
+    """:func:`check_json` and :func:`check_int_range` on a body not parsed yet; a body that is not
+    JSON is left to its route."""
+    check_int_range(raw)
     if raw.count(b"[") + raw.count(b"{") < MAX_JSON_DEPTH and raw.count(b",") < MAX_JSON_ITEMS:
         return
     try:
@@ -85,6 +97,27 @@ def check_json_bytes(raw: bytes) -> None:
         return
     if isinstance(data, dict | list):
         check_json(data, raw)
+
+
+def check_int_range(raw: bytes) -> None:
+    """Refuse a JSON body holding an integer that orjson cannot write (see the module's notes)."""
+    if _LONG_DIGITS.search(raw) is None:
+        return
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # not JSON (or nested past what the check above admits): left to the route
+    stack: list[Any] = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, int) and node not in INT_RANGE:
+            raise InvalidRequestError(
+                "the JSON body holds an integer outside the 64-bit range", code="integer_out_of_range"
+            )
 
 
 def _error_response(status: int, reason: bytes, message: str, code: str) -> bytes:

@@ -63,6 +63,15 @@ def test_bad_input_cases(gw):
             400,
         )
         _err(post(f"{url[:-3]}/reward", json={"value": "NaN"}), 422)
+        # an integer orjson cannot record: refused at the door, not a 500 later (the hot routes parse
+        # with orjson, which reads it as a float, so the field's own check answers there)
+        big = {"event_type": "note", "data": {"n": [14556506565315812917248]}}
+        assert _err(post(f"{url[:-3]}/agl/events", json=big), 400)["code"] == "integer_out_of_range"
+        assert post(f"{url[:-3]}/agl/events", json={"event_type": "note", "data": {"n": 2**64 - 1}}).is_success
+        low = {"event_type": "note", "data": {"n": -(2**63) - 1}}
+        assert _err(post(f"{url[:-3]}/agl/events", json=low), 400)["code"] == "integer_out_of_range"
+        big_seed = {"messages": MSGS, "seed": 2**64}
+        assert _err(post(f"{url}/chat/completions", json=big_seed), 422)["param"] == "seed"
         _err(c.get(f"{gw.url}/nowhere"), 404)
         _err(c.get(f"{url}/chat/completions"), 405)
         gw.h.config.fail_next = [418]
