@@ -67,7 +67,9 @@ def test_bad_input_cases(gw):
         # with orjson, which reads it as a float, so the field's own check answers there)
         big = {"event_type": "note", "data": {"n": [14556506565315812917248]}}
         assert _err(post(f"{url[:-3]}/agl/events", json=big), 400)["code"] == "integer_out_of_range"
-        assert post(f"{url[:-3]}/agl/events", json={"event_type": "note", "data": {"n": 2**64 - 1}}).is_success
+        assert post(
+            f"{url[:-3]}/agl/events", json={"event_type": "note", "data": {"n": 2**64 - 1}}
+        ).is_success
         low = {"event_type": "note", "data": {"n": -(2**63) - 1}}
         assert _err(post(f"{url[:-3]}/agl/events", json=low), 400)["code"] == "integer_out_of_range"
         big_seed = {"messages": MSGS, "seed": 2**64}
