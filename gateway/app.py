@@ -23,15 +23,12 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.capture import Endpoint
-from gateway.errors import GatewayError, PayloadTooLargeError, error_body
+from gateway.errors import GatewayError, PayloadTooLargeError
 from gateway.keys import KeyStore
 from gateway.limits import check_json_bytes
 from gateway.routes import build_router, call_response, serve_call
@@ -40,6 +37,7 @@ from gateway.serving import Answer
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
 from infra.bus.base import Bus
+from infra.http import error_response, install_error_handlers
 from infra.logging import get_logger
 
 log = get_logger("gateway.app")
@@ -77,42 +75,10 @@ def create_app(
     )
     app.state.gateway = gateway
     app.include_router(build_router())
-    _install_error_handlers(app)
+    install_error_handlers(app, unexpected="internal gateway error")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.hot = HotCalls(gateway, settings.max_body_bytes)  # the LLM calls, ahead of the stack above
     return app
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(GatewayError)
-    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        status = 400 if first.get("type") == "json_invalid" else 422
-        body = error_body(
-            f"{loc + ': ' if loc else ''}{first['msg']}",
-            "invalid_request_error",
-            param=loc or None,
-            code="invalid_value",
-        )
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error", error_type=type(exc).__name__, error=str(exc)[:500])
-        return JSONResponse(error_body("internal gateway error", "server_error"), status_code=500)
 
 
 _HOT_PATH = re.compile(r"^(?:/episodes/([^/]+))?/v1/(chat/completions|completions)$")
@@ -178,15 +144,11 @@ class HotCalls:
         except _Disconnected:
             return
         except GatewayError as exc:
-            await JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)(
-                scope, receive, send
-            )
+            await exc.response()(scope, receive, send)
             return
         except Exception as exc:
             log.error("unhandled error", error_type=type(exc).__name__, error=str(exc)[:500])
-            await JSONResponse(error_body("internal gateway error", "server_error"), status_code=500)(
-                scope, receive, send
-            )
+            await error_response(500, "internal gateway error", "server_error")(scope, receive, send)
             return
         if isinstance(answer, Answer):
             await send(
@@ -273,9 +235,7 @@ class BodyLimit:
             body = b"".join(chunks)
             check_json_bytes(body)
         except GatewayError as exc:
-            await JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)(
-                scope, receive, send
-            )
+            await exc.response()(scope, receive, send)
             return
         sent = False
 

@@ -15,42 +15,32 @@
           ├── PausedError                                           weights updating, hold deadline passed
           └── RecordingError                                        neither the bus nor the spool took the event
 
-Each exception carries its context (episode_id, call_seq, upstream) as attributes; the handler puts
-only ``message``/``type``/``code``/``param`` into the body.
+Each exception carries its context (episode_id, call_seq, upstream) as attributes; the handlers of
+``infra.http`` (the HTTP kit every service shares) put only ``message``/``type``/``code``/``param``
+into the body.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from infra.http import HttpError
 
-class GatewayError(Exception):
-    status_code: int = 500
-    error_type: str = "server_error"
+
+class GatewayError(HttpError):
+    """An :class:`infra.http.HttpError` that also names the episode and call it concerns."""
 
     def __init__(
         self,
         message: str,
         *,
-        code: str | None = None,
-        param: str | None = None,
-        status_code: int | None = None,
         episode_id: str | None = None,
         call_seq: int | None = None,
-        headers: dict[str, str] | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
-        if status_code is not None:
-            self.status_code = status_code
+        super().__init__(message, **kwargs)
         self.episode_id = episode_id
         self.call_seq = call_seq
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.error_type, code=self.code, param=self.param)
 
 
 class InvalidRequestError(GatewayError):
@@ -124,10 +114,3 @@ class PausedError(ServiceUnavailableError):
 
 class RecordingError(ServiceUnavailableError):
     pass
-
-
-def error_body(
-    message: str, error_type: str, *, code: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -35,7 +35,8 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.errors import InvalidRequestError, PayloadTooLargeError, error_body
+from gateway.errors import InvalidRequestError, PayloadTooLargeError
+from infra.http import error_body
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 262_144

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
@@ -30,6 +29,7 @@ from gateway.protocol import (
 )
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
+from infra.http import bearer_token, require_admin_token
 from schemas import AglRecorded
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -44,11 +44,7 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return headers.get("x-api-key") or None
+    return bearer_token(headers, "x-api-key") or None
 
 
 def _gw(request: Request) -> Gateway:
@@ -70,10 +66,7 @@ def tenant_for_key(gw: Gateway, key: str | None) -> str:
 
 
 def require_admin(request: Request) -> None:
-    token = _bearer(request.headers) or request.headers.get("x-admin-token") or ""
-    expected = _gw(request).settings.admin_token.get_secret_value()
-    if not expected or not hmac.compare_digest(token.encode(), expected.encode()):
-        raise AuthenticationError("admin token required", code="invalid_admin_token")
+    require_admin_token(request.headers, _gw(request).settings.admin_token.get_secret_value())
 
 
 def _parse(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:

@@ -8,7 +8,6 @@ AGL's clients read them unchanged. The key is accepted as ``Authorization: Beare
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Callable
 from typing import Annotated
 
@@ -32,6 +31,7 @@ from gateway.agl.proxy import AglProxy
 from gateway.agl.serving import AglError, AglService
 from gateway.app import BodyLimit
 from gateway.serving import StreamAnswer
+from infra.http import bearer_token, token_matches
 from infra.logging import get_logger
 
 log = get_logger("gateway.agl")
@@ -43,7 +43,7 @@ def tenant_lookup(main_key: str, others: KeyLookup | None = None) -> KeyLookup:
     """``main_key`` is tenant ``default``; ``others`` (the gateway's hashed key store) adds tenants."""
 
     def lookup(key: str) -> str | None:
-        if hmac.compare_digest(key.encode(), main_key.encode()):
+        if token_matches(key, main_key):
             return "default"
         return others(key) if others is not None else None
 
@@ -52,10 +52,7 @@ def tenant_lookup(main_key: str, others: KeyLookup | None = None) -> KeyLookup:
 
 def _tenant(request: Request) -> str:
     keys: KeyLookup = request.app.state.agl_keys
-    auth = request.headers.get("authorization", "")
-    candidates = [auth[7:]] if auth.startswith("Bearer ") else []
-    if api_key := request.headers.get("x-api-key"):
-        candidates.append(api_key)
+    candidates = [bearer_token(request.headers), request.headers.get("x-api-key", "")]
     for key in candidates:
         if key and (found := keys(key)) is not None:
             return found

@@ -3,7 +3,7 @@
 Mounted by whoever owns the store (the embedded stack, ``flywheel recorder``):
 ``app.include_router(create_eventlog_router(store, admin_token))``. Every route needs
 ``Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>``; errors are OpenAI-shaped
-(``{"error": {"message", "type", "code"}}``).
+(``{"error": {"message", "type", "param", "code"}}``, built by ``infra.http``).
 
 Reads never stop the process from serving: each runs on this router's own reader threads (never on
 the event loop, never on the threadpool the host's other routes use), at most ``max_reads`` at a time
@@ -23,7 +23,6 @@ validated before any query runs (``infra.eventlog.models``: int limits, bounded 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -31,8 +30,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.eventlog.errors import (
@@ -52,6 +50,7 @@ from infra.eventlog.models import (
     StatsPoint,
 )
 from infra.eventlog.store import EventStore
+from infra.http import HttpError, HttpErrorRoute, error_response, require_admin_token, validation_message
 from infra.logging import get_logger
 
 log = get_logger(__name__)
@@ -75,19 +74,7 @@ class ScoredRequest(BaseModel):
     latest_per_episode: bool = True
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, kind: str, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.code, self.message = status, kind, code, message
-
-
-def _error_response(status: int, kind: str, code: str, message: str) -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "code": code, "param": None}}
-    )
-
-
-class _EventLogRoute(APIRoute):
+class _EventLogRoute(HttpErrorRoute):
     """Turns this router's errors into OpenAI-shaped bodies without touching the host app's handlers."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -96,28 +83,28 @@ class _EventLogRoute(APIRoute):
         async def route(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ApiError as exc:
-                return _error_response(exc.status, exc.kind, exc.code, exc.message)
+            except HttpError as exc:
+                return exc.response()
             except ReadOnlyQueryError as exc:
-                return _error_response(400, "invalid_request_error", "read_only", str(exc))
+                return error_response(400, str(exc), "invalid_request_error", code="read_only")
             except EventLogQueryError as exc:
-                return _error_response(400, "invalid_request_error", "query_failed", str(exc))
+                return error_response(400, str(exc), "invalid_request_error", code="query_failed")
             except EventLogTimeoutError as exc:
                 log.warning("eventlog.read_timeout", error=str(exc))
-                return _error_response(504, "server_error", "eventlog_timeout", str(exc))
+                return error_response(504, str(exc), "server_error", code="eventlog_timeout")
             except RequestValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-                where = ".".join(str(p) for p in first.get("loc", ()))
-                return _error_response(
-                    400, "invalid_request_error", "invalid_request", f"{first['msg']} at {where}"
+                message, param = validation_message(exc.errors(), skip=())
+                return error_response(
+                    400, message, "invalid_request_error", code="invalid_request", param=param
                 )
             except ValidationError as exc:
-                return _error_response(
-                    400, "invalid_request_error", "invalid_filter", str(exc.errors()[0]["msg"])
+                message, param = validation_message(exc.errors(), skip=())
+                return error_response(
+                    400, message, "invalid_request_error", code="invalid_filter", param=param
                 )
             except EventLogError as exc:
                 log.warning("eventlog.api_error", error=str(exc))
-                return _error_response(503, "server_error", "eventlog_unavailable", str(exc))
+                return error_response(503, str(exc), "server_error", code="eventlog_unavailable")
 
         return route
 
@@ -132,8 +119,11 @@ class Readers:
 
     async def run(self, fn: Callable[[], T]) -> T:
         if self._free <= 0:
-            raise ApiError(
-                503, "server_error", "eventlog_busy", "the event log is busy with other reads; retry shortly"
+            raise HttpError(
+                "the event log is busy with other reads; retry shortly",
+                status_code=503,
+                code="eventlog_busy",
+                headers={"Retry-After": "1"},
             )
         self._free -= 1
         future = asyncio.get_running_loop().run_in_executor(self._threads, fn)
@@ -177,23 +167,10 @@ def create_eventlog_router(
     store: EventStore, admin_token: str, *, max_reads: int = MAX_READS, deadline_s: float = DEADLINE_S
 ) -> APIRouter:
     """Routes under ``/admin/eventlog`` reading ``store``; all of them need ``admin_token``."""
-    expected = admin_token.encode()
     readers = Readers(max_reads, deadline_s)
 
     def require_admin(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if (
-            not expected
-            or scheme.lower() != "bearer"
-            or not hmac.compare_digest(token.strip().encode(), expected)
-        ):
-            raise ApiError(
-                401,
-                "authentication_error",
-                "invalid_admin_token",
-                "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)",
-            )
+        require_admin_token(request.headers, admin_token)
 
     router = APIRouter(
         prefix=PREFIX, route_class=_EventLogRoute, dependencies=[Depends(require_admin)], tags=["eventlog"]
@@ -210,8 +187,12 @@ def create_eventlog_router(
     @router.get("/episodes/{episode_id}/events", response_model=list[EventRecord])
     async def episode_events(episode_id: str) -> list[EventRecord]:
         if not 0 < len(episode_id) <= 64:
-            raise ApiError(
-                400, "invalid_request_error", "invalid_episode_id", "episode id must be 1-64 characters"
+            raise HttpError(
+                "episode id must be 1-64 characters",
+                status_code=400,
+                error_type="invalid_request_error",
+                code="invalid_episode_id",
+                param="episode_id",
             )
         return await readers.run(lambda: store.episode_events(episode_id))
 

@@ -1,6 +1,6 @@
 """Embedded engine throughput: tokens/s at batch 1, 8 and 32 on the demo's model.
 
-The model is the demo's own base model: ``infra.demo.warmstart.build_base(WarmStartConfig())`` (its
+The model is the demo's own base model: ``infra.application.demo.warmstart.build_base(WarmStartConfig())`` (its
 sizes, tokenizer and initialisation; untrained, which changes no speed), built once into a cache, so a
 change of the demo's model changes what is measured here too. The prompt is the calculator agent's
 first call (``examples.calc_agent.agent.first_messages``).
@@ -35,7 +35,7 @@ QUESTION = "What is 47 * 38?"
 
 def demo_model_dir() -> Path:
     """The demo's base model, built from ``WarmStartConfig()`` (one source of truth) into a cache."""
-    from infra.demo.warmstart import WarmStartConfig, build_base
+    from infra.application.demo.warmstart import WarmStartConfig, build_base
 
     return build_base(WarmStartConfig(), CACHE)
 

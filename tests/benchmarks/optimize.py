@@ -1,7 +1,7 @@
 """Prompt-optimisation acceptance: ``flywheel optimize`` repairs a deliberately poor system prompt.
 
 The calculator agent (examples/calc_agent, unchanged) runs on the demo's warm-started model
-(infra/demo/warmstart.py, cached under ~/.cache/flywheel/demo: built on first use, ~7 minutes on a quiet
+(infra/application/demo/warmstart.py, cached under ~/.cache/flywheel/demo: built on first use, ~7 minutes on a quiet
 2-core machine), starting from a system prompt that never mentions the agent's ``CALC:``/``ANSWER:``
 protocol. ``flywheel optimize`` runs as a user runs it, every evaluation a real rollout through worker,
 gateway, engine and reward service. The reflection model is ``ScriptedReflectionLM`` (a fixed list of
@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from examples.calc_agent import tasks as calc  # noqa: E402
-from infra.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig, warm_start  # noqa: E402
-from infra.optimize.tasks import write_tasks  # noqa: E402
+from infra.application.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig, warm_start  # noqa: E402
+from infra.application.optimize.tasks import write_tasks  # noqa: E402
 from tests.fakes.scripted_reflection import ScriptedReflectionLM  # noqa: E402
 
 POOR = "You are a helpful assistant. Answer the user's question."
@@ -61,7 +61,14 @@ def main() -> None:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "infra.cli.main", "optimize", "--model-dir", str(model_dir)),
+                *(
+                    sys.executable,
+                    "-m",
+                    "infra.application.cli.main",
+                    "optimize",
+                    "--model-dir",
+                    str(model_dir),
+                ),
                 *("--tasks", str(d / "tasks.jsonl"), "--test-tasks", str(d / "heldout.jsonl")),
                 *("--train", "16", "--val", "24", "--minibatch", "4", "--max-metric-calls", "150"),
                 *("--minutes", str(args.minutes), "--seed", str(args.seed)),

@@ -1,9 +1,9 @@
 """Trainer benchmark on the demo's model and the demo's settings.
 
-The model is the demo's own base model (``infra.demo.warmstart.build_base(WarmStartConfig())``, see
+The model is the demo's own base model (``infra.application.demo.warmstart.build_base(WarmStartConfig())``, see
 ``tests/benchmarks/engine.py``); B (groups per update), G (episodes per group), K (groups in flight),
 the algorithm settings (learning rate, staleness bound and policy) are the demo's
-(``infra.demo.run.stack_settings(DemoConfig(...))``), and NEW_TOKENS is the calculator agent's
+(``infra.application.demo.run.stack_settings(DemoConfig(...))``), and NEW_TOKENS is the calculator agent's
 ``MAX_TOKENS``. The prompt is the agent's first call. What the benchmark leaves out of the demo: the
 agent's further calls (one call per episode here, sampled as one ``n = G`` request per group), the
 gateway's recording, the bus to Kafka/ClickHouse and the reward service; each episode generates the
@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.calc_agent.agent import MAX_TOKENS, first_messages
-from infra.demo.run import DemoConfig, stack_settings
+from infra.application.demo.run import DemoConfig, stack_settings
 from tests.benchmarks.engine import QUESTION, demo_model_dir, demo_model_label, demo_prompt
 from trainer.config import AlgorithmConfig
 
@@ -349,7 +349,7 @@ async def _pipeline_engine_process(
     """``_pipeline`` with the engine as a ``flywheel engine`` child (the demo's setup), stopped after."""
     import tempfile
 
-    from infra.engine_process import EngineProcess
+    from infra.application.engine_process import EngineProcess
 
     with tempfile.TemporaryDirectory() as tmp:
         proc = await EngineProcess.start(

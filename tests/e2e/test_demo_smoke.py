@@ -27,7 +27,7 @@ def test_demo_tiny_runs_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         # an empty cache: every warm-start stage is built as on a fresh machine, none reused
         [
-            *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--out", str(out)),
+            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--out", str(out)),
             *("--threads", "1", "--cache", str(tmp_path / "cache")),
         ],
         cwd=REPO,

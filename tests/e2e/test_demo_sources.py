@@ -36,7 +36,7 @@ def _demo(out: Path, cache: Path, *args: str) -> dict[str, Any]:
     env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--out", str(out)),
+            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--out", str(out)),
             *("--threads", "1", "--cache", str(cache), *args),
         ],
         cwd=REPO,
@@ -124,7 +124,7 @@ def test_demo_replay_tiny_replays_the_recorded_run(tmp_path: Path, cache: Path) 
 def test_demo_replay_needs_a_recorded_run(tmp_path: Path) -> None:
     env = {**os.environ, "FLYWHEEL_ENV": "development"}
     proc = subprocess.run(
-        [sys.executable, "-m", "infra.cli.main", "demo", "--source", "replay", "--tiny"],
+        [sys.executable, "-m", "infra.application.cli.main", "demo", "--source", "replay", "--tiny"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -134,7 +134,7 @@ def test_demo_replay_needs_a_recorded_run(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--from" in proc.stdout + proc.stderr
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "infra.cli.main", "demo", "--source", "replay", "--tiny"),
+            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--source", "replay", "--tiny"),
             *("--from", str(tmp_path), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")),
         ],
         cwd=REPO,

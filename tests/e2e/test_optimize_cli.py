@@ -29,7 +29,7 @@ SCRIPTED = ["Use CALC: <expr> then ANSWER: <n>.", "Think step by step, then repl
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from infra.demo.warmstart import WarmStartConfig, warm_start
+    from infra.application.demo.warmstart import WarmStartConfig, warm_start
 
     cfg = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
     model_dir, _ = warm_start(cfg, tmp_path_factory.mktemp("cache"), None, None)
@@ -43,10 +43,10 @@ def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
 ) -> None:
     from examples.calc_agent import tasks as calc
     from examples.calc_agent.agent import SYSTEM
+    from infra.application.export import export
+    from infra.application.optimize.rollouts import prompt_version_of
+    from infra.application.optimize.tasks import write_tasks
     from infra.eventlog.store import open_store
-    from infra.export import export
-    from infra.optimize.rollouts import prompt_version_of
-    from infra.optimize.tasks import write_tasks
 
     write_tasks(tmp_path / "tasks.jsonl", calc.sample("rl", 3, 8))
     write_tasks(tmp_path / "heldout.jsonl", calc.sample("heldout", 3, 3))
@@ -57,7 +57,14 @@ def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
     with ScriptedReflectionLM(SCRIPTED) as lm:
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "infra.cli.main", "optimize", "--model-dir", str(toy_model)),
+                *(
+                    sys.executable,
+                    "-m",
+                    "infra.application.cli.main",
+                    "optimize",
+                    "--model-dir",
+                    str(toy_model),
+                ),
                 *("--tasks", str(tmp_path / "tasks.jsonl"), "--test-tasks", str(tmp_path / "heldout.jsonl")),
                 *("--train", "4", "--val", "3", "--minibatch", "2", "--max-metric-calls", "12"),
                 *("--reflection-url", lm.url, "--reflection-model", "scripted-reflection"),
@@ -137,7 +144,7 @@ def test_demo_optimizes_the_prompt_then_trains_under_the_winner(tmp_path: Path) 
     with ScriptedReflectionLM(SCRIPTED) as lm:
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "infra.cli.main", "demo", "--tiny", "--no-baseline"),
+                *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--no-baseline"),
                 *(
                     "--optimize-prompt",
                     "--reflection-url",

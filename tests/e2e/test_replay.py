@@ -5,7 +5,7 @@ processed logprobs (the behaviour policy μ); episodes are scored and published,
 writes them to embedded ClickHouse (chdb). Three tasks were generated at different policy versions
 (as a long-running deployment would have): A and B at version 0, C half at 0 and half at 2.
 
-Replay: `infra.replay` selects them from ClickHouse and republishes them as ``source=replay`` into a fresh
+Replay: `infra.application.replay` selects them from ClickHouse and republishes them as ``source=replay`` into a fresh
 trainer (max staleness 1, truncated importance sampling capped at 2, two PPO epochs). A is replayed and
 trained on (trainer → v1), then B (→ v2), then C, whose version-0 transitions are now two versions
 behind and are dropped by the staleness rule while its version-2 ones train. The test checks each
@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 import schemas as s
+from infra.application.replay import ReplayFilter, replay
 from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
-from infra.replay import ReplayFilter, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -1,6 +1,6 @@
 """The GPU acceptance run's Python half (``tests/gpu/acceptance.sh`` drives it; not collected by pytest).
 
-``build``: the demo's model (``infra.demo.warmstart``: the tiny Qwen2 from ``trainer/models/tiny.py``,
+``build``: the demo's model (``infra.application.demo.warmstart``: the tiny Qwen2 from ``trainer/models/tiny.py``,
 warm-started with SFT so the calculator agent can succeed sometimes) into ``--out``, the directory
 vLLM then serves. ``run``: the calc demo's loop through the real parts — the embedded stack's gateway,
 rollout worker, reward service and trainer (``--backend verl``: verl's FSDP engine on the GPU) with
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def build(out: Path, warm: bool) -> Path:
-    from infra.demo.warmstart import WarmStartConfig, build_base, warm_start
+    from infra.application.demo.warmstart import WarmStartConfig, build_base, warm_start
 
     cfg = WarmStartConfig()
     if not warm:
@@ -78,9 +78,9 @@ def check_conversion(model_dir: Path) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from examples.calc_agent import tasks as calc_tasks
-    from infra.demo.pipeline import TrainingMonitor, evaluate
-    from infra.demo.run import AGENT, DemoConfig, stack_settings
-    from infra.stack import EmbeddedStack
+    from infra.application.demo.pipeline import TrainingMonitor, evaluate
+    from infra.application.demo.run import AGENT, DemoConfig, stack_settings
+    from infra.application.stack import EmbeddedStack
     from schemas import Task
 
     demo = DemoConfig(out=args.workdir)

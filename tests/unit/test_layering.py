@@ -4,7 +4,9 @@
   ``if TYPE_CHECKING:`` are left out, they never run);
 - the services (gateway, rollout_worker, reward_service, trainer) never import one another: they talk
   over the bus;
-- ``schemas`` imports nothing of ours, and ``examples`` (what users copy) imports nothing of ours.
+- ``schemas`` imports nothing of ours, and ``examples`` (what users copy) imports nothing of ours;
+- the ground (``infra`` but ``infra.application``) imports no service and no application module, and
+  no service imports the application: the CLI, the embedded stack and the demo sit on top of all.
 """
 
 from __future__ import annotations
@@ -120,12 +122,57 @@ def _top(module: str) -> str:
     return module.split(".")[0]
 
 
+def _layer(module: str) -> str:
+    """``service``, ``ground``, ``application``, ``schemas`` or ``examples``."""
+    if _top(module) in SERVICES:
+        return "service"
+    if _top(module) == "infra":
+        return "application" if module.split(".")[:2] == ["infra", "application"] else "ground"
+    return _top(module)
+
+
+# what each layer may import besides itself (schemas and examples are checked on their own below)
+ALLOWED = {
+    "ground": {"schemas"},
+    "service": {"schemas", "ground"},
+    "application": {"schemas", "ground", "service", "examples"},
+}
+
+
+def _layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{name} ({_layer(name)}) imports {target} ({_layer(target)})"
+        for name, targets in graph.items()
+        if _layer(name) in ALLOWED
+        for target in targets
+        if _layer(target) != _layer(name) and _layer(target) not in ALLOWED[_layer(name)]
+    ]
+
+
 def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_ground_and_the_services_never_import_the_application() -> None:
+    assert _layer_breaches(_graph()) == []
+
+
+def test_the_layer_check_finds_a_breach() -> None:
+    graph = {
+        "infra.bus.base": {"infra.application.stack"},
+        "gateway.app": {"infra.application.cli.main", "infra.bus.base"},
+        "infra.application.stack": {"gateway.app", "infra.bus.base"},
+        "infra.eventlog.store": {"trainer.service"},
+    }
+    assert _layer_breaches(graph) == [
+        "infra.bus.base (ground) imports infra.application.stack (application)",
+        "gateway.app (service) imports infra.application.cli.main (application)",
+        "infra.eventlog.store (ground) imports trainer.service (service)",
+    ]
 
 
 def test_services_do_not_import_each_other() -> None:

@@ -11,7 +11,6 @@ Dev endpoints (as vLLM's with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=ab
 
 from __future__ import annotations
 
-import secrets
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -20,6 +19,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from infra.http import HttpError, bearer_token, error_response, token_matches, validation_message
 from trainer.engine.core import EngineStepError, InferenceEngine
 from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest, LoadWeightsRequest
 from trainer.engine.sampling import InvalidRequestError
@@ -29,13 +29,9 @@ from trainer.engine.weights import WeightLoadError
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
-class AuthError(Exception):
-    pass
-
-
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+    """vLLM's flavour of the OpenAI error body (``type`` such as ``BadRequestError``, ``code`` the status)."""
+    return error_response(status, message, kind, code=status, param=param)
 
 
 def _package_version() -> str:
@@ -55,11 +51,10 @@ def create_engine_app(
     app.state.serving = serving
 
     def admin(request: Request) -> None:
-        if admin_token is None:
-            return
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not secrets.compare_digest(given.encode(), admin_token.encode()):
-            raise AuthError
+        if admin_token and not token_matches(bearer_token(request.headers), admin_token):
+            raise HttpError(
+                "admin token required", status_code=401, error_type="AuthenticationError", code=401
+            )
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Response:
@@ -72,15 +67,11 @@ def create_engine_app(
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = str(first.get("msg", "invalid request"))
-        if first.get("type") == "json_invalid":
-            where, message = (
-                "",
-                f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}",
-            )
-        return _error(400, f"{where}: {message}" if where else message, "BadRequestError", where or None)
+        if errors and errors[0].get("type") == "json_invalid":
+            detail = errors[0].get("ctx", {}).get("error", errors[0].get("msg"))
+            return _error(400, f"request body is not valid JSON: {detail}", "BadRequestError")
+        message, param = validation_message(errors)
+        return _error(400, message, "BadRequestError", param)
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
@@ -91,9 +82,9 @@ def create_engine_app(
         message = f"{exc}; still serving weight version {engine.weight_version}"
         return _error(400, message, "WeightLoadError")
 
-    @app.exception_handler(AuthError)
-    async def _auth(_: Request, __: AuthError) -> JSONResponse:
-        return _error(401, "admin token required", "AuthenticationError")
+    @app.exception_handler(HttpError)
+    async def _http(_: Request, exc: HttpError) -> JSONResponse:
+        return exc.response()
 
     @app.exception_handler(EngineStepError)
     async def _engine(_: Request, exc: EngineStepError) -> JSONResponse:

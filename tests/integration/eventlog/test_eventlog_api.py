@@ -119,7 +119,7 @@ def test_cli_reads_through_the_api(client: TestClient, monkeypatch: pytest.Monke
     )  # fmt: skip
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
-    from infra.cli.main import app
+    from infra.application.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(
@@ -151,7 +151,7 @@ def test_cli_episodes_ls(client: TestClient, monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("FLYWHEEL_ADMIN_URL", "http://testserver")
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
-    from infra.cli import eventlog_cmd
+    from infra.application.cli import eventlog_cmd
 
     cli = typer_app_with(eventlog_cmd.episodes_ls)
     runner = CliRunner()

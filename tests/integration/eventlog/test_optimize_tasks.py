@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.optimize.tasks import TaskFileError, load_tasks, split, tasks_from_eventlog, write_tasks
+from infra.application.optimize.tasks import (
+    TaskFileError,
+    load_tasks,
+    split,
+    tasks_from_eventlog,
+    write_tasks,
+)
 from schemas import EpisodeStarted, Task, new_episode_id
 
 pytestmark = pytest.mark.timeout(60)

@@ -48,7 +48,7 @@ def _cli_commands() -> set[str]:
     """Top-level commands (and groups) of the `flywheel` CLI, as a user would see them in --help."""
     import typer.main
 
-    from infra.cli.main import app
+    from infra.application.cli.main import app
 
     group = typer.main.get_command(app)
     return set(getattr(group, "commands", {}))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli.main import app
+from infra.application.cli.main import app
 from infra.eventlog.store import ChdbStore
 from tests.integration.ops.synthetic import synthetic_run
 
@@ -185,8 +185,8 @@ def running_stack(data_dir: Path) -> Iterator[str]:
     import uvicorn
     from fastapi import FastAPI
 
+    from infra.application.ops.api import OpsContext, create_ops_router
     from infra.bus.memory import MemoryBus
-    from infra.ops.api import OpsContext, create_ops_router
 
     store = ChdbStore(data_dir / "chdb")
     ctx = OpsContext(

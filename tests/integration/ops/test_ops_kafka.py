@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import schemas as s
+from infra.application.cli.main import app
 from infra.bus.base import Message
 from infra.bus.kafka import KafkaBus
-from infra.cli.main import app
 from infra.eventlog.store import ChdbStore
 from tests.integration.ops.synthetic import synthetic_run
 

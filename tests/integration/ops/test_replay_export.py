@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import schemas as s
+from infra.application.export import ExportFilter, export
+from infra.application.replay import ReplayFilter, replay
 from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
-from infra.export import ExportFilter, export
-from infra.replay import ReplayFilter, replay
 from tests.integration.ops.synthetic import T0, Run, synthetic_run
 
 pytestmark = pytest.mark.timeout(90)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from infra.cli.main import app
+from infra.application.cli.main import app
 from infra.kafka.launcher import BrokerConfig, _properties, kafka_version, read_pid
 
 

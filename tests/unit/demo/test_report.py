@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra.demo.live import LiveDisplay
-from infra.demo.pipeline import StepPoint
-from infra.demo.report import _series, plot, write_json
+from infra.application.demo.live import LiveDisplay
+from infra.application.demo.pipeline import StepPoint
+from infra.application.demo.report import _series, plot, write_json
 from trainer.batching import BatchStats
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from examples.calc_agent import tasks
-from infra.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
+from infra.application.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
 
 
 @pytest.mark.timeout(60)

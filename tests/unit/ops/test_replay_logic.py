@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import schemas as s
-from infra.replay import (
+from infra.application.replay import (
     ReplayFilter,
     ReplayFilterError,
     ReplayReport,

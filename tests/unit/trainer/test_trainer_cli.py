@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli.main import app
+from infra.application.cli.main import app
 from trainer.checkpoints import CheckpointMeta, CheckpointStore
 
 runner = CliRunner()

@@ -15,11 +15,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from infra.cli.ops_common import ADMIN_URL_HELP, JSON_HELP, admin_url, fail, load_settings, print_json, usage
+from infra.application.cli.ops_common import (
+    ADMIN_URL_HELP,
+    JSON_HELP,
+    admin_url,
+    fail,
+    load_settings,
+    print_json,
+    usage,
+)
 
 if TYPE_CHECKING:
+    from infra.application.replay import ReplayFilter, ReplayReport
     from infra.eventlog.client import EventLogReader
-    from infra.replay import ReplayFilter, ReplayReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 UrlOpt = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP, show_default=False)]
@@ -34,7 +42,7 @@ MinRewardOpt = Annotated[
 
 
 def _time(value: str | None) -> datetime | None:
-    from infra.replay import ReplayFilterError, parse_time
+    from infra.application.replay import ReplayFilterError, parse_time
 
     if value is None:
         return None
@@ -100,10 +108,10 @@ async def _replay_kafka(
 ) -> ReplayReport:
     from rich.progress import Progress
 
+    from infra.application.replay import replay
     from infra.bus.base import Bus, BusError
     from infra.bus.factory import make_bus
     from infra.eventlog.errors import EventLogError
-    from infra.replay import replay
 
     settings = load_settings()
     reader = _reader(url)
@@ -137,8 +145,8 @@ async def _replay_kafka(
 async def _replay_remote(url: str, flt: ReplayFilter, rate: float | None, dry_run: bool) -> ReplayReport:
     from collections import Counter
 
-    from infra.ops.admin import AdminClient, AdminError
-    from infra.replay import ReplayReport
+    from infra.application.ops.admin import AdminClient, AdminError
+    from infra.application.replay import ReplayReport
 
     token = load_settings().admin_token.get_secret_value()
     body = {"filter": flt.model_dump(mode="json"), "rate": rate, "dry_run": dry_run}
@@ -181,7 +189,7 @@ def replay_command(
     Behaviour logprobs and weight versions are kept, so the trainer's importance correction and
     staleness rules apply. Prints how many were selected, skipped (and why) and sent.
     """
-    from infra.replay import ReplayFilter, ReplayFilterError, parse_rate, parse_weight_versions
+    from infra.application.replay import ReplayFilter, ReplayFilterError, parse_rate, parse_weight_versions
 
     try:
         lo, hi = parse_weight_versions(weight_version) if weight_version is not None else (None, None)
@@ -219,7 +227,7 @@ def replay_command(
 
 
 def _one_line(exc: Exception) -> str:
-    from infra.replay import _first_error
+    from infra.application.replay import _first_error
 
     return _first_error(exc) if isinstance(exc, ValueError) else str(exc)
 
@@ -245,8 +253,8 @@ def export_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Export recorded data for other trainers: chat SFT data or token-level RL data."""
+    from infra.application.export import ExportFilter, export
     from infra.eventlog.errors import EventLogError
-    from infra.export import ExportFilter, export
 
     if kind not in ("sft", "rl"):
         usage(f"--kind must be sft or rl, got {kind!r}")
@@ -325,7 +333,7 @@ def stats_command(
         reader.close()
     rows = [p.model_dump(mode="json") for p in points]
     if plot is not None:
-        from infra.ops.plots import plot_stats
+        from infra.application.ops.plots import plot_stats
 
         try:
             plot_stats(points, plot)

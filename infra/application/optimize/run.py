@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.optimize.adapter import FlywheelAdapter, ReflectionLM
-from infra.optimize.rollouts import (
+from infra.application.optimize.adapter import FlywheelAdapter, ReflectionLM
+from infra.application.optimize.rollouts import (
     Candidate,
     ComponentSpec,
     EpisodeResult,

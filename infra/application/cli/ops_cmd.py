@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.cli.ops_common import (
+from infra.application.cli.ops_common import (
     ADMIN_URL_HELP,
     JSON_HELP,
     admin_url,
@@ -24,8 +24,8 @@ from infra.cli.ops_common import (
 )
 
 if TYPE_CHECKING:
-    from infra.ops.doctor import Check
-    from infra.ops.status import StatusReport
+    from infra.application.ops.doctor import Check
+    from infra.application.ops.status import StatusReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 UrlOpt = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP, show_default=False)]
@@ -84,7 +84,7 @@ def topics_create(
 
 
 async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
-    from infra.ops.admin import AdminClient, AdminError
+    from infra.application.ops.admin import AdminClient, AdminError
 
     token = load_settings().admin_token.get_secret_value()
     try:
@@ -97,7 +97,7 @@ async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
 @topics_app.command("ls")
 def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """List Flywheel's topics with partitions and the lag of each service's consumer group."""
-    from infra.ops.status import topic_lags
+    from infra.application.ops.status import topic_lags
     from schemas import TASKS, TOPICS
 
     remote = admin_url(url)
@@ -123,10 +123,10 @@ def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 
 
 async def _status(url: str | None, gateway_url: str | None, timeout_s: float) -> StatusReport:
+    from infra.application.ops.admin import AdminClient, AdminError
+    from infra.application.ops.status import StatusReport, kafka_status
     from infra.bus.base import BusError
     from infra.bus.factory import make_bus
-    from infra.ops.admin import AdminClient, AdminError
-    from infra.ops.status import StatusReport, kafka_status
 
     settings = load_settings()
     token = settings.admin_token.get_secret_value()
@@ -246,7 +246,7 @@ def doctor_command(
 
     Prints what is wrong and how to fix it; exit 1 if any check failed (warnings do not fail).
     """
-    from infra.ops.doctor import run_doctor, upstreams_from_env
+    from infra.application.ops.doctor import run_doctor, upstreams_from_env
 
     quiet_libraries()
     checks = asyncio.run(
@@ -268,7 +268,7 @@ def doctor_command(
 async def _health(http: str | None, kafka: bool, clickhouse: bool, timeout_s: float) -> list[str]:
     import httpx
 
-    from infra.ops.doctor import check_clickhouse, check_kafka
+    from infra.application.ops.doctor import check_clickhouse, check_kafka
 
     problems: list[str] = []
     if http:
@@ -316,6 +316,6 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status_command)
     app.command("doctor")(doctor_command)
     app.command("healthcheck")(healthcheck_command)
-    from infra.cli import ops_up
+    from infra.application.cli import ops_up
 
     ops_up.register(app)

@@ -261,7 +261,7 @@ async def check_upstreams(urls: Sequence[str], timeout_s: float = 5.0) -> list[C
 
 
 async def check_admin(url: str, token: str, timeout_s: float = 5.0) -> Check:
-    from infra.ops.admin import AdminClient, AdminError
+    from infra.application.ops.admin import AdminClient, AdminError
 
     try:
         state = await AdminClient(url, token, timeout_s=timeout_s).get("/admin/state")

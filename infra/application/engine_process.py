@@ -92,7 +92,7 @@ class EngineProcess:
         cmd = [
             sys.executable,
             "-m",
-            "infra.cli.main",
+            "infra.application.cli.main",
             "engine",
             "--model",
             str(model_dir),

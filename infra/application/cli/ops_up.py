@@ -1,7 +1,7 @@
 """``flywheel up``: the whole embedded stack in one process, with a live status panel.
 
 Gateway, engine, worker, reward service, recorder and trainer run on the in-process bus
-(:class:`infra.stack.EmbeddedStack`). The gateway's port also serves the admin API — the gateway's
+(:class:`infra.application.stack.EmbeddedStack`). The gateway's port also serves the admin API — the gateway's
 own routes, the event log's (``/admin/eventlog``) and the ops routes (``/admin/ops/status``,
 ``/admin/ops/replay``) — so ``flywheel status|query|replay|export --url URL`` work against it from
 another terminal. Ctrl-C (or SIGTERM) stops the parts newest first: the trainer finishes its step,
@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.cli.ops_common import fail, usage
+from infra.application.cli.ops_common import fail, usage
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from rich.console import RenderableType
 
+    from infra.application.ops.api import OpsContext
+    from infra.application.stack import EmbeddedStack
     from infra.eventlog.models import EpisodeFilter
-    from infra.ops.api import OpsContext
-    from infra.stack import EmbeddedStack
     from schemas import EpisodeScored
 
 TINY_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "up-tiny"
@@ -112,7 +112,7 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from infra.ops.api import OpsContext, create_ops_router
+    from infra.application.ops.api import OpsContext, create_ops_router
 
     console = Console()
     stop = asyncio.Event()
@@ -211,8 +211,8 @@ def up_command(
     """Run the whole embedded stack (gateway, engine, worker, reward, recorder, trainer) in one process."""
     from pydantic import ValidationError
 
+    from infra.application.stack import EmbeddedStack, StackError, StackSettings
     from infra.logging import configure_logging
-    from infra.stack import EmbeddedStack, StackError, StackSettings
 
     if (tasks is None) != (agent is None):
         usage("--tasks and --agent go together")

@@ -10,20 +10,20 @@ Mounted by whoever owns the bus (``flywheel up``):
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infra.application.ops.status import ControlState, StatusReport, topic_lags
+from infra.application.replay import ReplayFilter, ReplayFilterError, ScoredEpisodeSource, replay
 from infra.bus.base import Bus, BusError, Subscription
 from infra.eventlog.errors import EventLogError
-from infra.ops.status import ControlState, StatusReport, topic_lags
-from infra.replay import ReplayFilter, ReplayFilterError, ScoredEpisodeSource, replay
+from infra.http import HttpErrorRoute, error_response, require_admin_token
 from schemas import CONTROL
 
 PREFIX = "/admin/ops"
@@ -73,30 +73,22 @@ class OpsContext:
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
-    kind = "authentication_error" if status == 401 else "invalid_request_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": None}}, status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return error_response(status, message, kind, code=code)
 
 
 def create_ops_router(ctx: OpsContext) -> APIRouter:
-    router = APIRouter(prefix=PREFIX, tags=["admin"])
+    router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=HttpErrorRoute)
 
-    def authorized(request: Request) -> bool:
-        header = request.headers.get("authorization", "")
-        token = (
-            header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-admin-token", "")
-        )
-        return bool(ctx.admin_token) and hmac.compare_digest(token.encode(), ctx.admin_token.encode())
+    def require_admin(request: Request) -> None:
+        require_admin_token(request.headers, ctx.admin_token)
 
-    @router.get("/status")
-    async def status(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return _error(401, "invalid_admin_token", "admin token required")
+    @router.get("/status", dependencies=[Depends(require_admin)])
+    async def status() -> JSONResponse:
         return JSONResponse((await ctx.status()).as_dict())
 
-    @router.post("/replay")
+    @router.post("/replay", dependencies=[Depends(require_admin)])
     async def replay_route(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return _error(401, "invalid_admin_token", "admin token required")
         try:
             body = ReplayRequest.model_validate_json(await request.body())
             report = await replay(ctx.reader, ctx.bus, body.filter, rate=body.rate, dry_run=body.dry_run)

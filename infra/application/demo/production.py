@@ -40,7 +40,7 @@ from examples.calc_agent import tasks as calc_tasks
 from examples.calc_agent.agent import solve
 
 if TYPE_CHECKING:
-    from infra.stack import EmbeddedStack
+    from infra.application.stack import EmbeddedStack
 
 TENANT = "calc-demo-users"
 

@@ -106,19 +106,19 @@ def demo(
 
     from infra.logging import configure_logging
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     if str(repo) not in sys.path:  # the agent lives in the repository's examples/ (not installed)
         sys.path.insert(0, str(repo))
     configure_logging("WARNING", None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save/load bars
 
-    from infra.demo.live import LiveDisplay
-    from infra.demo.prompt_stage import PromptStageConfig
-    from infra.demo.replaying import RecordedRunError
-    from infra.demo.report import plot, write_json
-    from infra.demo.run import DemoConfig, run_seed
-    from infra.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
+    from infra.application.demo.live import LiveDisplay
+    from infra.application.demo.prompt_stage import PromptStageConfig
+    from infra.application.demo.replaying import RecordedRunError
+    from infra.application.demo.report import plot, write_json
+    from infra.application.demo.run import DemoConfig, run_seed
+    from infra.application.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
 
     stage = None
     if optimize_prompt:
@@ -215,7 +215,7 @@ def demo(
 
 
 def _target(source: str) -> dict[str, Any]:
-    from infra.demo.run import SOURCE_TARGET_POINTS
+    from infra.application.demo.run import SOURCE_TARGET_POINTS
 
     points = SOURCE_TARGET_POINTS[source]
     if source == "rollouts":

@@ -2,7 +2,7 @@
 
 The embedded stack (engine serving ``--model-dir``, gateway, rollout worker, reward service, event
 log; no trainer) runs the agent on every task of every evaluation; the gateway substitutes each
-candidate for the agent's own prompt. See ``infra/optimize/run.py`` for the steps and the outputs.
+candidate for the agent's own prompt. See ``infra/application/optimize/run.py`` for the steps and the outputs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infra.cli.ops_common import fail, usage
+from infra.application.cli.ops_common import fail, usage
 
 
 def register(app: typer.Typer) -> None:
@@ -88,9 +88,9 @@ def optimize(
     import logging
     import sys
 
+    from infra.application.optimize.rollouts import OptimizeError
+    from infra.application.optimize.tasks import TaskFileError, load_tasks, split
     from infra.logging import configure_logging
-    from infra.optimize.rollouts import OptimizeError
-    from infra.optimize.tasks import TaskFileError, load_tasks, split
 
     if match not in ("system", "span"):
         usage(f"--match must be system or span, not {match!r}")
@@ -104,7 +104,7 @@ def optimize(
         usage(f"--model-dir {model_dir} is not a model directory (no config.json)")
     if not reflection_url.startswith(("http://", "https://")):
         usage(f"--reflection-url must be an http(s) URL, not {reflection_url!r}")
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     if str(repo) not in sys.path:  # the example agents live in the repository's examples/
         sys.path.insert(0, str(repo))
     configure_logging("WARNING", None)
@@ -167,9 +167,9 @@ def optimize(
 
 
 def _eventlog_tasks(path: Path | None, limit: int) -> list[Any]:
+    from infra.application.optimize.tasks import tasks_from_eventlog
     from infra.eventlog.errors import EventLogError
     from infra.eventlog.store import open_store
-    from infra.optimize.tasks import tasks_from_eventlog
 
     if path is None:
         usage("give --tasks FILE or --from-eventlog DIR")
@@ -189,9 +189,9 @@ async def _run(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from infra.optimize.rollouts import OptimizeError, Rollouts
-    from infra.optimize.run import OptimizeConfig, optimize_prompt
-    from infra.stack import EmbeddedStack, StackError, StackSettings
+    from infra.application.optimize.rollouts import OptimizeError, Rollouts
+    from infra.application.optimize.run import OptimizeConfig, optimize_prompt
+    from infra.application.stack import EmbeddedStack, StackError, StackSettings
     from schemas import AgentKind, AgentRef
 
     cfg = OptimizeConfig(**fields)

@@ -275,7 +275,7 @@ def register(app: typer.Typer) -> None:
 def _attach_episodes_ls() -> None:
     """Add ``ls`` to the gateway engineer's ``flywheel episodes`` group when it exists and lacks one."""
     try:
-        from infra.cli import episodes_cmd  # type: ignore[attr-defined,unused-ignore]
+        from infra.application.cli import episodes_cmd  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return
     group = getattr(episodes_cmd, "episodes_app", None)

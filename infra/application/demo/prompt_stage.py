@@ -1,7 +1,7 @@
 """``flywheel demo --optimize-prompt``: a prompt-optimisation stage before RL, on the same running stack.
 
 The agent starts from a deliberately poor system prompt (``seed_prompt``, substituted by the gateway:
-the agent's code is unchanged). ``flywheel optimize``'s loop (infra/optimize/run.py) runs GEPA over
+the agent's code is unchanged). ``flywheel optimize``'s loop (infra/application/optimize/run.py) runs GEPA over
 real rollouts on RL-split tasks and checks seed and winner on the demo's held-out tasks; the winner is
 then activated at the gateway, so the held-out evaluations before and after RL and every RL group are
 served under it (a group is pinned to one prompt version: gateway/prompts.py). The report holds both
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from examples.calc_agent import tasks as calc_tasks
+from infra.application.optimize.rollouts import Rollouts
+from infra.application.optimize.run import OptimizeConfig, optimize_prompt
 from infra.bus.base import Bus
-from infra.optimize.rollouts import Rollouts
-from infra.optimize.run import OptimizeConfig, optimize_prompt
 from schemas import AgentRef, Task
 
 # The calculator agent's protocol is CALC:/ANSWER:; this seed never mentions it.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.demo.pipeline import StepPoint
+from infra.application.demo.pipeline import StepPoint
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

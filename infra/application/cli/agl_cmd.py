@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.cli.ops_common import fail, usage
+from infra.application.cli.ops_common import fail, usage
 
 if TYPE_CHECKING:
     from gateway.upstream import Upstream
-    from infra.stack import StackSettings
+    from infra.application.stack import StackSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -54,8 +54,8 @@ def agl_server_command(
 
     from gateway.agl.proxy import ProxyConfig
     from gateway.server import run
+    from infra.application.stack import StackSettings
     from infra.logging import configure_logging
-    from infra.stack import StackSettings
 
     if not key:
         usage("--key must not be empty (AGL_KEY)")
@@ -223,7 +223,7 @@ async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | 
     from trainer.engine.core import InferenceEngine
 
     if model_dir is None:
-        from infra.cli.ops_up import TINY_CACHE, TINY_CORPUS
+        from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
         from trainer.models.tiny import build_tiny
 
         model_dir = await asyncio.to_thread(

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from infra.demo.pipeline import StepPoint
+from infra.application.demo.pipeline import StepPoint
 
 COLUMNS = (
     ("step", "step", "{:.0f}"),

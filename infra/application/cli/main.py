@@ -1,6 +1,6 @@
 """``flywheel``: the admin CLI entry point.
 
-Each command group lives in its own module under ``infra/cli/`` and is registered here; heavy
+Each command group lives in its own module under ``infra/application/cli/`` and is registered here; heavy
 imports (torch, transformers, uvicorn apps) happen inside the commands, so ``flywheel --help``
 stays fast.
 """
@@ -24,40 +24,40 @@ def _root() -> None:
 
 def _register() -> None:
     # One line per command module; each module exposes ``register(app)``.
-    from infra.cli import kafka_cmd, version_cmd
+    from infra.application.cli import kafka_cmd, version_cmd
 
     version_cmd.register(app)
     kafka_cmd.register(app)
-    from infra.cli import eventlog_cmd
+    from infra.application.cli import eventlog_cmd
 
     eventlog_cmd.register(app)
-    from infra.cli import engine_cmd
+    from infra.application.cli import engine_cmd
 
     engine_cmd.register(app)
-    from infra.cli import gateway_cmd
+    from infra.application.cli import gateway_cmd
 
     gateway_cmd.register(app)
-    from infra.cli import worker_cmd
+    from infra.application.cli import worker_cmd
 
     worker_cmd.register(app)
-    from infra.cli import episodes_cmd
+    from infra.application.cli import episodes_cmd
 
     episodes_cmd.register(app)
-    from infra.cli import ops_cmd, replay_cmd
+    from infra.application.cli import ops_cmd, replay_cmd
 
     ops_cmd.register(app)
     replay_cmd.register(app)
-    from infra.cli import trainer_cmd
+    from infra.application.cli import trainer_cmd
 
     trainer_cmd.register(app)
-    from infra.cli import demo_cmd
+    from infra.application.cli import demo_cmd
 
     demo_cmd.register(app)
-    from infra.cli import optimize_cmd
+    from infra.application.cli import optimize_cmd
 
     optimize_cmd.register(app)
 
-    from infra.cli import agl_cmd
+    from infra.application.cli import agl_cmd
 
     agl_cmd.register(app)
 

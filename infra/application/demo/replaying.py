@@ -4,7 +4,7 @@ The recorded run is a finished ``flywheel demo`` (any source): its event log (``
 every ``EpisodeScored`` it trained on, with the token ids, the behaviour logprobs and the weight version
 that sampled each call. This mode copies that event log into its own data directory (chdb opens one
 directory per process, and the copy keeps the recorded run untouched), starts the embedded stack on a
-fresh copy of the same seed's warm start with no rollouts requested, and runs :func:`infra.replay.replay`
+fresh copy of the same seed's warm start with no rollouts requested, and runs :func:`infra.application.replay.replay`
 on it: the recorded training episodes are republished as ``source=replay`` in the order they were
 scored, and the trainer learns from them alone. The episodes are read before the stack starts: a chdb
 query and the stack recorder's inserts on the same directory at once were seen to deadlock (both threads
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.application.replay import ReplayFilter, ReplayReport, replay
 from infra.eventlog.models import EpisodeFilter
-from infra.replay import ReplayFilter, ReplayReport, replay
 from schemas import EpisodeScored
 
 if TYPE_CHECKING:
-    from infra.stack import EmbeddedStack
+    from infra.application.stack import EmbeddedStack
     from trainer.service import TrainerService
 
 STEP_METRICS = ("tis_mean", "tis_capped_fraction", "ratio_mean", "clip_fraction", "staleness_mean")

@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(
             f"serving {engine.model_name} (weight version {engine.weight_version}) on http://{host}:{port}/v1"
         )
-        from infra.engine_process import exit_with_parent
+        from infra.application.engine_process import exit_with_parent
 
         exit_with_parent()  # when a stack started it, it goes when the stack does
         uvicorn.run(

@@ -1,6 +1,6 @@
 """``flywheel demo``, one seed top-down: warm start → held-out eval → RL → eval → SFT-only baseline.
 
-Everything after the warm start runs through the embedded stack (``infra.stack.EmbeddedStack``): the
+Everything after the warm start runs through the embedded stack (``infra.application.stack.EmbeddedStack``): the
 calculator agent of ``examples/calc_agent`` (plain ``openai`` code) is run by the rollout worker, its
 calls go through the gateway to the embedded engine and onto the bus, the reward service scores the
 episodes, the trainer consumes the groups it asked for and pushes every new weight version into the
@@ -12,10 +12,10 @@ teacher demonstrations, and is served and evaluated through the same pipeline.
 Where the RL phase's data comes from is ``DemoConfig.source``:
 
 * ``rollouts``: the trainer requests episode groups (``RolloutRequested``) and trains on them (GRPO);
-* ``production``: no rollouts are requested; simulated users (:mod:`infra.demo.production`) use the
+* ``production``: no rollouts are requested; simulated users (:mod:`infra.application.demo.production`) use the
   deployed agent through a tenant key and rate its answers, and the trainer learns from those sessions;
 * ``replay``: no rollouts either; a recorded demo run's episodes are replayed from its event log
-  (:mod:`infra.demo.replaying`) into a fresh copy of the same warm start.
+  (:mod:`infra.application.demo.replaying`) into a fresh copy of the same warm start.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from examples.calc_agent import tasks as calc_tasks
-from infra.demo import production, replaying
-from infra.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
-from infra.demo.prompt_stage import PromptStageConfig, optimize_stage
-from infra.demo.warmstart import (
+from infra.application.demo import production, replaying
+from infra.application.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
+from infra.application.demo.prompt_stage import PromptStageConfig, optimize_stage
+from infra.application.demo.warmstart import (
     DEFAULT_CACHE,
     GateConfig,
     WarmStartConfig,
@@ -42,7 +42,7 @@ from infra.demo.warmstart import (
     sft_only_baseline,
     warm_start,
 )
-from infra.stack import EmbeddedStack, StackSettings
+from infra.application.stack import EmbeddedStack, StackSettings
 from schemas import AgentKind, AgentRef, Task
 from trainer.config import AlgorithmConfig
 
@@ -72,9 +72,7 @@ class DemoConfig:
     # One each: on 2 cores, seed 0 took 258 RL steps in 420 s, against 199 with both at two threads
     # (their thread pools wait for each other's cores) and 245 with training in a thread of this process.
     threads: int = 1
-    engine_process: bool = (
-        True  # its decode loop then never waits on this process's GIL (see infra/engine_process.py)
-    )
+    engine_process: bool = True  # its decode loop then never waits on this process's GIL (see infra/application/engine_process.py)
     cache: Path = DEFAULT_CACHE
     warm: WarmStartConfig = field(default_factory=WarmStartConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -83,7 +81,9 @@ class DemoConfig:
     # production: simulated users at once, each one session after another. 64 = the episodes the
     # rollout worker runs at once in the training demo; a step trains batch_groups × group_size sessions.
     users: int = 64
-    user_mistake_rate: float = 0.0  # share of sessions users rate the wrong way (infra/demo/production.py)
+    user_mistake_rate: float = (
+        0.0  # share of sessions users rate the wrong way (infra/application/demo/production.py)
+    )
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
 
 

@@ -19,7 +19,7 @@ transitions without behaviour logprobs (``no_logprobs``), logprobs that do not l
 response (``logprobs_length``), validation episodes (``not_train``), superseded attempts
 (``superseded``) and episodes without a reward (``no_reward``).
 
-Nothing here parses command lines or prints: :mod:`infra.cli.ops_cmd` does.
+Nothing here parses command lines or prints: :mod:`infra.application.cli.ops_cmd` does.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ reflection model the current text with examples of how it did — inputs, output
 feedback — and keeps the candidates that are best on some validation example (its Pareto frontier).
 
 * :class:`FlywheelAdapter` implements ``gepa.core.adapter.GEPAAdapter``: ``evaluate(batch, candidate,
-  capture_traces)`` runs every task as a real rollout under the candidate (:mod:`infra.optimize.rollouts`)
+  capture_traces)`` runs every task as a real rollout under the candidate (:mod:`infra.application.optimize.rollouts`)
   and returns ``EvaluationBatch(outputs, scores, trajectories)``; ``make_reflective_dataset`` turns the
   traces into ``{"Inputs", "Generated Outputs", "Feedback"}`` records, the feedback being the reward
   service's scorer reason plus what the agent told the model. GEPA calls it from its own (synchronous)
@@ -25,7 +25,13 @@ from typing import Any
 import httpx
 from gepa.core.adapter import EvaluationBatch, ProposalFn
 
-from infra.optimize.rollouts import Candidate, EpisodeResult, OptimizeError, Rollouts, prompt_version_of
+from infra.application.optimize.rollouts import (
+    Candidate,
+    EpisodeResult,
+    OptimizeError,
+    Rollouts,
+    prompt_version_of,
+)
 from schemas import Task
 
 

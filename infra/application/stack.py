@@ -6,7 +6,7 @@
     stack.start_training()       # the trainer's loop as a background task (optional)
     await stack.stop()
 
-This is the one place (with ``infra/cli``) that imports services; they never import each other and
+This is the one place (with ``infra/application/cli``) that imports services; they never import each other and
 talk only through the bus, exactly as in the distributed runtime:
 
     worker ──RolloutRequested── flywheel.tasks ◄── trainer (its RolloutPlanner) / ``submit``
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from gateway.server import GatewayServer
+    from infra.application.engine_process import EngineProcess
     from infra.bus.memory import MemoryBus
-    from infra.engine_process import EngineProcess
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
@@ -223,7 +223,7 @@ class EmbeddedStack:
         s = self.settings
         threads = s.engine_threads or None
         if s.engine_process:
-            from infra.engine_process import EngineProcess
+            from infra.application.engine_process import EngineProcess
 
             proc = await EngineProcess.start(
                 self.model_dir,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.cli.episodes_cmd import admin_request, fail, print_calls
+from infra.application.cli.episodes_cmd import admin_request, fail, print_calls
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
