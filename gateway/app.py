@@ -1,4 +1,6 @@
-"""Wires the gateway: ``create_app(settings, bus, upstreams, *, keystore=None) -> FastAPI``.
+"""Wires the gateway: ``create_app(settings, bus, upstreams, *, keystore=None) -> FastAPI``, or
+``build(settings, bus, upstreams) -> Gateway`` and ``app_for(gateway, lifespan=False)`` when the host
+starts and stops the service itself (``flywheel gateway``, through ``infra.service.serve``).
 
     app = create_app(settings, bus, [make_upstream("http://127.0.0.1:8000/v1")])
     gateway = app.state.gateway            # gateway.service.Gateway: start()/stop(), pause(), state()
@@ -48,6 +50,13 @@ def default_keystore(settings: GatewaySettings) -> KeyStore:
     return KeyStore(settings.data_dir / "gateway" / "keys.json")
 
 
+def build(
+    settings: GatewaySettings, bus: Bus, upstreams: Sequence[Upstream], *, keystore: KeyStore | None = None
+) -> Gateway:
+    """The gateway service (``start()``/``stop()``); :func:`app_for` is its HTTP face."""
+    return Gateway(settings, bus, upstreams, keystore=keystore or default_keystore(settings))
+
+
 def create_app(
     settings: GatewaySettings,
     bus: Bus,
@@ -56,7 +65,12 @@ def create_app(
     keystore: KeyStore | None = None,
     lifespan: bool = True,
 ) -> FastAPI:
-    gateway = Gateway(settings, bus, upstreams, keystore=keystore or default_keystore(settings))
+    return app_for(build(settings, bus, upstreams, keystore=keystore), lifespan=lifespan)
+
+
+def app_for(gateway: Gateway, *, lifespan: bool = True) -> FastAPI:
+    """The gateway's ASGI app; with ``lifespan`` the app starts and stops ``gateway`` itself."""
+    settings = gateway.settings
 
     @asynccontextmanager
     async def _lifespan(_: FastAPI) -> AsyncIterator[None]:

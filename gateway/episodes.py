@@ -219,11 +219,3 @@ class EpisodeRegistry:
 
     def call(self, call_id: str) -> tuple[str, str | None, int] | None:
         return self._calls.get(call_id)
-
-    def idle_sessions(self, idle_s: float) -> list[EpisodeState]:
-        now = time.monotonic()
-        return [
-            s
-            for s in self._open.values()
-            if s.source is EpisodeSource.production and now - s.last_active > idle_s
-        ]

@@ -3,7 +3,9 @@
 ``Gateway(settings, bus, upstreams, keystore=...)`` owns the episode registry, the recorder (bus +
 spool), admission control and the call service. ``start()`` subscribes to ``flywheel.episodes``
 (opens/closes episodes; per-replica consumer group ``gateway.<gateway_id>``) and ``flywheel.control``
-(pause/resume around weight updates), starts the spool drainer and the idle-session reaper.
+(pause/resume around weight updates) and starts the spool drainer. Idle production sessions are
+closed by one owner, the reward service (it sees every gateway's calls of a session); the gateway
+forgets a session when that ``EpisodeFinished`` arrives.
 """
 
 from __future__ import annotations
@@ -130,7 +132,6 @@ class Gateway:
         self._subs.append(
             await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
         )
-        self._tasks.append(asyncio.create_task(self._reap_sessions(), name="gateway-session-reaper"))
         # Everything alive now (modules, pydantic schemas, the app) lives as long as the process: move it
         # out of the cyclic GC's reach, so a full collection does not walk it in the middle of calls
         # (those pauses were the gateway's p99). Reference counting still frees what is dropped.
@@ -254,7 +255,9 @@ class Gateway:
     async def pause(self, version: int | None, drain_timeout_s: float | None = None) -> DrainResult:
         async with self._pause_lock:
             self.metrics.paused.set(1)
-            result = await self.admission.pause(version, drain_timeout_s or self.settings.drain_timeout_s)
+            result = await self.admission.pause(
+                version, drain_timeout_s or self.settings.pause_drain_timeout_s
+            )
             log.info(
                 "drained", version=result.version, waited_ms=result.waited_ms, timed_out=result.timed_out
             )
@@ -437,16 +440,6 @@ class Gateway:
                 code="feedback_window_closed",
                 episode_id=episode_id,
             )
-
-    async def _reap_sessions(self) -> None:
-        interval = max(0.05, min(30.0, self.settings.session_idle_s / 4))
-        while True:
-            await asyncio.sleep(interval)
-            for state in self.episodes.idle_sessions(self.settings.session_idle_s):
-                try:
-                    await self._finish(state, EpisodeStatus.ok)
-                except Exception as exc:  # keep reaping; the next round retries
-                    log.warning("closing idle session failed", error=type(exc).__name__)
 
     # ------------------------------------------------------------------------------- queries
     def recent_calls(self, episode_id: str) -> list[LLMCallRecorded]:

@@ -44,7 +44,6 @@ class GatewaySettings(FlywheelSettings):
 
     # episodes and sessions
     episode_wait_s: float = 2.0  # how long a call for an unknown episode waits for EpisodeStarted
-    session_idle_s: float = 1800.0  # production sessions close after this long without calls
     max_episodes: int = 20_000  # per-episode state kept in memory (LRU beyond this)
     episodes_from_beginning: bool = True
     # at start, how long calls wait for the episodes topic to be read to its end (call_seq numbering)
@@ -52,5 +51,5 @@ class GatewaySettings(FlywheelSettings):
 
     # pause/resume and publishing
     pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After
-    drain_timeout_s: float = 30.0  # default when a WeightUpdateRequested names none
+    pause_drain_timeout_s: float = 30.0  # a weight update's drain when its WeightUpdateRequested names none
     initial_weight_version: int = 0

@@ -1,16 +1,17 @@
 """The reward service: a consumer group on ``flywheel.episodes`` publishing ``EpisodeScored``.
 
-``build_service`` wires it from settings (the bus is given: the CLI and the embedded stack own it);
-``serve`` runs it alone until SIGINT/SIGTERM (``flywheel reward``).
+``build`` wires it from settings (the bus is given: the CLI and the embedded stack own it); ``main``
+runs it alone until SIGINT/SIGTERM (``flywheel reward``, ``python -m reward_service.app``) with
+``infra.service.serve``.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
+from infra import service
 from infra.bus.base import Bus
+from infra.logging import configure_logging
 from reward_service.feedback import FeedbackMapping
 from reward_service.judge import Judge
 from reward_service.scoring import Scoring
@@ -20,8 +21,8 @@ from reward_service.settings import RewardSettings
 from reward_service.state import EpisodeStore
 
 
-def build_service(
-    bus: Bus, settings: RewardSettings, *, judge_client: httpx.AsyncClient | None = None
+def build(
+    settings: RewardSettings, bus: Bus, *, judge_client: httpx.AsyncClient | None = None
 ) -> RewardService:
     if judge_client is None:
         base = settings.judge_base_url or settings.gateway_url.rstrip("/") + "/v1"
@@ -59,30 +60,17 @@ def build_service(
 
 
 async def serve(settings: RewardSettings) -> None:
-    import signal
-
-    from infra.bus.factory import make_bus
-
-    if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port)
-    bus = make_bus(settings)
-    await bus.start()
-    service = build_service(bus, settings)
-    await service.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await service.stop()
-    await bus.stop()
+    """Run the reward service alone until SIGINT/SIGTERM."""
+    await service.serve(
+        settings, lambda bus: build(settings, bus), name="reward", metrics_port=settings.metrics_port
+    )
 
 
 def main() -> None:
-    from infra.logging import configure_logging
-
     settings = RewardSettings()
     configure_logging(settings.log_level, settings.log_json)
-    asyncio.run(serve(settings))
+    service.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ class RewardSettings(FlywheelSettings):
     # scored production sessions kept for late feedback (state.py: a few bytes per token each, in the
     # journal, or in memory without one), also bounded by feedback_window_s
     feedback_retain: int = Field(default=10_000, ge=0)
-    gateway_url: str = "http://127.0.0.1:8000"
+    gateway_url: str = "http://127.0.0.1:8100"  # the gateway's default port
     judge_base_url: str = ""  # default: {gateway_url}/v1
     judge_api_key: SecretStr = SecretStr("")
     judge_model: str = "policy"

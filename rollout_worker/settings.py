@@ -17,7 +17,9 @@ def _default_worker_id() -> str:
 
 class WorkerSettings(FlywheelSettings):
     metrics_port: int | None = None  # serve Prometheus /metrics on this port when set
-    gateway_url: str = "http://127.0.0.1:8000"  # the agents' calls go to {gateway_url}/episodes/{id}/v1
+    gateway_url: str = (
+        "http://127.0.0.1:8100"  # the gateway's port; agents call {gateway_url}/episodes/{id}/v1
+    )
     pool: str | None = None  # consume flywheel.tasks.<pool> instead of flywheel.tasks
     worker_group: str = "rollout-workers"
     worker_id: str = Field(default_factory=_default_worker_id)
@@ -30,7 +32,7 @@ class WorkerSettings(FlywheelSettings):
     # start at once on few cores, equal priority left it queued behind them, adding tens of ms to every
     # episode. 0 = same priority as the worker.
     agent_nice: int = Field(default=10, ge=0, le=19)
-    drain_timeout_s: float = Field(default=30.0, ge=0)  # graceful shutdown: then hand back what is left
+    shutdown_drain_timeout_s: float = Field(default=30.0, ge=0)  # graceful stop: then hand back the rest
     batch_wait_s: float = Field(default=0.05, ge=0)
     # Kubernetes Jobs (kind=kubernetes)
     k8s_namespace: str = "default"

@@ -5,16 +5,16 @@ Run it alone with ``flywheel trainer run`` (or ``python -m trainer.app``): it co
 with the torch backend, saves checkpoints under ``<data_dir>/trainer``, and loads each new version into
 the engine at ``FLYWHEEL_TRAINER_ENGINE_URL`` (``flywheel engine``'s ``/load_weights``, or vLLM's
 ``/collective_rpc`` with ``FLYWHEEL_TRAINER_ENGINE_KIND=vllm``). The embedded stack builds the same
-service with :func:`build_service` and an :class:`~trainer.weights.InProcessSink` around the engine.
+service with :func:`build` and an :class:`~trainer.weights.InProcessSink` around the engine; alone,
+``infra.service.serve`` runs it (signals, metrics, the bus, a graceful stop after the step in progress).
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from infra import service
 from infra.bus.base import Bus
 from infra.logging import configure_logging, get_logger
 from trainer.backends.base import Backend
@@ -84,7 +84,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
     )
 
 
-def build_service(
+def build(
     settings: TrainerSettings,
     bus: Bus,
     backend: Backend,
@@ -160,43 +160,31 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
 
 
 async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | None) -> None:
-    from infra.bus.factory import make_bus
+    def started(trainer: TrainerService, _: str) -> None:
+        log.info(
+            "trainer_started",
+            version=backend.version,
+            mode=settings.trainer_mode,
+            objective=settings.trainer_objective,
+            root=str(settings.trainer_root),
+        )
 
-    bus = make_bus(settings)
-    await bus.start()
-    service = build_service(settings, bus, backend, sinks_from_settings(settings))
-    if settings.trainer_metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.trainer_metrics_port, registry=service.metrics.registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    log.info(
-        "trainer_started",
-        version=backend.version,
-        mode=settings.trainer_mode,
-        objective=settings.trainer_objective,
-        root=str(settings.trainer_root),
+    await service.serve(
+        settings,
+        lambda bus: build(settings, bus, backend, sinks_from_settings(settings)),
+        name="trainer",
+        metrics_port=settings.trainer_metrics_port,
+        registry=lambda trainer: trainer.metrics.registry,
+        until=lambda trainer: trainer.run(max_steps),
+        interrupt=lambda trainer: trainer.request_stop(),  # the step in progress finishes first
+        on_started=started,
     )
-    runner = asyncio.create_task(service.run(max_steps))
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        service.request_stop()
-        await runner  # the step in progress finishes before the final checkpoint
-    finally:
-        stopper.cancel()
-        await service.stop()
-        await bus.stop()
 
 
 def main() -> None:
     settings = TrainerSettings()
     configure_logging(settings.log_level, settings.log_json)
-    asyncio.run(serve(settings))
+    service.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
-    from rollout_worker.app import RolloutWorker
+    from rollout_worker.service import RolloutWorker
     from trainer.engine.core import InferenceEngine
     from trainer.service import TrainerService
 
@@ -292,7 +292,7 @@ class EmbeddedStack:
         self.gateway_app = app
 
     async def _start_worker(self) -> None:
-        from rollout_worker.app import RolloutWorker
+        from rollout_worker.service import RolloutWorker
 
         settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
         worker = RolloutWorker(self._bus, settings)
@@ -301,16 +301,16 @@ class EmbeddedStack:
         self.worker = worker
 
     async def _start_reward(self) -> None:
-        from reward_service.app import build_service
+        from reward_service.app import build
 
         settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
-        reward = build_service(self._bus, settings)
+        reward = build(settings, self._bus)
         await reward.start()
         self._stoppers.append(("reward", reward.stop))
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from trainer.app import build_service, start_backend
+        from trainer.app import build, start_backend
         from trainer.rollouts import RolloutPlanner
         from trainer.weights import HttpSink, InProcessSink, WeightSink
 
@@ -345,7 +345,7 @@ class EmbeddedStack:
             sink = HttpSink(self.engine_process.url, token=self.engine_process.admin_token)
         else:
             sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
-        service = build_service(s, self._bus, backend, [sink], planner=planner)
+        service = build(s, self._bus, backend, [sink], planner=planner)
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service

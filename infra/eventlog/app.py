@@ -1,83 +1,78 @@
 """``flywheel recorder``: the recorder alone, for the distributed run.
 
 Wires the configured bus (Kafka or in-process), the configured store (ClickHouse server, or chdb owned
-by this process) and the recorder; serves the event log's admin API so CLI reads reach the chdb
-directory this process holds. Stops cleanly on SIGINT/SIGTERM: in-flight batches are written and
-committed first.
+by this process) and the recorder, and runs them with ``infra.service.serve``; serves the event log's
+admin API so CLI reads reach the chdb directory this process holds. Stops cleanly on SIGINT/SIGTERM:
+in-flight batches are written and committed first, then the store is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 
-from infra.bus.factory import make_bus
+from fastapi import FastAPI
+
+from infra import service
+from infra.bus.base import Bus
 from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
-from infra.eventlog.store import open_store
-from infra.logging import get_logger
+from infra.eventlog.store import EventStore, open_store
 from schemas import tasks_topic
 
-log = get_logger(__name__)
+
+class RecorderProcess:
+    """The recorder and the store it owns: ``stop`` commits the last batches, then closes the store."""
+
+    def __init__(self, recorder: Recorder, store: EventStore) -> None:
+        self.recorder = recorder
+        self.store = store
+
+    async def start(self) -> None:
+        await self.recorder.start()
+
+    async def stop(self) -> None:
+        try:
+            await self.recorder.stop()
+        finally:
+            await asyncio.to_thread(self.store.close)
+
+    def api(self, admin_token: str) -> FastAPI:
+        from infra.eventlog.api import create_eventlog_router
+
+        app = FastAPI(title="Flywheel recorder")
+        app.include_router(create_eventlog_router(self.store, admin_token))
+        stats = self.recorder.stats
+
+        @app.get("/healthz")
+        def healthz() -> dict[str, object]:
+            return {"ok": True, "events": stats.events, "last_error": stats.last_error}
+
+        return app
 
 
-async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or a signal arrives)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+async def build(settings: EventLogSettings, bus: Bus) -> RecorderProcess:
     store = await asyncio.to_thread(
         open_store,
         clickhouse_url=settings.clickhouse_url,
         chdb_path=settings.chdb_path,
         database=settings.clickhouse_database,
     )
-    bus = make_bus(settings)
-    server = None
-    server_task: asyncio.Task[None] | None = None
-    try:
-        await bus.start()
-        recorder = Recorder(
-            bus,
-            store,
-            topics=[*ALL_TOPICS, *(tasks_topic(pool) for pool in settings.recorder_task_pools)],
-            max_batch=settings.recorder_max_batch,
-            max_wait_s=settings.recorder_max_wait_s,
+    recorder = Recorder(
+        bus,
+        store,
+        topics=[*ALL_TOPICS, *(tasks_topic(pool) for pool in settings.recorder_task_pools)],
+        max_batch=settings.recorder_max_batch,
+        max_wait_s=settings.recorder_max_wait_s,
+    )
+    return RecorderProcess(recorder, store)
+
+
+async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or a signal arrives)."""
+    http = None
+    if settings.recorder_port:
+        token = settings.admin_token.get_secret_value()
+        http = service.Http(
+            lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
         )
-        await recorder.start()
-        if settings.recorder_port:
-            import uvicorn
-            from fastapi import FastAPI
-
-            from infra.eventlog.api import create_eventlog_router
-
-            app = FastAPI(title="Flywheel recorder")
-            app.include_router(create_eventlog_router(store, settings.admin_token.get_secret_value()))
-
-            @app.get("/healthz")
-            def healthz() -> dict[str, object]:
-                return {"ok": True, "events": recorder.stats.events, "last_error": recorder.stats.last_error}
-
-            config = uvicorn.Config(
-                app,
-                host=settings.recorder_host,
-                port=settings.recorder_port,
-                log_level="warning",
-                lifespan="off",
-            )
-            server = uvicorn.Server(config)
-            # serve() would install its own SIGINT/SIGTERM handlers; this process's ``stop`` owns them.
-            server_task = asyncio.create_task(server._serve())
-            log.info("recorder.api", url=f"http://{settings.recorder_host}:{settings.recorder_port}")
-        await stop.wait()
-        await recorder.stop()
-    finally:
-        if server is not None and server_task is not None:
-            server.should_exit = True
-            with contextlib.suppress(Exception):
-                await server_task
-        await bus.stop()
-        await asyncio.to_thread(store.close)
+    await service.serve(settings, lambda bus: build(settings, bus), name="recorder", http=http, stop=stop)

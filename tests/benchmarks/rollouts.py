@@ -185,7 +185,7 @@ async def serve_services(kafka: str, prefix: str) -> None:
 async def e2e_kafka(kafka: str, spec: str, n: int, kind: AgentKind = AgentKind.callable) -> tuple[Rate, Any]:
     """The distributed runtime: this process is the worker; gateway + reward service run in another."""
     from infra.bus.kafka import KafkaBus
-    from rollout_worker.app import RolloutWorker
+    from rollout_worker.service import RolloutWorker
     from rollout_worker.settings import WorkerSettings
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
@@ -319,7 +319,7 @@ def synthetic_episodes(n: int) -> list[Any]:
 
 async def reward_throughput(n: int) -> tuple[float, float]:
     from infra.bus.memory import MemoryBus
-    from reward_service.app import build_service
+    from reward_service.app import build
     from reward_service.settings import RewardSettings
 
     events = synthetic_episodes(n)
@@ -330,7 +330,7 @@ async def reward_throughput(n: int) -> tuple[float, float]:
             await bus.subscribe(TRANSITIONS, "bench", counter.on)
             service = None
             if consumer == "reward":
-                service = build_service(bus, RewardSettings(bus="memory", sweep_interval_s=60))
+                service = build(RewardSettings(bus="memory", sweep_interval_s=60), bus)
                 await service.start()
             else:
 

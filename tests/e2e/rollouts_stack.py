@@ -18,10 +18,10 @@ from gateway.keys import KeyStore
 from gateway.settings import GatewaySettings
 from gateway.upstream import make_upstream
 from infra.bus.base import Bus
-from reward_service.app import build_service
+from reward_service.app import build
 from reward_service.service import RewardService
 from reward_service.settings import RewardSettings
-from rollout_worker.app import RolloutWorker
+from rollout_worker.service import RolloutWorker
 from rollout_worker.settings import WorkerSettings
 from schemas import CONTROL, DEADLETTER, EPISODES, TASKS, TRANSITIONS, LogprobsMode, UpstreamKind
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
@@ -126,7 +126,7 @@ class RolloutStack:
                 gateway_url=self.url,
                 **self.reward_settings,
             )
-            self.reward = build_service(await self.bus(), rs)
+            self.reward = build(rs, await self.bus())
             await self.reward.start()
         return self
 

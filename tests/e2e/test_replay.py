@@ -30,6 +30,7 @@ from infra.bus.memory import MemoryBus
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
+from tests.fakes.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -100,10 +101,10 @@ async def _record_run(model: Path, store: ChdbStore) -> None:
                 for event in (call, scored):
                     await bus.publish(s.topic_for(event), event)
                     published += 1
-        async with asyncio.timeout(30):
-            # The recorder exposes no "written" event: poll its counter under a deadline.
-            while recorder.stats.events < published:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        # The recorder exposes no "written" event: poll its counter under a deadline.
+        await wait_until(
+            lambda: recorder.stats.events >= published, within_s=30, what="the recorder", interval_s=0.05
+        )
     finally:
         await recorder.stop()
         await bus.stop()
@@ -125,7 +126,7 @@ async def recorded(tmp_path: Path) -> AsyncIterator[tuple[Path, ChdbStore]]:
 
 
 async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp_path: Path) -> None:
-    from trainer.app import build_service, load_backend
+    from trainer.app import build, load_backend
     from trainer.batching import Sample
     from trainer.config import AlgorithmConfig
     from trainer.settings import TrainerSettings
@@ -173,7 +174,7 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
 
     await bus.ensure_topics([s.CONTROL, s.TRANSITIONS])
     watch = await bus.subscribe(s.CONTROL, "test-steps", on_control)
-    service = build_service(settings, bus, backend, [])
+    service = build(settings, bus, backend, [])
     await service.start()
     runner = asyncio.create_task(service.run(3))
     window = ReplayFilter(

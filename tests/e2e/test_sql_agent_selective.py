@@ -21,9 +21,9 @@ from gateway.server import GatewayServer
 from gateway.settings import GatewaySettings
 from gateway.upstream import make_upstream
 from infra.bus.memory import MemoryBus
-from reward_service.app import build_service
+from reward_service.app import build
 from reward_service.settings import RewardSettings
-from rollout_worker.app import RolloutWorker
+from rollout_worker.service import RolloutWorker
 from rollout_worker.settings import WorkerSettings
 from schemas import (
     EPISODES,
@@ -92,7 +92,7 @@ async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
     gateway = GatewayServer(app, port=0)
     url = await gateway.start()
     worker = RolloutWorker(bus, WorkerSettings(gateway_url=url, worker_id="w0", concurrency=EPISODES_RUN))
-    reward = build_service(bus, RewardSettings(gateway_url=url, train_models="writer,rewriter"))
+    reward = build(RewardSettings(gateway_url=url, train_models="writer,rewriter"), bus)
     try:
         await worker.start()
         await reward.start()

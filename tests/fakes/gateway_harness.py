@@ -1,4 +1,4 @@
-"""Helpers for tests that run a gateway in-process: an event collector and a ready-made harness.
+"""Helpers for tests that run a gateway in-process: a ready-made harness (``h.events`` is a ``Collector``).
 
 async with GatewayHarness(tmp_path) as h:          # MemoryBus + fake upstream over ASGI
     ep = await h.open_episode()
@@ -9,7 +9,6 @@ async with GatewayHarness(tmp_path) as h:          # MemoryBus + fake upstream o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,51 +18,13 @@ from gateway.app import create_app
 from gateway.keys import KeyStore
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream, make_upstream
-from infra.bus.base import Bus, Message, Subscription
+from infra.bus.base import Bus
 from infra.bus.memory import MemoryBus
-from schemas import EPISODES, AnyEvent, EpisodeStarted, LogprobsMode, UpstreamKind, new_episode_id
+from schemas import EPISODES, EpisodeStarted, LogprobsMode, UpstreamKind, new_episode_id
+from tests.fakes.events import Collector
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
 
 ADMIN = {"Authorization": "Bearer test-admin"}
-
-
-class Collector:
-    """Subscribes to topics (its own consumer group) and lets a test await the events it expects."""
-
-    def __init__(self) -> None:
-        self.events: list[AnyEvent] = []
-        self._changed = asyncio.Condition()
-        self._subs: list[Subscription] = []
-
-    async def attach(self, bus: Bus, *topics: str, group: str = "test-collector") -> Collector:
-        for topic in topics:
-            self._subs.append(await bus.subscribe(topic, f"{group}.{topic}", self._on, from_beginning=True))
-        return self
-
-    async def _on(self, msg: Message) -> None:
-        async with self._changed:
-            self.events.append(msg.event)
-            self._changed.notify_all()
-
-    def of(self, kind: type[Any]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    async def wait_for(
-        self, pred: Callable[[AnyEvent], bool], within_s: float = 5.0, count: int = 1
-    ) -> list[Any]:
-        async def _wait() -> list[Any]:
-            async with self._changed:
-                while True:
-                    got = [e for e in self.events if pred(e)]
-                    if len(got) >= count:
-                        return got
-                    await self._changed.wait()
-
-        return await asyncio.wait_for(_wait(), within_s)
-
-    async def stop(self) -> None:
-        for sub in self._subs:
-            await sub.stop()
 
 
 class GatewayHarness:

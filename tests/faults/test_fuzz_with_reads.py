@@ -23,8 +23,8 @@ from infra.eventlog.recorder import RECORDER_GROUP, Recorder
 from infra.eventlog.store import ChdbStore
 from schemas import EPISODES
 from tests.fakes.gateway_harness import ADMIN, BackgroundGateway
+from tests.fakes.waiting import wait_until
 from tests.faults.procs import Figures
-from tests.integration.bus.helpers import wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 FUZZ_BODY = {"min_weight_version": -135453303929910784, "limit": 1000000.0}
@@ -118,7 +118,7 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
             async def read_to_end() -> bool:  # the calls answered last are on the bus, maybe not read yet
                 return await gw.h.bus.lag(EPISODES, RECORDER_GROUP) == 0
 
-            gw.run(wait_until_async(read_to_end, 30, "the recorder at the end of the topic"), within_s=40)
+            gw.run(wait_until(read_to_end, 30, "the recorder at the end of the topic"), within_s=40)
             gw.run(recorder.stop())
         fuzz_s = time.monotonic() - started
         recorded = store.query(

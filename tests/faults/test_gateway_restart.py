@@ -13,7 +13,6 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ import schemas as s
 from infra.bus.base import Message
 from infra.bus.kafka import KafkaBus
 from tests.fakes.upstream import create_fake_upstream
+from tests.fakes.waiting import wait_until
 from tests.faults.procs import TOKEN, Figures, GatewayProcess, ThreadServer, clean_env
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(150)]
@@ -58,13 +58,6 @@ class Agent(threading.Thread):
                 self.failed += 1
                 self.stop_event.wait(0.05)  # the gateway is down: try again shortly
         self.client.close()
-
-
-def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # the agents are threads: no event to await across them
 
 
 async def _recorded(bootstrap: str, prefix: str, want: set[str]) -> list[s.LLMCallRecorded]:
@@ -108,15 +101,24 @@ def test_call_seq_survives_a_gateway_kill9(kafka_bootstrap: str, topic_prefix: s
             for agent in agents:
                 agent.start()
             total = lambda: sum(len(a.answered) for a in agents)  # noqa: E731
-            _until(lambda: total() >= CALLS_BEFORE, 60, "calls before the kill")
+            # the agents are threads: no event to await across them, so a short event loop polls
+            asyncio.run(
+                wait_until(lambda: total() >= CALLS_BEFORE, 60, "calls before the kill", interval_s=0.02)
+            )
             gw.kill9()  # mid-episode, calls in flight
             killed = time.monotonic()
             at_kill = total()
             gw.start()  # same port, same data directory, a new process
             gw.wait_ready()
-            _until(lambda: total() > at_kill, 60, "the first call after the restart")
+            asyncio.run(
+                wait_until(lambda: total() > at_kill, 60, "the first call after the restart", interval_s=0.02)
+            )
             recover_s = time.monotonic() - killed
-            _until(lambda: total() >= at_kill + CALLS_AFTER, 60, "calls after the restart")
+            asyncio.run(
+                wait_until(
+                    lambda: total() >= at_kill + CALLS_AFTER, 60, "calls after the restart", interval_s=0.02
+                )
+            )
         finally:
             stop.set()
             for agent in agents:

@@ -21,9 +21,9 @@ import pytest
 import schemas as s
 from infra.bus import Bus, Message
 from infra.bus.deadletter import MAX_DEAD_LETTER_BYTES
+from tests.fakes.waiting import wait_until
 from tests.faults.procs import Figures
 from tests.fixtures.events import sample_events
-from tests.integration.bus.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 # Kafka's default record limit is 1 MiB (producer max.request.size 1,048,576): a value just under it,

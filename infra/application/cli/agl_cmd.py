@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.application.cli.ops_common import fail, usage
+from infra.application.cli.common import fail, usage
 
 if TYPE_CHECKING:
     from gateway.upstream import Upstream

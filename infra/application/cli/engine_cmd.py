@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
     def engine_command(
         model: Model,
         host: Host = "127.0.0.1",
-        port: Port = 8100,
+        port: Port = 8000,  # vLLM's port: the gateway's default upstream
         threads: Threads = None,
         served_model_name: ServedName = None,
         max_num_seqs: MaxSeqs = 64,

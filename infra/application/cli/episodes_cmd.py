@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from infra.application.cli.common import fail
+
 episodes_app = typer.Typer(help="Open and inspect training episodes.", no_args_is_help=True)
 
 GatewayUrl = Annotated[
@@ -23,11 +25,6 @@ GatewayUrl = Annotated[
 
 def register(app: typer.Typer) -> None:
     app.add_typer(episodes_app, name="episodes")
-
-
-def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
 
 
 def admin_request(gateway: str | None, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO, cast
 
 import typer
 
+from infra.application.cli.common import run_service
+
 if TYPE_CHECKING:
     from infra.eventlog.client import EventLogReader
     from infra.eventlog.settings import EventLogSettings
@@ -169,7 +171,6 @@ def recorder_command(
     ] = None,
 ) -> None:
     """Run the recorder alone: every topic → the event log, with the event-log admin API."""
-    import asyncio
 
     from infra.eventlog.app import run_recorder
     from infra.eventlog.errors import EventLogError
@@ -178,7 +179,7 @@ def recorder_command(
     if port is not None:
         settings = settings.model_copy(update={"recorder_port": port})
     try:
-        asyncio.run(run_recorder(settings))
+        run_service(run_recorder(settings))
     except EventLogError as exc:
         _fail(exc, 1)
 

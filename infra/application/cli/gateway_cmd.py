@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.application.cli.episodes_cmd import admin_request, fail, print_calls
+from infra.application.cli.common import fail
+from infra.application.cli.episodes_cmd import admin_request, print_calls
 
 if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
@@ -75,48 +76,34 @@ def gateway_command(
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
 
-    import uvicorn
-
-    from gateway.app import create_app
-    from infra.bus.factory import make_bus
+    from gateway.app import app_for, build
+    from gateway.limits import GatewayHttpProtocol
+    from infra import service
     from infra.logging import configure_logging
     from schemas import CONTROL, DEADLETTER, EPISODES
 
     settings = _settings(gateway_host=host, gateway_port=port)
     configure_logging(settings.log_level, settings.log_json)
     ups = _upstreams(settings, upstream, kind)
-
-    async def serve() -> None:
-        bus = make_bus(settings)
-        try:
-            await bus.start()
-            await bus.ensure_topics([EPISODES, CONTROL, DEADLETTER])
-        except Exception as exc:
-            fail(f"cannot start the {settings.bus} bus: {type(exc).__name__}: {exc}")
-        try:
-            from gateway.limits import GatewayHttpProtocol
-
-            app = create_app(settings, bus, ups)
-            config = uvicorn.Config(
-                app,
-                http=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
-                host=settings.gateway_host,
-                port=settings.gateway_port,
-                access_log=False,
-                log_level="warning",
-                # nothing reads the client's address: no X-Forwarded-* rewriting on every request
-                proxy_headers=False,
+    http = service.Http(
+        lambda gateway: app_for(gateway, lifespan=False),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        protocol=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
+    )
+    try:
+        service.run(
+            service.serve(
+                settings,
+                lambda bus: build(settings, bus, ups),
+                name="gateway",
+                topics=[EPISODES, CONTROL, DEADLETTER],
+                http=http,
+                on_started=lambda _, url: typer.echo(f"gateway {settings.gateway_id} on {url}"),
             )
-            typer.echo(
-                f"gateway {settings.gateway_id} on http://{settings.gateway_host}:{settings.gateway_port}"
-            )
-            await uvicorn.Server(config).serve()
-        finally:
-            await bus.stop()
-
-    from gateway.server import run
-
-    run(serve())
+        )
+    except service.ServiceStartError as exc:
+        fail(str(exc))
 
 
 # ------------------------------------------------------------------------------------------ keys

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from infra.application.cli.common import fail
+
 kafka_app = typer.Typer(help="Run a local single-node Kafka (KRaft) broker from Maven Central jars.")
 
 Port = Annotated[int, typer.Option("--port", help="client port on 127.0.0.1")]
@@ -14,11 +16,6 @@ ControllerPort = Annotated[int | None, typer.Option("--controller-port", help="d
 DataDir = Annotated[
     Path | None, typer.Option("--data-dir", help="default: ~/.cache/flywheel/kafka-data/<port>")
 ]
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +36,7 @@ def start_command(
     try:
         pid = start(cfg, timeout_s=timeout)
     except KafkaLauncherError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     else:
         typer.echo(f"kafka running on {cfg.bootstrap} (pid {pid}, data {cfg.dir}, log {cfg.log_file})")
 
@@ -60,7 +57,7 @@ def status_command(port: Port = 9092, data_dir: DataDir = None) -> None:
 
     st = status(BrokerConfig(port=port, data_dir=data_dir))
     if not st.running:
-        _fail(f"no kafka running from {st.data_dir}")
+        fail(f"no kafka running from {st.data_dir}")
     if not st.ready:
-        _fail(f"kafka (pid {st.pid}) runs but does not answer on {st.bootstrap}")
+        fail(f"kafka (pid {st.pid}) runs but does not answer on {st.bootstrap}")
     typer.echo(f"kafka running on {st.bootstrap} (pid {st.pid}, data {st.data_dir})")

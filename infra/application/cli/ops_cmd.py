@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.application.cli.ops_common import (
+from infra.application.cli.common import (
     ADMIN_URL_HELP,
     JSON_HELP,
     admin_url,

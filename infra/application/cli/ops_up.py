@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.application.cli.ops_common import fail, usage
+from infra.application.cli.common import fail, usage
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infra.application.cli.ops_common import fail, usage
+from infra.application.cli.common import fail, usage
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from infra.application.cli.common import run_service
+
 if TYPE_CHECKING:
     from trainer.settings import TrainerSettings
 
@@ -81,9 +83,14 @@ def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[
             if isinstance(msg.event, TrainerStepCompleted) and msg.event.model == settings.model:
                 latest[:] = [msg.event]
 
+        group = f"cli-status-{uuid.uuid4().hex[:8]}"
         try:
-            sub = await bus.subscribe(CONTROL, f"cli-status-{uuid.uuid4().hex[:8]}", on, from_beginning=True)
-            await asyncio.sleep(wait_s)  # read what the topic holds; there is no "end of topic" event
+            sub = await bus.subscribe(CONTROL, group, on, from_beginning=True)
+            # read what the topic holds: done when this group has committed all of it (at most wait_s)
+            for _ in range(max(1, round(wait_s / 0.05))):
+                if await bus.lag(CONTROL, group) == 0:
+                    break
+                await asyncio.sleep(0.05)
             await sub.stop()
         finally:
             await bus.stop()
@@ -137,7 +144,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
-        import asyncio
 
         from infra.logging import configure_logging
         from trainer.app import serve
@@ -176,7 +182,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
             raise typer.Exit(2)
         configure_logging(settings.log_level, settings.log_json)
-        asyncio.run(serve(settings, max_steps))
+        run_service(serve(settings, max_steps))
 
     @trainer.command("pause")
     def pause_command(

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from infra.application.cli.common import run_service
+
 if TYPE_CHECKING:
     from infra.settings import FlywheelSettings
     from schemas import AgentRef, Mode, RolloutRequested, Task
@@ -35,7 +37,6 @@ def register(app: typer.Typer) -> None:
         gateway: Annotated[str | None, typer.Option(help="the gateway agents call (its base URL)")] = None,
     ) -> None:
         """Run a rollout worker: consume tasks, run agents, report episodes (until Ctrl-C)."""
-        import asyncio
 
         from infra.logging import configure_logging
         from rollout_worker.app import serve
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
             overrides["gateway_url"] = gateway
         settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
         configure_logging(settings.log_level, settings.log_json)
-        asyncio.run(serve(settings))
+        run_service(serve(settings))
 
     @app.command("reward")
     def reward_command(
@@ -63,7 +64,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the reward service: score finished episodes, publish transitions (until Ctrl-C)."""
-        import asyncio
 
         from infra.logging import configure_logging
         from reward_service.app import serve
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
             overrides["train_models"] = train_models
         settings = RewardSettings(**overrides)  # type: ignore[arg-type]
         configure_logging(settings.log_level, settings.log_json)
-        asyncio.run(serve(settings))
+        run_service(serve(settings))
 
     @tasks_app.command("submit")
     def submit_command(

@@ -1,9 +1,7 @@
-"""Events and waiting helpers shared by the bus suite and the bus benchmark."""
+"""Events shared by the bus suite and the bus benchmark (waiting is ``tests.fakes.waiting``)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import schemas as s
@@ -39,25 +37,3 @@ def call_event(episode_id: str, seq: int, *, size: int = 2048) -> s.LLMCallRecor
     pad = max(0, size - len(event.model_dump_json()) - 60)
     request = '{"model":"policy","messages":[{"role":"user","content":"' + "x" * pad + '"}]}'
     return event.model_copy(update={"request": request})
-
-
-async def wait_until(predicate: Callable[[], bool], within_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds (the event loop keeps running between checks)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-async def wait_until_async(
-    predicate: Callable[[], Awaitable[bool]], within_s: float = 10.0, what: str = "condition"
-) -> None:
-    """Like :func:`wait_until` for a predicate that must await (e.g. ``bus.lag``)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -13,7 +13,8 @@ import pytest
 import schemas as s
 from infra.bus import Bus, Message
 from infra.bus.partitioner import partition_for
-from tests.integration.bus.helpers import call_event, wait_until, wait_until_async
+from tests.fakes.waiting import wait_until
+from tests.integration.bus.helpers import call_event
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,7 +126,7 @@ async def test_offsets_resume_after_restart(bus: Bus) -> None:
     await bus.subscribe(s.EPISODES, "resumer", second)
     await second.wait(3)
     assert second.seqs() == {ep: [5, 6, 7]}
-    await wait_until_async(lambda: _lag_is(bus, "resumer", 0), what="lag 0")
+    await wait_until(lambda: _lag_is(bus, "resumer", 0), what="lag 0")
 
 
 async def test_new_group_not_from_beginning_starts_at_end(bus: Bus) -> None:
@@ -269,7 +270,7 @@ async def test_lag_counts_uncommitted(bus: Bus) -> None:
     assert await bus.lag(s.EPISODES, "slow") == 4
     release.set()
     await got.wait(4)
-    await wait_until_async(lambda: _lag_is(bus, "slow", 0), what="lag 0")
+    await wait_until(lambda: _lag_is(bus, "slow", 0), what="lag 0")
 
 
 async def test_subscribers_of_one_group_share_the_work(bus: Bus) -> None:
@@ -305,4 +306,4 @@ async def test_stop_lets_the_in_flight_handler_finish_and_commits_it(bus: Bus) -
     release.set()
     await asyncio.wait_for(stopping, 20)
     assert finished == [0]
-    await wait_until_async(lambda: _lag_is(bus, "stopper", 0), what="the offset committed")
+    await wait_until(lambda: _lag_is(bus, "stopper", 0), what="the offset committed")

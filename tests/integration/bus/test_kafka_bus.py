@@ -11,7 +11,8 @@ import pytest
 import schemas as s
 from infra.bus import BusClosedError, BusUnavailableError, Message
 from infra.bus.kafka import KafkaBus
-from tests.integration.bus.helpers import call_event, wait_until
+from tests.fakes.waiting import wait_until
+from tests.integration.bus.helpers import call_event
 
 pytestmark = pytest.mark.timeout(30)
 

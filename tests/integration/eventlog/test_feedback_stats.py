@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -19,19 +18,14 @@ from typer.testing import CliRunner
 from infra.application.cli.main import app
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
-from reward_service.app import build_service
+from reward_service.app import build
 from reward_service.settings import RewardSettings
 from schemas import TRANSITIONS, EpisodeScored
-from tests.fakes.gateway_harness import Collector, GatewayHarness
+from tests.fakes.events import Collector
+from tests.fakes.gateway_harness import GatewayHarness
+from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def _until(check: Callable[[], bool], within_s: float = 30.0) -> None:
-    """Wait for a condition on the event log (the recorder writes asynchronously)."""
-    async with asyncio.timeout(within_s):
-        while not check():  # noqa: ASYNC110 - the condition is in ClickHouse; nothing to await on
-            await asyncio.sleep(0.05)
 
 
 async def _record_sessions(root: Path) -> None:
@@ -41,7 +35,7 @@ async def _record_sessions(root: Path) -> None:
         async with GatewayHarness(root / "gw") as h:
             recorder = Recorder(h.bus, store, max_wait_s=0.02)
             await recorder.start()
-            reward = build_service(h.bus, RewardSettings(data_dir=root))
+            reward = build(RewardSettings(data_dir=root), h.bus)
             scored = await Collector().attach(h.bus, TRANSITIONS, group="stats-test")
             await reward.start()
             try:
@@ -75,7 +69,9 @@ async def _record_sessions(root: Path) -> None:
                     by_type = store.counts().by_type
                     return by_type.get("episode_scored", 0) == 4 and by_type.get("reward_reported", 0) == 2
 
-                await _until(recorded)
+                await wait_until(
+                    recorded, within_s=30, what="the recorded events in ClickHouse", interval_s=0.05
+                )
                 [day] = store.stats(bucket="day")
                 assert (day.episodes, day.production_sessions) == (3, 3)
                 assert day.feedback_rate == pytest.approx(2 / 3)

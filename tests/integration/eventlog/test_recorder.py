@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,6 +12,7 @@ from infra.bus.base import Bus
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
+from tests.fakes.waiting import wait_until
 from tests.fixtures.events import sample_events
 from tests.integration.eventlog.helpers import history
 from tests.kafka_fixtures import MakeBus
@@ -40,13 +41,6 @@ def store(chdb_store: ChdbStore) -> Iterator[ChdbStore]:
     st.close()
 
 
-async def wait_for(predicate: Callable[[], bool], within_s: float = 30.0) -> None:
-    """Wait until ``predicate()`` holds (the recorder's counters move only when an insert returned)."""
-    async with asyncio.timeout(within_s):
-        while not predicate():  # noqa: ASYNC110 - a condition over counters, bounded by the timeout
-            await asyncio.sleep(0.02)
-
-
 async def publish_all(bus: Bus, events: list[s.AnyEvent]) -> None:
     for event in events:
         await bus.publish(s.topic_for(event), event)
@@ -61,7 +55,7 @@ async def test_recorder_writes_every_topic_and_replay_changes_nothing(
     await recorder.start()
     try:
         await publish_all(bus, events)
-        await wait_for(lambda: recorder.stats.events >= len(events))
+        await wait_until(lambda: recorder.stats.events >= len(events), within_s=30, what="the inserts")
     finally:
         await recorder.stop()
     counts = store.counts()
@@ -76,7 +70,7 @@ async def test_recorder_writes_every_topic_and_replay_changes_nothing(
     replay = Recorder(bus, store, group="recorder-replay", max_wait_s=0.05)
     await replay.start()
     try:
-        await wait_for(lambda: replay.stats.events >= len(events))
+        await wait_until(lambda: replay.stats.events >= len(events), within_s=30, what="the inserts")
     finally:
         await replay.stop()
     assert store.query(f"SELECT count() FROM {store.database}.events").rows[0][0] >= len(events)
@@ -92,13 +86,13 @@ async def test_recorder_resumes_after_its_committed_offsets(make_bus: MakeBus, s
     recorder = Recorder(bus, store, max_wait_s=0.05)
     await recorder.start()
     await publish_all(bus, first)
-    await wait_for(lambda: recorder.stats.events >= len(first))
+    await wait_until(lambda: recorder.stats.events >= len(first), within_s=30, what="the inserts")
     await recorder.stop()
     await publish_all(bus, second)  # while no recorder runs
     again = Recorder(bus, store, max_wait_s=0.05)
     await again.start()
     try:
-        await wait_for(lambda: again.stats.events >= len(second))
+        await wait_until(lambda: again.stats.events >= len(second), within_s=30, what="the inserts")
     finally:
         await again.stop()
     assert again.stats.events == len(second)  # resumed after the commits, nothing read twice
@@ -130,7 +124,7 @@ async def test_failed_insert_is_retried_not_committed(store: ChdbStore) -> None:
         try:
             events = history()[:6]
             await publish_all(bus, events)
-            await wait_for(lambda: recorder.stats.events >= len(events))
+            await wait_until(lambda: recorder.stats.events >= len(events), within_s=30, what="the inserts")
         finally:
             await recorder.stop()
         assert recorder.stats.failed_inserts == 1 and recorder.stats.last_error is not None
@@ -169,7 +163,7 @@ async def test_chunked_batches_are_coalesced_and_committed_after_insert(store: C
         )
         await recorder.start()
         try:
-            await wait_for(lambda: recorder.stats.events >= len(events))
+            await wait_until(lambda: recorder.stats.events >= len(events), within_s=30, what="the inserts")
         finally:
             await recorder.stop()
         assert sum(inserted) == len(events) and len(inserted) < 5  # 5 chunks, coalesced

@@ -23,7 +23,7 @@ from gateway.settings import GatewaySettings
 from gateway.upstream import make_upstream
 from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
-from reward_service.app import build_service
+from reward_service.app import build
 from reward_service.settings import RewardSettings
 from schemas import TOPICS, TRANSITIONS, EpisodeScored, UpstreamKind
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
@@ -54,7 +54,7 @@ async def test_a_succeeded_rollout_is_scored_from_its_reward_event(tmp_path: Pat
     )
     proxy = AglProxy(service, gateway, ProxyConfig("policy-7b"), upstream)
     app = create_agl_app(service, proxy, tenant_lookup(KEY))
-    reward = build_service(bus, RewardSettings(data_dir=tmp_path, reward_group="reward-test"))
+    reward = build(RewardSettings(data_dir=tmp_path, reward_group="reward-test"), bus)
     await reward.start()
     scored: list[EpisodeScored] = []
     got = asyncio.Event()

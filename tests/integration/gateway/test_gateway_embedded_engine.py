@@ -79,7 +79,7 @@ async def test_batched_completion_prompts_train_on_their_own_prompt_ids(tiny_dir
     from reward_service.service import RewardService
     from reward_service.state import EpisodeStore
     from schemas import EPISODES, TRANSITIONS, EpisodeFinished, EpisodeScored, EpisodeStatus
-    from tests.fakes.gateway_harness import Collector
+    from tests.fakes.events import Collector
     from trainer.engine import InferenceEngine
     from trainer.engine.app import create_engine_app
 

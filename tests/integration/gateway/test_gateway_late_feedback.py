@@ -13,12 +13,14 @@ import openai
 import pytest
 
 from infra.bus.base import Bus
-from reward_service.app import build_service
+from reward_service.app import build
 from reward_service.settings import RewardSettings
-from schemas import TRANSITIONS, EpisodeScored
+from schemas import TRANSITIONS, EpisodeFinished, EpisodeScored
 from tests.fakes.gateway_harness import Collector, GatewayHarness
+from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
+MSGS = [{"role": "user", "content": "What is 2+2?"}]
 
 
 async def test_feedback_after_the_session_ended_rescores_it(
@@ -29,7 +31,7 @@ async def test_feedback_after_the_session_ended_rescores_it(
         settings = RewardSettings(
             bus=bus_kind, topic_prefix=topic_prefix, data_dir=tmp_path, feedback_window_s=600.0
         )
-        reward = build_service(bus, settings)
+        reward = build(settings, bus)
         scored = await Collector().attach(bus, TRANSITIONS, group="late-feedback")
         await reward.start()
         try:
@@ -73,3 +75,37 @@ async def test_feedback_after_the_session_ended_rescores_it(
         finally:
             await reward.stop()
             await scored.stop()
+
+
+async def test_an_idle_session_is_closed_by_the_reward_service_and_forgotten_by_the_gateway(
+    bus: Bus, bus_kind: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """One owner closes idle production sessions: the reward service, which sees every gateway's calls."""
+    async with GatewayHarness(tmp_path, bus=bus) as h:
+        settings = RewardSettings(
+            bus=bus_kind,
+            topic_prefix=topic_prefix,
+            data_dir=tmp_path,
+            idle_timeout_s=0.5,
+            sweep_interval_s=0.1,
+        )
+        reward = build(settings, bus)
+        await reward.start()
+        try:
+            _, key = h.keystore.create("acme")
+            headers = {"Authorization": f"Bearer {key}", "X-Flywheel-Session": "idle-1"}
+            first = await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=headers)
+            episode_id = first.headers["X-Flywheel-Episode"]
+
+            def closed(e: object) -> bool:
+                return isinstance(e, EpisodeFinished) and e.episode_id == episode_id
+
+            (fin,) = await h.events.wait_for(closed, within_s=20)
+            assert fin.num_calls == 1 and fin.producer.startswith("reward")
+            # the gateway reads the same EpisodeFinished off the bus and forgets the session
+            await wait_until(lambda: h.gateway.episodes.session("acme", "idle-1") is None, what="forgotten")
+            again = await h.client.post("/v1/chat/completions", json={"messages": MSGS}, headers=headers)
+            assert again.status_code == 200
+            assert again.headers["X-Flywheel-Episode"] != episode_id  # the closed session is not reused
+        finally:
+            await reward.stop()

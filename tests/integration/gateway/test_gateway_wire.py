@@ -25,7 +25,7 @@ from gateway.upstream import UpstreamPool, make_upstream
 from gateway.wire import WirePool
 from infra.bus.memory import MemoryBus
 from schemas import EPISODES, LLMCallRecorded, new_episode_id
-from tests.fakes.gateway_harness import Collector
+from tests.fakes.events import Collector
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
 
 pytestmark = pytest.mark.timeout(30)

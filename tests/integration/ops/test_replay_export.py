@@ -14,10 +14,11 @@ import pytest
 import schemas as s
 from infra.application.export import ExportFilter, export
 from infra.application.replay import ReplayFilter, replay
-from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
+from tests.fakes.events import Collector
+from tests.fakes.waiting import wait_until
 from tests.integration.ops.synthetic import T0, Run, synthetic_run
 
 pytestmark = pytest.mark.timeout(90)
@@ -31,10 +32,10 @@ async def _record(store: ChdbStore, run: Run) -> None:
     await recorder.start()
     for event in run.events:
         await bus.publish(s.topic_for(event), event)
-    async with asyncio.timeout(30):
-        # The recorder exposes no "written" event: poll its counter under a deadline.
-        while recorder.stats.events < len(run.events):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+    # The recorder exposes no "written" event: poll its counter under a deadline.
+    await wait_until(
+        lambda: recorder.stats.events >= len(run.events), within_s=30, what="the recorder", interval_s=0.05
+    )
     await recorder.stop()
     await bus.stop()
 
@@ -51,18 +52,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbSto
         store.close()
 
 
-class _Collector:
-    def __init__(self, expected: int) -> None:
-        self.events: list[s.EpisodeScored] = []
-        self.expected = expected
-        self.done = asyncio.Event()
-
-    async def __call__(self, message: Message) -> None:
-        assert isinstance(message.event, s.EpisodeScored)
-        if message.event.source == s.EpisodeSource.replay:
-            self.events.append(message.event)
-            if len(self.events) >= self.expected:
-                self.done.set()
+def _replayed(event: s.AnyEvent) -> bool:
+    return isinstance(event, s.EpisodeScored) and event.source == s.EpisodeSource.replay
 
 
 WINDOW = ReplayFilter(since=T0 - timedelta(minutes=1), until=datetime.now(UTC) + timedelta(hours=1))
@@ -73,21 +64,21 @@ async def test_replay_republishes_with_logprobs_and_versions(recorded: tuple[Chd
     originals = {e.episode_id: e for e in run.scored}
     bus = MemoryBus()
     await bus.start()
-    collector = _Collector(expected=8)
-    sub = await bus.subscribe(s.TRANSITIONS, "trainer-under-test", collector)
+    collector = await Collector().attach(bus, s.TRANSITIONS, group="trainer-under-test")
     try:
         report = await replay(store, bus, WINDOW)
-        async with asyncio.timeout(10):
-            await collector.done.wait()
+        await collector.wait_for(_replayed, within_s=10, count=8)
     finally:
-        await sub.stop()
+        await collector.stop()
         await bus.stop()
+    assert all(isinstance(e, s.EpisodeScored) for e in collector.events)
+    replayed = [e for e in collector.events if _replayed(e)]
 
     assert report.selected == len(run.scored) == 11
     assert report.skipped == {"no_transitions:no_token_ids": 1, "no_logprobs": 1, "not_train": 1}
     assert report.sent == 8 and report.groups == 2 and report.flat_groups == 0
-    assert len(collector.events) == 8
-    for event in collector.events:
+    assert len(replayed) == 8
+    for event in replayed:
         original = originals[event.episode_id]
         assert event.source == s.EpisodeSource.replay
         assert event.event_id != original.event_id
@@ -95,8 +86,8 @@ async def test_replay_republishes_with_logprobs_and_versions(recorded: tuple[Chd
         assert event.group_size == 4
         assert event.transitions == original.transitions  # behaviour logprobs and weight versions kept
         assert event.reward == original.reward
-    assert {e.sample_index for e in collector.events} == {0, 1, 2, 3}
-    assert {t.weight_version for e in collector.events for t in e.transitions} == {1, 2, 3}
+    assert {e.sample_index for e in replayed} == {0, 1, 2, 3}
+    assert {t.weight_version for e in replayed for t in e.transitions} == {1, 2, 3}
 
 
 async def test_replay_filters(recorded: tuple[ChdbStore, Run]) -> None:

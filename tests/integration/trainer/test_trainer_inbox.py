@@ -9,9 +9,10 @@ import pytest
 
 from infra.bus.memory import MemoryBus
 from schemas import CONTROL, DEADLETTER, TRANSITIONS, EpisodeScored
+from tests.fakes.waiting import wait_until
 from trainer import checkpoints
 
-from .trainer_harness import group_events, make_trainer, publish, until
+from .trainer_harness import group_events, make_trainer, publish
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,7 +36,7 @@ async def test_a_burst_of_episodes_is_written_with_one_fsync(
             burst = group_events("g1", [1.0, 0.0, 1.0, 0.0]) + group_events("g2", [0.0, 1.0, 0.0, 1.0])
             await publish(bus, burst)
             inbox = tmp_path / "trainer" / "inbox.jsonl"
-            await until(lambda: inbox.exists() and len(inbox.read_text().splitlines()) == len(burst))
+            await wait_until(lambda: inbox.exists() and len(inbox.read_text().splitlines()) == len(burst))
             lines = inbox.read_text().splitlines()
             written = {EpisodeScored.model_validate_json(line).episode_id for line in lines}
             assert written == {e.episode_id for e in burst}

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from schemas import CONTROL, DEADLETTER, TRANSITIONS, TrainerStepCompleted, WeightsActivated
+from tests.fakes.waiting import wait_until
 from tests.kafka_fixtures import MakeBus
 from trainer.checkpoints import CheckpointStore
 from trainer.weights import InProcessSink
@@ -19,7 +20,6 @@ from .trainer_harness import (
     make_trainer,
     publish,
     run_steps,
-    until,
 )
 
 
@@ -37,7 +37,7 @@ async def test_restart_resumes_without_training_twice(tmp_path: Path, make_bus: 
     await publish(bus, g1 + g2)
     await run_steps(first, 2)
     await publish(bus, g3[:1])
-    await until(lambda: first.intake.pending_groups == 1)  # g3's first half reached the inbox
+    await wait_until(lambda: first.intake.pending_groups == 1)  # g3's first half reached the inbox
     assert first.intake.pending_groups == 1
     saved = CheckpointStore(tmp_path / "trainer").latest()
     assert saved is not None and saved.meta.version == 2 and saved.meta.step == 2

@@ -9,7 +9,7 @@ import pytest
 
 from infra.bus.base import Message
 from schemas import TASKS, TRANSITIONS, AgentKind, AgentRef, RolloutRequested, Task
-from tests.fakes.gateway_harness import Collector
+from tests.fakes.events import Collector
 from trainer.rollouts import RolloutPlanner
 
 from .trainer_harness import (

@@ -18,6 +18,7 @@ from schemas import (
     WeightUpdateFailed,
     WeightUpdateRequested,
 )
+from tests.fakes.waiting import wait_until
 from trainer.weights import InProcessSink, WeightUpdate
 
 from .trainer_harness import (
@@ -29,7 +30,6 @@ from .trainer_harness import (
     make_trainer,
     publish,
     run_steps,
-    until,
 )
 
 
@@ -151,7 +151,7 @@ async def test_pause_and_resume_through_control_events(tmp_path: Path) -> None:
         await service.start()
         await bus.publish(CONTROL, TrainerPauseRequested(reason="test"))
         await events.wait_for(lambda e: isinstance(e, TrainerPauseRequested))
-        await until(lambda: service.paused)
+        await wait_until(lambda: service.paused)
         await publish(bus, group_events("g1", [1.0, 0.0]))
         runner = asyncio.create_task(service.run(max_steps=1))
         await asyncio.sleep(0.5)

@@ -18,9 +18,10 @@ import pytest
 from schemas import CONTROL, InferenceDrained, LLMCallRecorded, WeightsActivated
 from tests.fakes.gateway_harness import GatewayHarness
 from tests.fakes.upstream import FakeUpstreamConfig
+from tests.fakes.waiting import wait_until
 from trainer.weights import InProcessSink
 
-from .trainer_harness import Collector, MemoryBus, group_events, make_trainer, publish, until
+from .trainer_harness import Collector, MemoryBus, group_events, make_trainer, publish
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "2+2?"}]}
 
@@ -44,10 +45,10 @@ async def test_weight_update_through_the_gateway(tmp_path: Path) -> None:
             url = f"/episodes/{episode}/v1/chat/completions"
 
             in_flight = asyncio.create_task(h.client.post(url, json=BODY))
-            await until(lambda: h.gateway.admission.in_flight > 0)
+            await wait_until(lambda: h.gateway.admission.in_flight > 0)
             await publish(bus, group_events("g1", [1.0, 0.0]))
             step = asyncio.create_task(trainer.run(max_steps=1))
-            await until(lambda: h.gateway.admission.paused)
+            await wait_until(lambda: h.gateway.admission.paused)
             assert not in_flight.done()
             waiting = asyncio.create_task(h.client.post(url, json=BODY))
             await asyncio.sleep(0.1)

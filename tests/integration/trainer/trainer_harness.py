@@ -19,9 +19,9 @@ from schemas import (
     WeightUpdateFailed,
     WeightUpdateRequested,
 )
-from tests.fakes.gateway_harness import Collector
+from tests.fakes.events import Collector
 from tests.unit.trainer.helpers import episode, tiny_model, transition
-from trainer.app import build_service
+from trainer.app import build
 from trainer.backends.torch_backend import TorchBackend
 from trainer.batching import Sample, TrainBatch
 from trainer.service import LoopConfig, TrainerService
@@ -125,17 +125,8 @@ def make_trainer(
     )
     backend = RecordingBackend(tiny_model(seed), settings.trainer_algo)
     defaults: dict[str, Any] = {"batch_groups": 1, "checkpoint_every": 1, "inbox_fsync": False}
-    service = build_service(settings, bus, backend, sinks, loop=LoopConfig(**{**defaults, **loop}))
+    service = build(settings, bus, backend, sinks, loop=LoopConfig(**{**defaults, **loop}))
     return service, backend
-
-
-async def until(pred: Any, within_s: float = 10.0) -> None:
-    """Poll a condition of in-process state (no event exists for it) with a deadline."""
-    for _ in range(int(within_s / 0.01)):
-        if pred():
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError("condition not reached")
 
 
 async def run_steps(service: TrainerService, n: int, within_s: float = 30.0) -> None:
@@ -152,5 +143,4 @@ __all__ = [
     "make_trainer",
     "publish",
     "run_steps",
-    "until",
 ]

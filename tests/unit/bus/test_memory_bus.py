@@ -11,7 +11,8 @@ import pytest
 import schemas as s
 from infra.bus import BusClosedError, BusError, BusUnavailableError, Message
 from infra.bus.memory import MemoryBus
-from tests.integration.bus.helpers import call_event, wait_until
+from tests.fakes.waiting import wait_until
+from tests.integration.bus.helpers import call_event
 
 pytestmark = pytest.mark.timeout(20)
 

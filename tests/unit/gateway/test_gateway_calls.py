@@ -10,6 +10,7 @@ import pytest
 from schemas import EPISODES, EpisodeFinished, LLMCallRecorded, UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
 from tests.fakes.upstream import FakeUpstreamConfig, render_prompt
+from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -162,14 +163,9 @@ async def test_unknown_and_finished_episode_404_and_late_start(tmp_path):
         assert (await call).status_code == 200
         await h.bus.publish(EPISODES, EpisodeFinished(episode_id=ep, status="ok"))
         await h.events.wait_for(lambda e: isinstance(e, EpisodeFinished))
-        await asyncio.wait_for(_until_closed(h, ep), 5)
+        await wait_until(lambda: h.gateway.episodes.get(ep) is None, within_s=5, what="the episode closed")
         r = await h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
         assert r.status_code == 404
-
-
-async def _until_closed(h: GatewayHarness, ep: str) -> None:
-    while h.gateway.episodes.get(ep) is not None:  # noqa: ASYNC110 - the handler runs on the bus task
-        await asyncio.sleep(0.005)
 
 
 async def test_openai_kind_is_text_only(tmp_path):

@@ -17,6 +17,7 @@ from schemas import (
 )
 from tests.fakes.gateway_harness import ADMIN, GatewayHarness
 from tests.fakes.upstream import FakeUpstreamConfig
+from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 MSGS = [{"role": "user", "content": "hi"}]
@@ -28,7 +29,7 @@ async def test_weight_update_drains_holds_and_resumes_with_new_version(tmp_path)
         ep = await h.open_episode()
         url = f"/episodes/{ep}/v1/chat/completions"
         in_flight = asyncio.create_task(h.client.post(url, json={"messages": MSGS}))
-        await asyncio.wait_for(_until(lambda: h.gateway.admission.in_flight == 1), 5)
+        await wait_until(lambda: h.gateway.admission.in_flight == 1, within_s=5, what="the call in flight")
         await h.bus.publish(CONTROL, WeightUpdateRequested(version=1, drain_timeout_s=5))
         (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
         assert drained.version == 1 and not drained.timed_out and drained.gateway_id == "gw-test"
@@ -66,7 +67,7 @@ async def test_drain_timeout_is_reported(tmp_path):
         slow = asyncio.create_task(
             h.client.post(f"/episodes/{ep}/v1/chat/completions", json={"messages": MSGS})
         )
-        await asyncio.wait_for(_until(lambda: h.gateway.admission.in_flight == 1), 5)
+        await wait_until(lambda: h.gateway.admission.in_flight == 1, within_s=5, what="the call in flight")
         r = await h.client.post("/admin/pause", json={"version": 2, "drain_timeout_s": 0.05}, headers=ADMIN)
         assert r.json()["timed_out"] is True
         (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
@@ -91,8 +92,3 @@ async def test_admin_routes_need_the_token(tmp_path):
             assert r.status_code == 401, path
             assert r.json()["error"]["type"] == "authentication_error"
         assert not h.gateway.admission.paused
-
-
-async def _until(cond) -> None:
-    while not cond():  # noqa: ASYNC110 - polling gateway state that has no event of its own
-        await asyncio.sleep(0.002)

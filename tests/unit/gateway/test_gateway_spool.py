@@ -12,6 +12,7 @@ from infra.bus.base import BusUnavailableError
 from infra.bus.memory import MemoryBus
 from schemas import LLMCallRecorded
 from tests.fakes.gateway_harness import GatewayHarness
+from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 MSGS = [{"role": "user", "content": "hi"}]
@@ -47,7 +48,7 @@ async def test_outage_spools_then_drains_in_order(tmp_path):
             bus.down = False
             calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=3)
             assert [c.call_seq for c in calls] == [0, 1, 2]
-            await asyncio.wait_for(_until(lambda: h.gateway.recorder.spool_depth == 0), 5)
+            await wait_until(lambda: h.gateway.recorder.spool_depth == 0, within_s=5, what="an empty spool")
     finally:
         await bus.stop()
 
@@ -80,11 +81,6 @@ async def test_neither_bus_nor_spool_means_503(tmp_path):
             await asyncio.sleep(0)
     finally:
         await bus.stop()
-
-
-async def _until(cond) -> None:
-    while not cond():  # noqa: ASYNC110 - the spool row is deleted right after the bus acknowledged it
-        await asyncio.sleep(0.002)
 
 
 async def test_a_stuck_consumer_spools_calls_instead_of_holding_them(tmp_path):

@@ -12,6 +12,7 @@ import uvicorn
 from examples.agents_for_tests import lean_agent
 from tests.e2e.rollouts_stack import free_port
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
+from tests.fakes.waiting import wait_until
 
 
 @pytest.fixture
@@ -29,8 +30,7 @@ async def upstream() -> AsyncIterator[tuple[str, FakeUpstreamConfig]]:
         )
     )
     serving = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn offers no started event)
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: server.started, what="the fake upstream to start")  # uvicorn has no event
     yield f"http://127.0.0.1:{port}/v1", cfg
     server.should_exit = True
     await serving

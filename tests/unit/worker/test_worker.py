@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.bus.memory import MemoryBus
-from rollout_worker.app import RolloutWorker
+from rollout_worker.service import RolloutWorker
 from rollout_worker.settings import WorkerSettings
 from schemas import (
     DEADLETTER,

@@ -1,4 +1,4 @@
-"""Helpers the ops commands share: one-line errors with meaningful exit codes, JSON output, settings.
+"""Helpers the CLI commands share: one-line errors with meaningful exit codes, JSON output, settings.
 
 Exit codes: 0 done (also "nothing matched"), 1 something it depends on is wrong (unreachable, locked,
 refused), 2 the command line itself is wrong.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 import orjson
@@ -31,6 +32,16 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 
 def usage(message: str) -> NoReturn:
     fail(message, EXIT_USAGE)
+
+
+def run_service(main: Coroutine[Any, Any, None]) -> None:
+    """Run one service alone (``infra.service.serve``); a service that cannot start is one line, exit 1."""
+    from infra.service import ServiceStartError, run
+
+    try:
+        run(main)
+    except ServiceStartError as exc:
+        fail(str(exc))
 
 
 def print_json(data: Any) -> None:
