@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -30,6 +30,7 @@ from schemas.common import (
     Task,
     TokenLogprob,
 )
+from schemas.ids import new_group_id
 
 # --------------------------------------------------------------------------------------- tasks
 
@@ -53,6 +54,18 @@ class RolloutRequested(EventBase):
     @property
     def task_id(self) -> str:
         return self.task.task_id
+
+    @classmethod
+    def group(
+        cls, task: Task, agent: AgentRef, size: int = 1, *, group_id: str | None = None, **fields: Any
+    ) -> list[RolloutRequested]:
+        """The ``size`` requests of one group on ``task`` (``sample_index`` 0..size-1, a fresh group id
+        unless one is given); ``fields`` are the rest (mode, model, deadline_s, pool, producer, ...)."""
+        gid = group_id or new_group_id()
+        return [
+            cls(task=task, agent=agent, group_id=gid, group_size=size, sample_index=i, **fields)
+            for i in range(size)
+        ]
 
 
 class RolloutCancelled(EventBase):

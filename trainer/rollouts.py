@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from infra.bus.base import Bus
-from schemas import AgentRef, Mode, RolloutRequested, Task, new_group_id, tasks_topic
+from schemas import AgentRef, Mode, RolloutRequested, Task, tasks_topic
 
 
 class RolloutPlanner:
@@ -46,24 +46,20 @@ class RolloutPlanner:
         except StopIteration:
             self.exhausted = True
             return None
-        group_id = new_group_id()
-        for i in range(self.group_size):
-            await self.bus.publish(
-                tasks_topic(self.pool),
-                RolloutRequested(
-                    task=task,
-                    agent=self.agent,
-                    group_id=group_id,
-                    group_size=self.group_size,
-                    sample_index=i,
-                    max_attempts=self.max_attempts,
-                    mode=Mode.train,
-                    model=self.model,
-                    deadline_s=self.deadline_s,
-                    pool=self.pool,
-                    producer="trainer",
-                ),
-            )
+        requests = RolloutRequested.group(
+            task,
+            self.agent,
+            self.group_size,
+            max_attempts=self.max_attempts,
+            mode=Mode.train,
+            model=self.model,
+            deadline_s=self.deadline_s,
+            pool=self.pool,
+            producer="trainer",
+        )
+        for request in requests:
+            await self.bus.publish(tasks_topic(self.pool), request)
+        group_id = requests[0].group_id
         self.in_flight[group_id] = version
         return group_id
 

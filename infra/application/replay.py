@@ -25,19 +25,19 @@ Nothing here parses command lines or prints: :mod:`infra.application.cli.ops_cmd
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.bus.base import Bus
 from infra.eventlog.models import EpisodeFilter
+from infra.eventlog.timeparse import parse_when
 from schemas import TRANSITIONS, EpisodeScored, EpisodeSource, Mode, new_event_id
 
 MAX_GROUP_ID = 64
@@ -118,26 +118,13 @@ class ReplayReport:
 
 # --------------------------------------------------------------------------------- parsing
 
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
 
 def parse_time(text: str, *, now: datetime | None = None) -> datetime:
-    """``2026-11-30``, ``2026-11-30T12:00``, ``...Z``/offsets (UTC when naive), ``now``, or ``2h``/``7d`` ago."""
-    value = text.strip()
-    now = now or datetime.now(UTC)
-    if value == "now":
-        return now
-    m = _RELATIVE.match(value)
-    if m:
-        return now - timedelta(**{_UNITS[m.group(2)]: float(m.group(1))})
+    """The command line's one time syntax (``infra.eventlog.timeparse``), as a filter error."""
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ReplayFilterError(
-            f"cannot read {text!r} as a time: use ISO (2026-11-30, 2026-11-30T12:00Z), 'now', or 30m/2h/7d ago"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        return parse_when(text, now=now)
+    except ValueError as exc:
+        raise ReplayFilterError(str(exc)) from None
 
 
 def parse_weight_versions(text: str) -> tuple[int | None, int | None]:

@@ -246,21 +246,14 @@ def up_command(
 def _tasks_and_agent(path: Path, agent: str) -> tuple[Any, Any]:
     from itertools import cycle
 
-    from pydantic import ValidationError
-
-    from schemas import AgentKind, AgentRef, Task
+    from infra.application.taskfile import TaskFileError, guess_agent_kind, load_task_file
+    from schemas import AgentRef
 
     try:
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        parsed = [Task.model_validate_json(line) for line in lines]
-    except OSError as exc:
-        usage(f"cannot read {path}: {exc.strerror}")
-    except ValidationError as exc:
-        usage(f"{path}: not a task per line: {exc.errors()[0]['msg']}")
-    if not parsed:
-        usage(f"{path} holds no tasks")
-    kind = AgentKind.callable if ":" in agent and " " not in agent else AgentKind.command
-    return cycle(parsed), AgentRef(kind=kind, spec=agent)
+        parsed = load_task_file(path)
+    except TaskFileError as exc:
+        usage(str(exc))
+    return cycle(parsed), AgentRef(kind=guess_agent_kind(agent), spec=agent)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,14 +19,10 @@ tasks_app = typer.Typer(help="Submit rollout tasks.", no_args_is_help=True)
 
 
 def _agent_kind(spec: str, kind: str | None) -> str:
-    """``--kind`` if given; else a Job template path, a ``module:function``, or a command line."""
-    if kind:
-        return kind
-    if spec.endswith((".yaml", ".yml", ".json")) and " " not in spec:
-        return "kubernetes"
-    if " " not in spec and ":" in spec and not spec.startswith(("/", ".")):
-        return "callable"
-    return "command"
+    """``--kind`` if given; else guessed from the spec (``infra.application.taskfile``)."""
+    from infra.application.taskfile import guess_agent_kind
+
+    return kind or guess_agent_kind(spec).value
 
 
 def register(app: typer.Typer) -> None:
@@ -120,30 +116,9 @@ def _error(message: str) -> None:
 
 def read_tasks(file: Path) -> tuple[list[Task], list[str]]:
     """Valid tasks and one message per bad line (``FILE:LINE: reason``)."""
-    from pydantic import ValidationError
+    from infra.application.taskfile import read_task_file
 
-    from schemas import Task
-
-    tasks: list[Task] = []
-    errors: list[str] = []
-    seen: set[str] = set()
-    with file.open(encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                task = Task.model_validate_json(line)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first.get("loc", ()))
-                errors.append(f"{file}:{lineno}: {first['msg']}" + (f" at {loc}" if loc else ""))
-                continue
-            if task.task_id in seen:
-                errors.append(f"{file}:{lineno}: duplicate task_id {task.task_id!r}")
-                continue
-            seen.add(task.task_id)
-            tasks.append(task)
-    return tasks, errors
+    return read_task_file(file)
 
 
 def build_requests(
@@ -157,28 +132,23 @@ def build_requests(
     model: str,
     pool: str | None,
 ) -> list[RolloutRequested]:
-    from schemas import RolloutRequested, new_group_id
+    from schemas import RolloutRequested
 
-    out: list[RolloutRequested] = []
-    for task in tasks:
-        group = new_group_id()
-        out.extend(
-            RolloutRequested(
-                producer="flywheel-cli",
-                task=task,
-                agent=agent,
-                group_id=group,
-                group_size=n,
-                sample_index=i,
-                max_attempts=max_attempts,
-                mode=mode,
-                model=model,
-                deadline_s=deadline_s,
-                pool=pool,
-            )
-            for i in range(n)
+    return [
+        request
+        for task in tasks
+        for request in RolloutRequested.group(
+            task,
+            agent,
+            n,
+            producer="flywheel-cli",
+            max_attempts=max_attempts,
+            mode=mode,
+            model=model,
+            deadline_s=deadline_s,
+            pool=pool,
         )
-    return out
+    ]
 
 
 async def _publish(settings: FlywheelSettings, topic: str, requests: list[RolloutRequested]) -> None:
@@ -227,7 +197,11 @@ def submit(
     if not file.is_file():
         _error(f"error: {file} is not a file")
         return 1
-    tasks, errors = read_tasks(file)
+    try:
+        tasks, errors = read_tasks(file)
+    except ValueError as exc:  # TaskFileError: unreadable
+        _error(f"error: {exc}")
+        return 1
     for message in errors:
         _error(message)
     if not tasks:

@@ -107,19 +107,16 @@ async def evaluate(
     )
     try:
         for group_id, task in wanted.items():
-            await bus.publish(
-                tasks_topic(None),
-                RolloutRequested(
-                    task=task,
-                    agent=agent,
-                    group_id=group_id,
-                    group_size=1,
-                    mode=Mode.val,
-                    model=model,
-                    deadline_s=deadline_s,
-                    producer="demo",
-                ),
+            (request,) = RolloutRequested.group(
+                task,
+                agent,
+                group_id=group_id,
+                mode=Mode.val,
+                model=model,
+                deadline_s=deadline_s,
+                producer="demo",
             )
+            await bus.publish(tasks_topic(None), request)
         try:
             await asyncio.wait_for(done.wait(), timeout_s)
         except TimeoutError as exc:

@@ -221,19 +221,17 @@ class Rollouts:
         self._scored.update(futs)
         try:
             for gid, task in groups:
-                await self.bus.publish(
-                    tasks_topic(self.pool),
-                    RolloutRequested(
-                        task=task,
-                        agent=self.agent,
-                        group_id=gid,
-                        mode=Mode.val,
-                        model=self.model,
-                        deadline_s=self.deadline_s,
-                        pool=self.pool,
-                        producer="optimize",
-                    ),
+                (request,) = RolloutRequested.group(
+                    task,
+                    self.agent,
+                    group_id=gid,
+                    mode=Mode.val,
+                    model=self.model,
+                    deadline_s=self.deadline_s,
+                    pool=self.pool,
+                    producer="optimize",
                 )
+                await self.bus.publish(tasks_topic(self.pool), request)
             try:
                 done = await asyncio.wait_for(asyncio.gather(*futs.values()), self.timeout_s)
             except TimeoutError as exc:

@@ -15,33 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
+from infra.application.taskfile import TaskFileError, load_task_file
 from schemas import EpisodeStarted, Task
 
-
-class TaskFileError(ValueError):
-    pass
+__all__ = ["TaskFileError", "load_tasks", "split", "tasks_from_eventlog", "write_tasks"]
 
 
 def load_tasks(path: Path) -> list[Task]:
     if not path.is_file():
         raise TaskFileError(f"no task file at {path}")
-    tasks: list[Task] = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            tasks.append(Task.model_validate_json(line))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise TaskFileError(
-                f"{path}:{n}: not a task: {first['msg']}" + (f" at {where}" if where else "")
-            ) from exc
-    if not tasks:
-        raise TaskFileError(f"{path} holds no tasks")
-    return tasks
+    return load_task_file(path)
 
 
 class _Queryable(Protocol):
