@@ -23,6 +23,14 @@ import httpx
 from reward_service.scorers import Score, ScorerError, predicted
 from reward_service.state import EpisodeRecord
 from schemas import ScorerSpec
+from schemas.scorers import JudgeOptions
+
+
+def _judge_options(spec: ScorerSpec) -> JudgeOptions:
+    try:
+        return spec.options_as(JudgeOptions)
+    except ValueError as exc:
+        raise ScorerError(str(exc)) from None
 
 
 class JudgeError(ScorerError):
@@ -40,15 +48,15 @@ class Judge:
         self.timeout_s = timeout_s
 
     async def _ask(self, spec: ScorerSpec, prompt: str) -> str:
-        model = spec.options.get("model", self.model)
+        options = _judge_options(spec)
         body = {
-            "model": model,
+            "model": options.model or self.model,
             "messages": [
                 {"role": "system", "content": "You are a strict, fair grader."},
                 {"role": "user", "content": prompt},
             ],
-            "max_tokens": spec.options.get("max_tokens", 256),
-            "temperature": spec.options.get("temperature", 0.0),
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
         }
         try:
             resp = await self.client.post("chat/completions", json=body, timeout=self.timeout_s)
@@ -73,7 +81,7 @@ class Judge:
         if task is not None and task.answer is not None:
             parts.append(f"Reference answer: {json.dumps(task.answer)}")
         parts.append(f"Answer: {predicted(record, spec) or '(no answer)'}")
-        if criteria := spec.options.get("criteria"):
+        if criteria := _judge_options(spec).criteria:
             parts.append(f"Criteria: {criteria}")
         parts.append("Reply with one line 'SCORE: x' where x is between 0 and 1.")
         reply = await self._ask(spec, "\n".join(parts))
@@ -99,7 +107,7 @@ class Judge:
             parts.append(f"Reference answer: {json.dumps(task.answer)}")
         for label, record in zip(labels, records, strict=True):
             parts.append(f"Answer {label}: {predicted(record, spec) or '(no answer)'}")
-        if criteria := spec.options.get("criteria"):
+        if criteria := _judge_options(spec).criteria:
             parts.append(f"Criteria: {criteria}")
         parts.append(
             f"Reply with one line 'RANKING: ' followed by all {len(records)} labels, best first, "

@@ -21,12 +21,22 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
 from reward_service.state import EpisodeRecord
 from schemas import CallChoice, RewardOrigin, ScorerSpec
+from schemas.scorers import (
+    AgentOptions,
+    ExactOptions,
+    NumericOptions,
+    RegexOptions,
+    ScorerOptions,
+    SqlOptions,
+)
+
+OptionsT = TypeVar("OptionsT", bound=ScorerOptions)
 
 
 class ScorerError(Exception):
@@ -66,9 +76,9 @@ def predicted(
     """The agent's answer as text: ``output[field]`` (``options.field``, else the first of ``prefer``
     present), the output itself, or — when the agent returned nothing — the last model message."""
     output: JsonValue = record.finished.output if record.finished is not None else None
-    field = spec.options.get("field")
+    field = _options(spec, ScorerOptions).field
     if isinstance(output, dict):
-        keys = [field] if isinstance(field, str) else list(prefer)
+        keys = [field] if field is not None else list(prefer)
         for key in keys:
             if key in output:
                 output = output[key]
@@ -83,10 +93,12 @@ def _answer(record: EpisodeRecord) -> JsonValue:
     return task.answer if task is not None else None
 
 
-def _float(value: JsonValue, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ScorerError(f"option {name!r} must be a number")
-    return float(value)
+def _options(spec: ScorerSpec, kind: type[OptionsT]) -> OptionsT:
+    """``spec``'s options as ``kind`` (checked when the task was parsed; a mismatch is a ScorerError)."""
+    try:
+        return spec.options_as(kind)
+    except ValueError as exc:
+        raise ScorerError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------- scorers
@@ -102,8 +114,8 @@ async def score_agent(record: EpisodeRecord, spec: ScorerSpec, fill: float = 0.0
         value = record.finished.reported_reward
     if value is not None:
         return Score(value, "agent")
-    filled = spec.options.get("fill", fill)
-    return Score(_float(filled, "fill"), "filled", "no reward reported")
+    filled = _options(spec, AgentOptions).fill
+    return Score(fill if filled is None else filled, "filled", "no reward reported")
 
 
 def _candidates(answer: JsonValue) -> list[str]:
@@ -112,11 +124,12 @@ def _candidates(answer: JsonValue) -> list[str]:
 
 
 async def score_exact(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    options = _options(spec, ExactOptions)
     got = predicted(record, spec)
-    gold = _candidates(spec.options.get("answer", _answer(record)))
+    gold = _candidates(options.answer if options.answer is not None else _answer(record))
     if not gold:
         raise ScorerError("exact: the task has no answer")
-    fold = bool(spec.options.get("ignore_case", False))
+    fold = options.ignore_case
 
     def norm(s: str) -> str:
         s = " ".join(s.split())
@@ -148,29 +161,29 @@ def _parse_number(text: str) -> float | None:
 
 
 async def score_numeric(record: EpisodeRecord, spec: ScorerSpec) -> Score:
-    gold_raw = spec.options.get("answer", _answer(record))
+    options = _options(spec, NumericOptions)
+    gold_raw = options.answer if options.answer is not None else _answer(record)
     gold = _parse_number(gold_raw if isinstance(gold_raw, str) else json.dumps(gold_raw))
     if gold is None:
         raise ScorerError("numeric: the task's answer is not a number")
     got_text = predicted(record, spec)
     got = _parse_number(got_text) if got_text is not None else None
-    abs_tol = _float(spec.options.get("tolerance", 1e-6), "tolerance")
-    rel_tol = _float(spec.options.get("rel_tolerance", 0.0), "rel_tolerance")
-    ok = got is not None and math.isclose(got, gold, rel_tol=rel_tol, abs_tol=abs_tol)
+    ok = got is not None and math.isclose(got, gold, rel_tol=options.rel_tolerance, abs_tol=options.tolerance)
     return Score(1.0 if ok else 0.0, "numeric", _verdict(ok, got_text, [str(gold_raw)]))
 
 
 async def score_regex(record: EpisodeRecord, spec: ScorerSpec) -> Score:
-    pattern = spec.options.get("pattern", _answer(record))
+    options = _options(spec, RegexOptions)
+    pattern = options.pattern if options.pattern is not None else _answer(record)
     if not isinstance(pattern, str):
         raise ScorerError("regex: options.pattern (or the task's answer) must be a string")
-    flags = re.IGNORECASE if spec.options.get("ignore_case") else 0
+    flags = re.IGNORECASE if options.ignore_case else 0
     try:
         compiled = re.compile(pattern, flags)
     except re.error as exc:
         raise ScorerError(f"regex: bad pattern: {exc}") from exc
     got = predicted(record, spec)
-    match = compiled.fullmatch if spec.options.get("full") else compiled.search
+    match = compiled.fullmatch if options.full else compiled.search
     return Score(1.0 if got is not None and match(got) else 0.0, "regex")
 
 
@@ -196,14 +209,15 @@ async def score_sql(record: EpisodeRecord, spec: ScorerSpec) -> Score:
     """Execution match: predicted and gold SQL on the task's SQLite database, result rows compared by
     value (Spider's execution accuracy, Yu et al., 2018): as multisets, or in order when ``ordered`` is
     true or (the default, ``"auto"``) the gold query has an ``ORDER BY``."""
-    db = spec.options.get("db")
+    options = _options(spec, SqlOptions)
+    db: JsonValue = options.db
     task = record.started.task if record.started is not None else None
-    if not isinstance(db, str) and task is not None:
+    if db is None and task is not None:
         db = task.metadata.get("db")
-    gold = spec.options.get("gold", _answer(record))
+    gold = options.gold if options.gold is not None else _answer(record)
     if not isinstance(db, str) or not isinstance(gold, str):
         raise ScorerError("sql: needs options.db (or task metadata 'db') and a gold query as the answer")
-    timeout_s = _float(spec.options.get("timeout_s", 5.0), "timeout_s")
+    timeout_s = options.timeout_s
     try:
         want = await asyncio.to_thread(_run_sql, db, _strip_sql(gold), timeout_s)
     except sqlite3.Error as exc:
@@ -215,9 +229,7 @@ async def score_sql(record: EpisodeRecord, spec: ScorerSpec) -> Score:
         got = await asyncio.to_thread(_run_sql, db, _strip_sql(got_text), timeout_s)
     except (sqlite3.Error, sqlite3.Warning) as exc:
         return Score(0.0, "sql", f"predicted query failed: {exc}")
-    ordered = spec.options.get("ordered", "auto")
-    if ordered == "auto":
-        ordered = _has_order_by(gold)
+    ordered = _has_order_by(gold) if options.ordered == "auto" else options.ordered
     rows_got, rows_want = _rows(got), _rows(want)
     same = rows_got == rows_want if ordered else Counter(rows_got) == Counter(rows_want)
     return Score(1.0 if same else 0.0, "sql")

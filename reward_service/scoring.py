@@ -10,6 +10,7 @@ from reward_service.judge import Judge
 from reward_service.scorers import BUILTIN, Score, ScorerError, UnknownScorer, score_agent
 from reward_service.state import EpisodeRecord
 from schemas import EpisodeSource, ScorerSpec
+from schemas.scorers import JudgeOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ def scorer_for(record: EpisodeRecord, production_scorer: str) -> ScorerSpec | No
 
 
 def is_rank(spec: ScorerSpec | None) -> bool:
-    return spec is not None and spec.name == "judge" and spec.options.get("mode") == "rank"
+    return spec is not None and spec.name == "judge" and spec.options_as(JudgeOptions).mode == "rank"
 
 
 class Scoring:

@@ -57,6 +57,7 @@ from schemas import (
     ScorerSpec,
     encode,
 )
+from schemas.scorers import ScorerOptions
 
 log = get_logger("reward_service")
 
@@ -248,8 +249,11 @@ class RewardService:
         started, finished = record.started, record.finished
         assert finished is not None
         task = started.task if started is not None else None
-        options = task.scorer.options if task is not None else {}
-        discount = options.get("discount", self.discount)
+        chosen: float | None = None
+        if task is not None:
+            with contextlib.suppress(ValueError):  # an unknown scorer's options: the default discount
+                chosen = task.scorer.options_as(ScorerOptions).discount
+        discount = self.discount if chosen is None else chosen
         call_rewards = {
             r.call_seq: r.value
             for r in record.rewards

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, ValidationError, model_validator
 
 from schemas.ids import new_event_id
+from schemas.scorers import OPTIONS, ScorerOptions
+
+OptionsT = TypeVar("OptionsT", bound=ScorerOptions)
 
 # Bump when an event's shape changes incompatibly, with a note here:
 #   1 — first version.
@@ -67,8 +70,9 @@ class ScorerSpec(BaseModel):
     """How the reward service scores an episode of this task.
 
     ``name`` is one of: ``agent`` (agent-reported reward), ``exact``, ``numeric``, ``regex``, ``sql``,
-    ``function`` (``ref`` = ``module:function``), ``judge``. ``options`` holds scorer parameters
-    (pattern, tolerance, database path, judge model, fill value, ...).
+    ``function`` (``ref`` = ``module:function``), ``judge``. ``options`` holds that scorer's parameters,
+    checked against its options model (``schemas.scorers``) when the spec is parsed; read them typed
+    with :meth:`options_as`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,6 +80,36 @@ class ScorerSpec(BaseModel):
     name: str = Field(default="agent", min_length=1, max_length=64)
     ref: str | None = Field(default=None, max_length=512)
     options: dict[str, JsonValue] = Field(default_factory=dict)
+    _typed: ScorerOptions | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_options(self) -> ScorerSpec:
+        kind = OPTIONS.get(self.name)
+        if kind is not None:
+            try:
+                self._typed = kind.model_validate(self.options)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first.get("loc", ()))
+                raise ValueError(
+                    f"scorer {self.name!r}: options{'.' + where if where else ''}: {first['msg']}"
+                ) from None
+        return self
+
+    def options_as(self, kind: type[OptionsT]) -> OptionsT:
+        """The options as ``kind``: the named scorer's own model (parsed with the spec), or, for a name
+        no built-in knows, the options ``kind`` has fields for (``ValueError`` when they do not fit)."""
+        if isinstance(self._typed, kind):
+            return self._typed
+        known = (
+            self.options
+            if self._typed is not None
+            else {k: v for k, v in self.options.items() if k in kind.model_fields}
+        )
+        try:
+            return kind.model_validate(known)
+        except ValidationError as exc:
+            raise ValueError(f"scorer {self.name!r}: options do not fit {kind.__name__}: {exc}") from None
 
 
 class Task(BaseModel):

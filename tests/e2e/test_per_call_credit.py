@@ -54,6 +54,7 @@ async def test_per_call_rewards_move_each_call_in_its_own_direction(tmp_path: Pa
         record_events=False,
         gateway_port=0,
         trainer_batch_groups=1,
+        trainer_max_in_flight=1,  # one group requested before the step: the group measured is the one trained
         trainer_checkpoint_every=1,
         trainer_torch_threads=1,
         trainer_algo=AlgorithmConfig(learning_rate=2e-3),

@@ -240,3 +240,32 @@ async def test_sql_compares_values_not_their_text_and_orders_like_spider(tmp_pat
         )
     )
     assert flipped.reward == 1.0
+
+
+def test_scorer_options_are_typed_and_checked_when_the_task_is_parsed(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from infra.application.taskfile import read_task_file
+    from schemas.scorers import NumericOptions, SqlOptions
+
+    spec = ScorerSpec(name="numeric", options={"tolerance": 0.5})
+    assert spec.options_as(NumericOptions).tolerance == 0.5
+    assert ScorerSpec(name="sql").options_as(SqlOptions).ordered == "auto"
+    for bad, where in (
+        ({"tolerence": 0.5}, "options.tolerence"),
+        ({"tolerance": "small"}, "options.tolerance"),
+    ):
+        with pytest.raises(ValidationError, match=where):
+            ScorerSpec(name="numeric", options=bad)
+    # a name no built-in knows keeps its options as they are (the service answers UnknownScorer)
+    assert ScorerSpec(name="mine", options={"x": [1]}).options == {"x": [1]}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(
+        '{"task_id": "a", "scorer": {"name": "regex", "options": {"pattern": "4", "full": true}}}\n'
+        '{"task_id": "b", "scorer": {"name": "regex", "options": {"patern": "4"}}}\n'
+    )
+    tasks, errors = read_task_file(path)
+    assert [t.task_id for t in tasks] == ["a"]
+    assert (
+        len(errors) == 1 and errors[0].startswith(f"{path}:2: not a task:") and "options.patern" in errors[0]
+    )
