@@ -52,6 +52,7 @@ from trainer.groups import Group, Intake
 from trainer.metrics import NullTracker, Tracker, TrainerMetrics
 from trainer.rollouts import RolloutPlanner
 from trainer.sft import sft_batch
+from trainer.status import TrainerStatus
 from trainer.weights import WeightSync, WeightUpdate
 
 log = get_logger(__name__)
@@ -482,31 +483,29 @@ class TrainerService:
             shutil.rmtree(old, ignore_errors=True)
         return path
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "model": self.loop.model,
-            "step": self.step,
-            "version": self.backend.version,
-            "serving_version": self.weights.serving_version,
-            "paused": self.paused,
-            "mode": self.loop.mode,
-            "pending_groups": self.intake.pending_groups,
-            "pending_production": self.intake.production_waiting,
-            "samples": dict(self.samples_trained),  # cumulative, per episode source
-            "ready_groups": len(self._ready),
-            "skipped": dict(self.intake.skipped),
-            "known_gateways": sorted(self.weights.known_gateways),
-            "metrics": self.last_metrics,
-            "updated_at": time.time(),
-        }
+    def status(self) -> TrainerStatus:
+        return TrainerStatus(
+            model=self.loop.model,
+            step=self.step,
+            version=self.backend.version,
+            serving_version=self.weights.serving_version,
+            paused=self.paused,
+            mode=self.loop.mode,
+            pending_groups=self.intake.pending_groups,
+            pending_production=self.intake.production_waiting,
+            samples=dict(self.samples_trained),  # cumulative, per episode source
+            ready_groups=len(self._ready),
+            skipped=dict(self.intake.skipped),
+            known_gateways=sorted(self.weights.known_gateways),
+            metrics=self.last_metrics,
+            updated_at=time.time(),
+        )
 
     def _write_status(self) -> None:
-        import json
-
         try:
             self.store.root.mkdir(parents=True, exist_ok=True)
             tmp = self.store.root / (STATUS_FILE + ".tmp")
-            tmp.write_text(json.dumps(self.status(), indent=1))
+            tmp.write_text(self.status().model_dump_json(indent=1))
             tmp.replace(self.store.root / STATUS_FILE)
         except OSError as exc:
             log.warning("status_write_failed", error=str(exc))

@@ -88,7 +88,7 @@ async def test_per_call_rewards_move_each_call_in_its_own_direction(tmp_path: Pa
     for episode in group:  # the reward service's per-call returns: G[k] = r[k] (+ R on the last call)
         returns = [g for t in episode.transitions for g in (t.segment_returns or [t.reward])]
         assert returns == [1.0, -1.0], episode.transitions
-    assert status["samples"]["live"] >= 2, status
+    assert status.samples["live"] >= 2, status
     by_seq: dict[int, list[tuple[list[int], list[int]]]] = {0: [], 1: []}
     for call in calls:
         if call.episode_id in trained:

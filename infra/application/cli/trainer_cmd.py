@@ -212,38 +212,46 @@ def register(app: typer.Typer) -> None:
     @trainer.command("status")
     def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
         """Step, version, paused, and the last step's metrics."""
+        from pydantic import ValidationError
+
         from trainer.service import PAUSE_FILE, STATUS_FILE
+        from trainer.status import TrainerStatus
 
         settings = _settings(directory)
         path = settings.trainer_root / STATUS_FILE
-        status: dict[str, Any] = {}
+        status: TrainerStatus | None = None
         if path.exists():
             try:
-                status = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                typer.echo(f"error: cannot read {path}: {exc}", err=True)
+                status = TrainerStatus.model_validate_json(path.read_bytes())
+            except (OSError, ValidationError) as exc:
+                typer.echo(f"error: cannot read {path}: {exc}".splitlines()[0], err=True)
                 raise typer.Exit(1) from exc
-        status["pause_requested"] = (settings.trainer_root / PAUSE_FILE).exists()
-        if settings.bus == "kafka":
-            status["last_step_on_bus"] = _latest_step_on_bus(settings)
-        if not path.exists() and not status.get("last_step_on_bus"):
+        pause_requested = (settings.trainer_root / PAUSE_FILE).exists()
+        on_bus = _latest_step_on_bus(settings) if settings.bus == "kafka" else None
+        if status is None and not on_bus:
             typer.echo(f"no trainer status yet ({path} missing and no TrainerStepCompleted seen)", err=True)
             raise typer.Exit(1)
         if as_json:
-            typer.echo(json.dumps(status, default=str))
+            report: dict[str, Any] = status.model_dump(mode="json") if status is not None else {}
+            report["pause_requested"] = pause_requested
+            if settings.bus == "kafka":
+                report["last_step_on_bus"] = on_bus
+            typer.echo(json.dumps(report, default=str))
             return
-        metrics = status.get("metrics") or {}
+        if status is None:
+            typer.echo(f"no status file yet; last step on the bus: {json.dumps(on_bus, default=str)}")
+            return
         typer.echo(
-            f"step {status.get('step', '?')}  version {status.get('version', '?')}  "
-            f"serving {status.get('serving_version', '?')}  mode {status.get('mode', '?')}  "
-            f"paused {status.get('paused', False) or status['pause_requested']}"
+            f"step {status.step}  version {status.version}  serving {status.serving_version}  "
+            f"mode {status.mode}  paused {status.paused or pause_requested}"
         )
-        samples = status.get("samples")
-        if samples:
-            typer.echo("  samples trained         " + "  ".join(f"{k} {v}" for k, v in samples.items()))
+        if status.samples:
+            typer.echo(
+                "  samples trained         " + "  ".join(f"{k} {v}" for k, v in status.samples.items())
+            )
         for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
-            if key in metrics:
-                typer.echo(f"  {key:<24} {metrics[key]:.4g}")
+            if key in status.metrics:
+                typer.echo(f"  {key:<24} {status.metrics[key]:.4g}")
 
     @weights.command("ls")
     def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:

@@ -172,7 +172,7 @@ async def replay_phase(
     while time.perf_counter() - t0 < rl_seconds and not training.done():
         status = trainer.status()
         consumed = sum(1 for g in trainer.intake.consumed if g.startswith(prefix))
-        if consumed >= report.groups and status["ready_groups"] == 0 and status["pending_groups"] == 0:
+        if consumed >= report.groups and status.ready_groups == 0 and status.pending_groups == 0:
             break  # every replayed group was taken into a batch; stop_training lets the last step finish
         # The trainer exposes no "batch taken" event: poll its counters (cheap) under the budget.
         await asyncio.sleep(0.5)

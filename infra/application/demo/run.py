@@ -229,7 +229,7 @@ async def run_seed(
                 "rl_steps": len(monitor.points),
                 "rl_batches_without_signal": stack.trainer.batches_without_signal,
                 "rl_groups_received": len(stack.trainer.intake.consumed),
-                "trainer_samples": stack.trainer.status().get("samples"),
+                "trainer_samples": stack.trainer.status().samples,
                 "trainer_skipped": dict(stack.trainer.intake.skipped),
                 "trainer_stale_dropped": replaying.stale_counts(stack.trainer),
                 **phase,

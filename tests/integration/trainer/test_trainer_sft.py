@@ -35,7 +35,7 @@ async def test_sft_trains_on_successes_only_and_an_all_success_group_counts(tmp_
         assert weights[1] == weights[2] == 0.0 and weights[0] > 0 and weights[3] > 0
         assert step.metrics["sft_loss"] > 0 and step.metrics["grad_norm"] > 0
         assert step.metrics["success"] == pytest.approx(3 / 5)
-        assert service.status()["samples"]["live"] == 3
+        assert service.status().samples["live"] == 3
         await service.stop()
         await gw.stop()
         await events.stop()
