@@ -12,6 +12,19 @@ from schemas.common import (
     Task,
     TokenLogprob,
 )
+from schemas.control import (
+    InferenceDrained,
+    InferenceResumed,
+    PromptComponent,
+    PromptVersionActivated,
+    PromptVersionRequested,
+    TrainerPauseRequested,
+    TrainerResumeRequested,
+    TrainerStepCompleted,
+    WeightsActivated,
+    WeightUpdateFailed,
+    WeightUpdateRequested,
+)
 from schemas.events import (
     AglRecorded,
     AnyEvent,
@@ -21,26 +34,15 @@ from schemas.events import (
     EpisodeScored,
     EpisodeStarted,
     Event,
-    InferenceDrained,
-    InferenceResumed,
     LLMCallRecorded,
     LogprobsMode,
-    PromptComponent,
     PromptSubstitution,
-    PromptVersionActivated,
-    PromptVersionRequested,
     RewardOrigin,
     RewardReported,
     RolloutCancelled,
     RolloutRequested,
-    TrainerPauseRequested,
-    TrainerResumeRequested,
-    TrainerStepCompleted,
     Transition,
     UpstreamKind,
-    WeightsActivated,
-    WeightUpdateFailed,
-    WeightUpdateRequested,
 )
 from schemas.ids import is_valid_episode_id, new_episode_id, new_event_id, new_group_id
 from schemas.topics import (

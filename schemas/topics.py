@@ -10,31 +10,33 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter, ValidationError
 
-from schemas.events import (
-    AglRecorded,
-    AnyEvent,
+from schemas.control import (
     ControlEvent,
-    DeadLetter,
-    EpisodeEvent,
-    EpisodeFinished,
-    EpisodeScored,
-    EpisodeStarted,
-    Event,
     InferenceDrained,
     InferenceResumed,
-    LLMCallRecorded,
     PromptVersionActivated,
     PromptVersionRequested,
-    RewardReported,
-    RolloutCancelled,
-    RolloutRequested,
-    TaskEvent,
     TrainerPauseRequested,
     TrainerResumeRequested,
     TrainerStepCompleted,
     WeightsActivated,
     WeightUpdateFailed,
     WeightUpdateRequested,
+)
+from schemas.events import (
+    AglRecorded,
+    AnyEvent,
+    DeadLetter,
+    EpisodeEvent,
+    EpisodeFinished,
+    EpisodeScored,
+    EpisodeStarted,
+    Event,
+    LLMCallRecorded,
+    RewardReported,
+    RolloutCancelled,
+    RolloutRequested,
+    TaskEvent,
 )
 
 TASKS = "flywheel.tasks"
