@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import create_fake_upstream
+from tests.fakes.waiting import wait_until
 from tests.faults.procs import FLYWHEEL, TOKEN, Figures, GatewayProcess, ThreadServer, clean_env, free_port
-from tests.faults.test_gateway_restart import Agent, _recorded, _until
+from tests.faults.test_gateway_restart import Agent, _recorded
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # about a minute with its own broker
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -83,17 +84,29 @@ def test_broker_kill9_under_load_loses_nothing(tmp_path: Path) -> None:
                     for agent in agents:
                         agent.start()
                     total = lambda: sum(len(a.answered) for a in agents)  # noqa: E731
-                    _until(lambda: total() >= 80, 60, "calls before the kill")
+                    asyncio.run(
+                        wait_until(lambda: total() >= 80, 60, "calls before the kill", interval_s=0.02)
+                    )
                     broker.kill9()
                     killed, at_kill = time.monotonic(), total()
-                    _until(lambda: total() >= at_kill + 40, 60, "calls answered from the spool")
+                    asyncio.run(
+                        wait_until(
+                            lambda: total() >= at_kill + 40,
+                            60,
+                            "calls answered from the spool",
+                            interval_s=0.02,
+                        )
+                    )
                     down_calls = total() - at_kill
                     broker.start()
                     restarted = time.monotonic()
-                    _until(
-                        lambda: admin.get(f"{gw.url}/admin/state").json().get("spool_depth") == 0,
-                        90,
-                        "the spool drained",
+                    asyncio.run(
+                        wait_until(
+                            lambda: admin.get(f"{gw.url}/admin/state").json().get("spool_depth") == 0,
+                            90,
+                            "the spool drained",
+                            interval_s=0.02,
+                        )
                     )
                     drained_s = time.monotonic() - restarted
                     down_s = restarted - killed
