@@ -5,7 +5,9 @@
 - Auto-commit is off. The records of one fetch are handled per partition concurrently (in order
   within a partition); each partition's offset is committed after all its records were handled.
 - A handler that raises is retried ``max_retries`` times, then the record goes to the dead-letter
-  topic and the partition moves on. A record that does not decode is dead-lettered at once.
+  topic and the partition moves on. A record that does not decode is dead-lettered at once. The
+  policy (retries, backoff, finding the poison in a batch) is ``infra.bus.delivery``, shared with
+  the in-process bus.
 - A revoked partition (another consumer joined the group) is handed over only after the in-flight
   records were handled and committed.
 """
@@ -23,6 +25,7 @@ from aiokafka.errors import KafkaError
 
 from infra.bus.base import BatchHandler, BusError, Handler, Message, new_message
 from infra.bus.deadletter import dead_letter, deliver
+from infra.bus.delivery import RetryPolicy, deliver_batch, deliver_one
 from infra.logging import get_logger
 from schemas import DEADLETTER, DeadLetter, EventDecodeError, decode
 
@@ -70,6 +73,7 @@ class KafkaSubscription:
         self._batch_handler = batch_handler
         self._from_beginning = from_beginning
         self._max_retries = max_retries
+        self._policy = RetryPolicy(max_retries, bus.retry_backoff_s, max_backoff_s=2.0)
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._consumer: AIOKafkaConsumer | None = None
@@ -217,24 +221,21 @@ class KafkaSubscription:
                 await self._deliver(record, message)
 
     async def _deliver(self, record: Record, message: Message) -> None:
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                if self._handler is not None:
-                    await self._handler(message)
-                else:
-                    assert self._batch_handler is not None
-                    await self._batch_handler([message])
-                return
-            except Exception as exc:
-                if attempts > self._max_retries:
-                    await self._dead_letter(record, exc, attempts, message)
-                    return
-                await asyncio.sleep(self._backoff(attempts))
+        async def handle() -> None:
+            if self._handler is not None:
+                await self._handler(message)
+            else:
+                assert self._batch_handler is not None
+                await self._batch_handler([message])
+
+        async def dead(exc: BaseException, attempts: int) -> None:
+            await self._dead_letter(record, exc, attempts, message)
+
+        await deliver_one(handle, self._policy, dead)
 
     async def _handle_batch(self, fetched: dict[TopicPartition, list[Record]]) -> None:
-        assert self._batch_handler is not None
+        batch_handler = self._batch_handler
+        assert batch_handler is not None
         good: list[tuple[Record, Message]] = []
         for records in fetched.values():
             for record in records:
@@ -243,21 +244,13 @@ class KafkaSubscription:
                     await self._dead_letter(record, message, 1)
                 else:
                     good.append((record, message))
-        attempts = 0
-        while good:
-            attempts += 1
-            try:
-                await self._batch_handler([m for _, m in good])
-                return
-            except Exception:
-                if attempts > self._max_retries:
-                    for record, message in good:  # find the poison ones, each with its own retries
-                        await self._deliver(record, message)
-                    return
-                await asyncio.sleep(self._backoff(attempts))
 
-    def _backoff(self, attempt: int) -> float:
-        return float(min(self._bus.retry_backoff_s * 2 ** (attempt - 1), 2.0))
+        async def one_by_one() -> None:  # find the poison ones, each with its own retries
+            for record, message in good:
+                await self._deliver(record, message)
+
+        if good:
+            await deliver_batch(lambda: batch_handler([m for _, m in good]), self._policy, one_by_one)
 
     async def _dead_letter(
         self, record: Record, error: BaseException | str, attempts: int, message: Message | None = None

@@ -13,7 +13,7 @@
   a handler of this bus do not wait: a handler publishing to a topic whose consumers wait on that
   handler would otherwise deadlock (the Kafka log is unbounded; this queue is not).
 - A handler that raises is retried ``max_retries`` times, then the message goes to
-  ``flywheel.deadletter`` and the partition moves on. Raw bytes that do not decode are stored as
+  ``flywheel.deadletter`` and the partition moves on (``infra.bus.delivery``, shared with Kafka). Raw bytes that do not decode are stored as
   they are and dead-lettered by each group that reaches them, as on Kafka.
 - History is bounded: records every group has committed are trimmed down to ``retain`` per partition,
   and no partition keeps much more than ``max_retained`` records (checked every ``retain`` appends);
@@ -33,6 +33,7 @@ from pathlib import Path
 from infra.bus import gc_policy
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking, dead_letter, deliver
+from infra.bus.delivery import RetryPolicy
 from infra.bus.memory_group import (
     IN_CONSUMER,
     Bad,
@@ -116,8 +117,8 @@ class MemoryBus:
             topic = self._topics[name] = Topic(spec, self._retain)
         return topic
 
-    def retry_backoff(self, attempt: int) -> float:
-        return float(min(self._retry_backoff_s * 2 ** (attempt - 1), 1.0))
+    def retry_policy(self, max_retries: int) -> RetryPolicy:
+        return RetryPolicy(max_retries, self._retry_backoff_s, max_backoff_s=1.0)
 
     # topics -------------------------------------------------------------------------------------------
 

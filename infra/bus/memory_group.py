@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from infra.bus.base import BatchHandler, Handler, Message
+from infra.bus.delivery import deliver_batch, deliver_one
 from infra.logging import get_logger
 from schemas import AnyEvent, TopicSpec
 
@@ -268,24 +269,19 @@ class Group:
             await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
             return
         message = Message(item, self.topic.name, p, offset, key)
-        attempts = 0
-        if first_failed:
-            attempts = 1
-            await asyncio.sleep(self.bus.retry_backoff(1))
-        while True:
-            attempts += 1
-            try:
-                if member.handler is not None:
-                    await member.handler(message)
-                else:
-                    assert member.batch_handler is not None
-                    await member.batch_handler([message])
-                return
-            except Exception as exc:
-                if attempts > member.max_retries:
-                    await self.bus.dead_letter(self, p, offset, key, item, exc, attempts)
-                    return
-                await asyncio.sleep(self.bus.retry_backoff(attempts))
+        handler, batch_handler = member.handler, member.batch_handler
+
+        async def handle() -> None:
+            if handler is not None:
+                await handler(message)
+            else:
+                assert batch_handler is not None
+                await batch_handler([message])
+
+        async def dead(exc: BaseException, attempts: int) -> None:
+            await self.bus.dead_letter(self, p, offset, key, item, exc, attempts)
+
+        await deliver_one(handle, self.bus.retry_policy(member.max_retries), dead, failed_once=first_failed)
 
     async def _run_batch(self, member: Member) -> None:
         IN_CONSUMER.set(True)
@@ -364,18 +360,15 @@ class Group:
                     await self.bus.dead_letter(self, p, offset, key, item, item.error, 1)
                 else:
                     good.append(_tuple_new(Message, (item, topic, p, offset, key, None)))
-        attempts = 0
-        while good:
-            attempts += 1
-            try:
-                await member.batch_handler(good)
-                break
-            except Exception:
-                if attempts > member.max_retries:
-                    # Find the poison messages: each one alone, with its own retries.
-                    for m in good:
-                        await self._deliver(member, m.partition, m.offset, m.key, m.event)
-                    break
-                await asyncio.sleep(self.bus.retry_backoff(attempts))
+        batch_handler = member.batch_handler
+
+        async def one_by_one() -> None:  # find the poison messages: each alone, with its own retries
+            for m in good:
+                await self._deliver(member, m.partition, m.offset, m.key, m.event)
+
+        if good:
+            await deliver_batch(
+                lambda: batch_handler(good), self.bus.retry_policy(member.max_retries), one_by_one
+            )
         for p, entries in taken.items():
             self._commit(p, entries[-1][0])
