@@ -129,7 +129,12 @@ def validation_message(errors: Sequence[Any], *, skip: tuple[str, ...] = ("body"
 
 
 class HttpErrorRoute(APIRoute):
-    """A route that answers :class:`HttpError` (its dependencies' included) without the host app's handlers."""
+    """A route that answers :class:`HttpError` (its dependencies' included) without the host app's
+    handlers. A subclass maps its own exceptions to ``HttpError`` in :meth:`translate`."""
+
+    def translate(self, exc: Exception) -> HttpError | None:
+        """The answer for ``exc``, or None to let it propagate; ``HttpError`` is answered as it is."""
+        return exc if isinstance(exc, HttpError) else None
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -137,8 +142,11 @@ class HttpErrorRoute(APIRoute):
         async def route(request: Request) -> Response:
             try:
                 return await handler(request)
-            except HttpError as exc:
-                return exc.response()
+            except Exception as exc:
+                answer = self.translate(exc)
+                if answer is None:
+                    raise
+                return answer.response()
 
         return route
 

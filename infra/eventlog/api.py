@@ -23,12 +23,12 @@ validated before any query runs (``infra.eventlog.models``: int limits, bounded 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -50,7 +50,7 @@ from infra.eventlog.models import (
     StatsPoint,
 )
 from infra.eventlog.store import EventStore
-from infra.http import HttpError, HttpErrorRoute, error_response, require_admin_token, validation_message
+from infra.http import HttpError, HttpErrorRoute, require_admin_token, validation_message
 from infra.logging import get_logger
 
 log = get_logger(__name__)
@@ -77,36 +77,30 @@ class ScoredRequest(BaseModel):
 class _EventLogRoute(HttpErrorRoute):
     """Turns this router's errors into OpenAI-shaped bodies without touching the host app's handlers."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    def translate(self, exc: Exception) -> HttpError | None:
+        def bad(message: str, code: str, param: str | None = None) -> HttpError:
+            return HttpError(
+                message, status_code=400, error_type="invalid_request_error", code=code, param=param
+            )
 
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except HttpError as exc:
-                return exc.response()
-            except ReadOnlyQueryError as exc:
-                return error_response(400, str(exc), "invalid_request_error", code="read_only")
-            except EventLogQueryError as exc:
-                return error_response(400, str(exc), "invalid_request_error", code="query_failed")
-            except EventLogTimeoutError as exc:
+        match exc:
+            case HttpError():
+                return exc
+            case ReadOnlyQueryError():
+                return bad(str(exc), "read_only")
+            case EventLogQueryError():
+                return bad(str(exc), "query_failed")
+            case EventLogTimeoutError():
                 log.warning("eventlog.read_timeout", error=str(exc))
-                return error_response(504, str(exc), "server_error", code="eventlog_timeout")
-            except RequestValidationError as exc:
+                return HttpError(str(exc), status_code=504, code="eventlog_timeout")
+            case RequestValidationError() | ValidationError():
                 message, param = validation_message(exc.errors(), skip=())
-                return error_response(
-                    400, message, "invalid_request_error", code="invalid_request", param=param
-                )
-            except ValidationError as exc:
-                message, param = validation_message(exc.errors(), skip=())
-                return error_response(
-                    400, message, "invalid_request_error", code="invalid_filter", param=param
-                )
-            except EventLogError as exc:
+                code = "invalid_request" if isinstance(exc, RequestValidationError) else "invalid_filter"
+                return bad(message, code, param)
+            case EventLogError():
                 log.warning("eventlog.api_error", error=str(exc))
-                return error_response(503, str(exc), "server_error", code="eventlog_unavailable")
-
-        return route
+                return HttpError(str(exc), status_code=503, code="eventlog_unavailable")
+        return None
 
 
 class Readers:
