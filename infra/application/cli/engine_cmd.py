@@ -29,13 +29,15 @@ AdminToken = Annotated[
     ),
 ]
 
+DEFAULT_PORT = 8000  # vLLM's port, where the gateway's default upstream points
+
 
 def register(app: typer.Typer) -> None:
     @app.command("engine")
     def engine_command(
         model: Model,
         host: Host = "127.0.0.1",
-        port: Port = 8000,  # vLLM's port: the gateway's default upstream
+        port: Port = DEFAULT_PORT,
         threads: Threads = None,
         served_model_name: ServedName = None,
         max_num_seqs: MaxSeqs = 64,
