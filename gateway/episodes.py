@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.errors import NotFoundError
+from gateway.seqs import BLOCK, SeqJournal
+from infra.tickets import EpisodeTicket
 from schemas import EpisodeSource, EpisodeStarted, Mode, is_valid_episode_id
 
 
@@ -43,6 +45,7 @@ class EpisodeState:
     opened_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     next_seq: int = 0
+    reserved: int = 0  # numbers below this are reserved in the gateway's SeqJournal (ticket mode)
     calls: int = 0
     prefix_mismatches: int = 0
     prev_prompt: list[int] | None = None
@@ -107,6 +110,13 @@ class EpisodeRegistry:
         # process saw its EpisodeStarted: from the spool, or a topic replayed out of order)
         self._seq_floor: OrderedDict[str, int] = OrderedDict()
         self.prefix_mismatches = 0
+        self.journal: SeqJournal | None = None  # set when episodes are admitted by ticket (gateway/seqs.py)
+
+    def use_journal(self, journal: SeqJournal) -> None:
+        """Number ticket-admitted episodes after what a predecessor on this data directory reserved."""
+        self.journal = journal
+        for episode_id, upto in journal.load().items():
+            self.saw_call(episode_id, upto - 1)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -185,10 +195,10 @@ class EpisodeRegistry:
         ended = self._finished.get(episode_id)
         return None if ended is None else time.monotonic() - ended
 
-    async def training(self, episode_id: str) -> EpisodeState:
+    async def training(self, episode_id: str, *, wait: bool = True) -> EpisodeState:
         """The open training episode ``episode_id``; waits briefly for its ``EpisodeStarted``."""
         state = self._open.get(episode_id)
-        if state is None and is_valid_episode_id(episode_id) and episode_id not in self._finished:
+        if state is None and wait and is_valid_episode_id(episode_id) and episode_id not in self._finished:
             if len(self._waiters) < self.max_waiters:
                 waiter = self._waiters.setdefault(episode_id, asyncio.Event())
                 try:
@@ -202,6 +212,35 @@ class EpisodeRegistry:
             )
         self._open.move_to_end(episode_id)
         return state
+
+    def admit(self, ticket: EpisodeTicket) -> EpisodeState:
+        """The training episode a verified ticket vouches for, opened on its first call."""
+        state = self._open.get(ticket.episode_id)
+        if state is None:
+            if ticket.episode_id in self._finished:
+                raise NotFoundError(
+                    f"episode {ticket.episode_id!r} has finished",
+                    code="episode_not_found",
+                    episode_id=ticket.episode_id,
+                )
+            state = EpisodeState(ticket.episode_id, group_id=ticket.group_id)
+            state.next_seq = self._seq_floor.pop(ticket.episode_id, 0)
+            self._insert(state)
+        elif state.source is EpisodeSource.production:
+            raise NotFoundError(
+                f"episode {ticket.episode_id!r} is not open",
+                code="episode_not_found",
+                episode_id=ticket.episode_id,
+            )
+        else:
+            self._open.move_to_end(ticket.episode_id)
+        return state
+
+    def reserve(self, state: EpisodeState, seq: int) -> None:
+        """Before call ``seq`` is served: with a journal, its number is reserved durably first."""
+        if self.journal is not None and seq >= state.reserved:
+            state.reserved = seq + BLOCK
+            self.journal.reserve(state.episode_id, state.reserved)
 
     def session(self, tenant: str, session_id: str) -> EpisodeState | None:
         episode_id = self._sessions.get((tenant, session_id))

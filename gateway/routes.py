@@ -93,7 +93,7 @@ async def serve_call(
     if episode_id is not None:
         raw = await read_body()
         data = _parse(raw, endpoint)
-        episode = await gw.episodes.training(episode_id)
+        episode = await gw.training_episode(episode_id)
     else:
         tenant = tenant_for_key(gw, _bearer(headers))
         raw = await read_body()
@@ -188,19 +188,19 @@ def build_router() -> APIRouter:
     @router.get("/episodes/{episode_id}/v1/models", tags=["episodes"])
     async def episode_models(episode_id: str, request: Request) -> Response:
         gw = _gw(request)
-        await gw.episodes.training(episode_id)
+        await gw.training_episode(episode_id)
         return _json(_models(gw))
 
     @router.post("/episodes/{episode_id}/reward", tags=["episodes"])
     async def episode_reward(episode_id: str, body: RewardRequest, request: Request) -> Response:
         gw = _gw(request)
-        event = await gw.report_reward(await gw.episodes.training(episode_id), body)
+        event = await gw.report_reward(await gw.training_episode(episode_id), body)
         return _json({"ok": True, "event_id": event.event_id})
 
     @router.post("/episodes/{episode_id}/agl/events", tags=["episodes"])
     async def episode_agl_event(episode_id: str, body: AglEventRequest, request: Request) -> Response:
         gw = _gw(request)
-        return _json(await record_agl_event(gw, await gw.episodes.training(episode_id), body))
+        return _json(await record_agl_event(gw, await gw.training_episode(episode_id), body))
 
     # ----------------------------------------------------------- production traffic (tenant key)
     @router.post("/v1/chat/completions", openapi_extra=chat_body, tags=["production"])
@@ -292,7 +292,9 @@ def build_router() -> APIRouter:
         gw = _gw(request)
         ep = await gw.open_training(body or OpenEpisodeRequest())
         base = (gw.settings.public_url or str(request.base_url)).rstrip("/")
-        return _json({"episode_id": ep.episode_id, "base_url": f"{base}/episodes/{ep.episode_id}/v1"}, 201)
+        return _json(
+            {"episode_id": ep.episode_id, "base_url": f"{base}/episodes/{gw.episode_segment(ep)}/v1"}, 201
+        )
 
     @router.get("/admin/episodes", tags=["admin"])
     async def list_episodes(request: Request) -> Response:

@@ -1,9 +1,16 @@
 """The gateway as one object with a start/stop lifecycle: what the routes and the bus handlers call.
 
 ``Gateway(settings, bus, upstreams, keystore=...)`` owns the episode registry, the recorder (bus +
-spool), admission control and the call service. ``start()`` subscribes to ``flywheel.episodes``
-(opens/closes episodes; per-replica consumer group ``gateway.<gateway_id>``) and ``flywheel.control``
-(pause/resume around weight updates) and starts the spool drainer. Idle production sessions are
+spool), admission control and the call service. ``start()`` subscribes to ``flywheel.control``
+(pause/resume around weight updates) and starts the spool drainer. How it learns which training
+episodes exist depends on ``FLYWHEEL_EPISODE_KEY``:
+
+- with the key, workers sign their episode URLs (infra/tickets.py) and the gateway admits a call on
+  the ticket alone; it reads nothing of ``flywheel.episodes``, so its cost does not grow with other
+  gateways' traffic, and it keeps ``call_seq`` across restarts in its own journal (gateway/seqs.py);
+- without it, it subscribes to ``flywheel.episodes`` (opens/closes episodes, and numbers calls after
+  every recorded one; per-replica consumer group ``gateway.<gateway_id>``) and serves once it has read
+  the topic to its end. Idle production sessions are
 closed by one owner, the reward service (it sees every gateway's calls of a session); the gateway
 forgets a session when that ``EpisodeFinished`` arrives.
 """
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -26,11 +34,13 @@ from gateway.prompts import PromptStore
 from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
 from gateway.routing import RoutedPool, build_pool
+from gateway.seqs import SeqJournal
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
+from infra.tickets import EpisodeTicket, TicketError, episode_id_of
 from schemas import (
     CONTROL,
     EPISODES,
@@ -84,6 +94,7 @@ class Gateway:
             backoff_s=settings.upstream_backoff_s,
         )
         self.episodes = EpisodeRegistry(max_episodes=settings.max_episodes, wait_s=settings.episode_wait_s)
+        self.tickets = settings.ticket_key()
         self.admission = Admission(
             weight_version=settings.initial_weight_version, hold_s=settings.pause_hold_s
         )
@@ -118,17 +129,24 @@ class Gateway:
     async def start(self) -> None:
         if self.started:
             return
+        if self.tickets is not None:
+            journal = SeqJournal(self.settings.data_dir / "gateway" / "seqs.sqlite")
+            await asyncio.to_thread(self.episodes.use_journal, journal)
         await asyncio.to_thread(self._calls_in_spool)
         self.recorder.start()
         group = f"gateway.{self.id}"
-        self._subs.append(
-            await self.bus.subscribe(
-                EPISODES, group, self._on_episode_event, from_beginning=self.settings.episodes_from_beginning
+        if self.tickets is None:  # episodes learnt from the topic: read it, and to its end first
+            self._subs.append(
+                await self.bus.subscribe(
+                    EPISODES,
+                    group,
+                    self._on_episode_event,
+                    from_beginning=self.settings.episodes_from_beginning,
+                )
             )
-        )
-        self.starting.add("catching-up")
-        self.caught_up.clear()
-        await self._catch_up(group)  # bounded (catch_up_timeout_s); quick on a topic read to its end
+            self.starting.add("catching-up")
+            self.caught_up.clear()
+            await self._catch_up(group)  # bounded (catch_up_timeout_s); quick on a topic read to its end
         self._subs.append(
             await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
         )
@@ -197,6 +215,9 @@ class Gateway:
         await self.recorder.stop()
         await self.pool.aclose()
         self.recorder.spool.close()
+        if self.episodes.journal is not None:
+            self.episodes.journal.close()
+            self.episodes.journal = None
 
     # ------------------------------------------------------------------------------ bus input
     async def _on_episode_event(self, msg: Message) -> None:
@@ -290,6 +311,34 @@ class Gateway:
         return served
 
     # ------------------------------------------------------------------------------ episodes
+    async def training_episode(self, segment: str) -> EpisodeState:
+        """The open training episode an episode URL's path segment names: a ticket, or a plain id."""
+        if self.tickets is None:
+            return await self.episodes.training(segment)
+        try:
+            ticket = self.tickets.read(segment)
+        except TicketError as exc:
+            episode_id = episode_id_of(segment)
+            raise NotFoundError(str(exc), code="episode_not_found", episode_id=episode_id[:64]) from None
+        if ticket is not None:
+            return self.episodes.admit(ticket)
+        # A plain id is served only when this gateway opened the episode itself (it reads no topic).
+        try:
+            return await self.episodes.training(segment, wait=False)
+        except NotFoundError as exc:
+            exc.message += (
+                "; this gateway admits workers' episodes by signed URL, so the worker needs the same "
+                "FLYWHEEL_EPISODE_KEY"
+            )
+            raise
+
+    def episode_segment(self, state: EpisodeState) -> str:
+        """The path segment of an episode opened here: signed when this gateway has the key."""
+        if self.tickets is None:
+            return state.episode_id
+        expires = time.time() + self.settings.opened_episode_ttl_s
+        return self.tickets.sign(EpisodeTicket(state.episode_id, state.group_id, expires))
+
     async def open_training(self, req: OpenEpisodeRequest) -> EpisodeState:
         started = EpisodeStarted(
             producer=f"gateway:{self.id}",
@@ -464,6 +513,8 @@ class Gateway:
             "weight_version": self.admission.weight_version,
             "in_flight": self.admission.in_flight,
             "open_episodes": len(self.episodes),
+            # how it learns training episodes: signed URLs (FLYWHEEL_EPISODE_KEY), or flywheel.episodes
+            "episode_admission": "ticket" if self.tickets is not None else "topic",
             "spool_depth": self.recorder.spool_depth,
             "prefix_mismatches": self.episodes.prefix_mismatches,
             **self.prompts.state(),

@@ -113,6 +113,7 @@ class CallService:
                 weight_versions=upstream.request_weight_versions,
             )
             seq = call.episode.take_seq()
+            self.episodes.reserve(call.episode, seq)
             ctx = _Ctx(
                 call,
                 upstream,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -33,6 +34,9 @@ class GatewaySettings(FlywheelSettings):
     upstream_retries: int = 2
     upstream_backoff_s: float = 0.2
     request_weight_versions: bool = False  # ask vLLM for per-token weight versions
+    # the HTTP client to plain-http upstreams: gateway/wire.py's keep-alive client, or httpx (what the
+    # wire client buys: tests/benchmarks/gateway.py, target gateway_memory_httpx)
+    upstream_client: Literal["wire", "httpx"] = "wire"
     # requested model name → its own upstream, "name=url,..." (gateway/routing.py); others: the default
     gateway_model_routes: str = ""
 
@@ -46,6 +50,8 @@ class GatewaySettings(FlywheelSettings):
     episode_wait_s: float = 2.0  # how long a call for an unknown episode waits for EpisodeStarted
     max_episodes: int = 20_000  # per-episode state kept in memory (LRU beyond this)
     episodes_from_beginning: bool = True
+    # with FLYWHEEL_EPISODE_KEY: how long the signed URL of an episode opened by hand stays valid
+    opened_episode_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     # at start, how long calls wait for the episodes topic to be read to its end (call_seq numbering)
     catch_up_timeout_s: float = Field(default=30.0, ge=0, le=600)
 

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from infra.tickets import TicketKey
+
 DEV_ADMIN_TOKEN = "dev-admin-token"  # accepted only when FLYWHEEL_ENV=development
 
 
@@ -28,6 +30,10 @@ class FlywheelSettings(BaseSettings):
     data_dir: Path = Path(".flywheel")
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db
     admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
+    # Shared by the workers and gateways: workers sign episode URLs with it, gateways admit a signed
+    # episode's calls without reading flywheel.episodes (infra/tickets.py). Empty: no tickets; gateways
+    # learn episodes from the topic.
+    episode_key: SecretStr = SecretStr("")
     model: str = "policy"
     # Production feedback is accepted this long after its session ended (then re-scores the session);
     # later, the gateway answers 409. Shared by the gateway (refuses) and the reward service (retains).
@@ -39,7 +45,13 @@ class FlywheelSettings(BaseSettings):
     def _refuse_placeholder_secrets(self) -> FlywheelSettings:
         if self.env == "production" and self.admin_token.get_secret_value() in ("", DEV_ADMIN_TOKEN):
             raise ValueError("FLYWHEEL_ADMIN_TOKEN must be set to a real secret when FLYWHEEL_ENV=production")
+        if 0 < len(self.episode_key.get_secret_value()) < 16:
+            raise ValueError("FLYWHEEL_EPISODE_KEY must be at least 16 characters (or empty: no tickets)")
         return self
+
+    def ticket_key(self) -> TicketKey | None:
+        secret = self.episode_key.get_secret_value()
+        return TicketKey(secret) if secret else None
 
     @property
     def chdb_path(self) -> Path:

@@ -28,6 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from infra.bus.base import Bus
 from infra.logging import get_logger
+from infra.tickets import EpisodeTicket, TicketKey
 from rollout_worker.llm import LLM
 from rollout_worker.runners import AgentResult, AgentRun, AgentRunner, AgentSpecError, Stopwatch
 from schemas import (
@@ -45,6 +46,9 @@ from schemas.topics import EPISODES
 
 log = get_logger("rollout_worker")
 
+# a signed episode URL stays valid this long past the episode's deadline (its agent is killed at the
+# deadline; the grace covers a call in flight then and clocks that differ by a little)
+TICKET_GRACE_S = 120.0
 EPISODES_TOTAL = Counter("flywheel_worker_episodes_total", "Episodes finished by this worker", ["status"])
 RETRIES_TOTAL = Counter("flywheel_worker_retries_total", "Rollouts republished as a new attempt")
 HANDED_BACK_TOTAL = Counter("flywheel_worker_handed_back_total", "Rollouts handed back on shutdown")
@@ -98,6 +102,7 @@ class RolloutRunner:
         worker_id: str,
         pool: str | None = None,
         retry_statuses: frozenset[EpisodeStatus] = frozenset({EpisodeStatus.error, EpisodeStatus.timeout}),
+        tickets: TicketKey | None = None,
     ) -> None:
         self.bus = bus
         self.runners = runners
@@ -105,6 +110,7 @@ class RolloutRunner:
         self.worker_id = worker_id
         self.pool = pool
         self.retry_statuses = retry_statuses
+        self.tickets = tickets  # sign episode URLs (infra/tickets.py) so gateways need no lookup
         self.running: dict[str, Running] = {}
         self.cancelled_groups: dict[str, None] = {}  # insertion-ordered, bounded
         self.handing_back = False
@@ -132,13 +138,24 @@ class RolloutRunner:
         if item.task is not None:
             item.task.cancel()
 
+    def _segment(self, req: RolloutRequested, episode_id: str, deadline_at: datetime) -> str:
+        """The episode URL's path segment: the id, signed into a ticket when this worker has the key."""
+        if self.tickets is None:
+            return episode_id
+        expires = deadline_at.timestamp() + TICKET_GRACE_S
+        return self.tickets.sign(EpisodeTicket(episode_id, req.group_id, expires))
+
     async def run(self, req: RolloutRequested) -> None:
         watch = Stopwatch()
         episode_id = new_episode_id()
         item = Running(req, episode_id)
         now = datetime.now(UTC)
         deadline_at = now + timedelta(seconds=req.deadline_s)
-        llm = LLM(f"{self.gateway_url}/episodes/{episode_id}/v1", episode_id, req.model)
+        llm = LLM(
+            f"{self.gateway_url}/episodes/{self._segment(req, episode_id, deadline_at)}/v1",
+            episode_id,
+            req.model,
+        )
         await self.bus.publish(
             EPISODES,
             EpisodeStarted(

@@ -62,6 +62,7 @@ class RolloutWorker:
             worker_id=settings.worker_id,
             pool=settings.pool,
             retry_statuses=frozenset(settings.retry_statuses),
+            tickets=settings.ticket_key(),
         )
         self._subs: list[Subscription] = []
         self._stopping = False

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from gateway.settings import GatewaySettings
@@ -104,6 +105,10 @@ class EmbeddedStack:
             raise ValueError(
                 "give both tasks and agent (the trainer then requests its own rollouts) or neither"
             )
+        if not settings.episode_key.get_secret_value():
+            # one process, one key: its worker signs episode URLs and its gateway admits them on the
+            # ticket alone, without consuming every recorded call (infra/tickets.py)
+            settings = settings.model_copy(update={"episode_key": SecretStr(secrets.token_urlsafe(32))})
         self.settings = settings
         self.model_dir = model_dir
         self._tasks = tasks

@@ -328,18 +328,21 @@ async def ttft(url: str, n: int, headers: dict[str, str]) -> float:
     return quantiles(firsts, n=100)[49]
 
 
-async def start_gateway(upstream: str, bus: str, data_dir: Path) -> tuple[Proc, str, str]:
+async def start_gateway(
+    upstream: str, bus: str, data_dir: Path, *, prefix: str = "", extra: dict[str, str] | None = None
+) -> tuple[Proc, str, str]:
     port = free_port()
     env = {
         **os.environ,
         "FLYWHEEL_BUS": bus,
         "FLYWHEEL_KAFKA_BOOTSTRAP": KAFKA,
-        "FLYWHEEL_TOPIC_PREFIX": f"bench-{uuid.uuid4().hex[:8]}.",
+        "FLYWHEEL_TOPIC_PREFIX": prefix or f"bench-{uuid.uuid4().hex[:8]}.",
         "FLYWHEEL_DATA_DIR": str(data_dir / bus),
         "FLYWHEEL_ADMIN_TOKEN": ADMIN,
         "FLYWHEEL_GATEWAY_PORT": str(port),
         "FLYWHEEL_LOG_LEVEL": "WARNING",
         "FLYWHEEL_EPISODES_FROM_BEGINNING": "false",
+        **(extra or {}),
     }
     proc = Proc([FLYWHEEL, "gateway", "--upstream", upstream], env)
     base = f"http://127.0.0.1:{port}"
@@ -347,7 +350,58 @@ async def start_gateway(upstream: str, bus: str, data_dir: Path) -> tuple[Proc, 
     async with httpx.AsyncClient() as c:
         r = await c.post(f"{base}/admin/episodes", headers={"Authorization": f"Bearer {ADMIN}"})
         r.raise_for_status()
-    return proc, f"{base}/episodes/{r.json()['episode_id']}/v1/chat/completions", base
+    return proc, f"{r.json()['base_url']}/chat/completions", base
+
+
+ADMISSIONS = ("topic", "ticket")
+
+
+async def idle_gateway(
+    upstream: str, data_dir: Path, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Two gateways on one broker and one topic prefix: one loaded, one idle. What the idle one spends.
+
+    ``topic``: gateways learn episodes from flywheel.episodes, so the idle one reads every call the
+    loaded one records; ``ticket``: both hold FLYWHEEL_EPISODE_KEY and admit signed episode URLs,
+    reading nothing of that topic. Per mode: the idle gateway's CPU per second with no traffic at all
+    (its consumers polling the broker), then during a closed-loop load on the other gateway; what the
+    load adds to the idle one, per call served by the loaded one.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for mode in ADMISSIONS:
+        prefix = f"bench-idle-{uuid.uuid4().hex[:8]}."
+        extra = {"FLYWHEEL_EPISODE_KEY": "bench-episode-key-" + uuid.uuid4().hex} if mode == "ticket" else {}
+        procs: list[Proc] = []
+        try:
+            loaded, url, _ = await start_gateway(
+                upstream, "kafka", data_dir / f"{mode}-loaded", prefix=prefix, extra=extra
+            )
+            procs.append(loaded)
+            idle, _, _ = await start_gateway(
+                upstream, "kafka", data_dir / f"{mode}-idle", prefix=prefix, extra=extra
+            )
+            procs.append(idle)
+            await asyncio.sleep(2.0)  # both consumers joined and settled
+            cpu0, t0 = idle.cpu_s(), time.perf_counter()
+            await asyncio.sleep(args.duration)
+            quiet_rate = (idle.cpu_s() - cpu0) / (time.perf_counter() - t0)  # CPU s per s
+            idle0, loaded0, t0 = idle.cpu_s(), loaded.cpu_s(), time.perf_counter()
+            row = await load(url, args.requests, args.concurrency, {})
+            await asyncio.sleep(1.0)  # what the idle one still has to read of the load
+            elapsed = time.perf_counter() - t0
+            calls = args.requests + min(50, args.requests)  # + warm-up
+            idle_cpu = idle.cpu_s() - idle0
+            out[mode] = {
+                "quiet_cpu_ms_per_s": quiet_rate * 1000,
+                "loaded_cpu_ms_per_s": idle_cpu * 1000 / elapsed,
+                "added_cpu_ms_per_call": max(0.0, idle_cpu - quiet_rate * elapsed) * 1000 / calls,
+                "loaded_gateway_cpu_ms_per_call": (loaded.cpu_s() - loaded0) * 1000 / calls,
+                "rps": row["rps"],
+            }
+        finally:
+            for proc in procs:
+                proc.stop()
+    return out
 
 
 async def start_litellm(upstream: str, data_dir: Path) -> tuple[Proc | None, str, str]:
@@ -408,11 +462,12 @@ async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc,
         proc = Proc([PY, "-c", script, str(port), upstream + "/"])
         await wait_http(f"http://127.0.0.1:{port}/", proc)
         return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
-    if name in ("gateway_memory", "gateway_kafka"):
-        bus = name.removeprefix("gateway_")
+    if name in ("gateway_memory", "gateway_kafka", "gateway_memory_httpx"):
+        bus = name.removeprefix("gateway_").removesuffix("_httpx")
         if bus == "kafka" and not kafka_reachable():
             raise RuntimeError(f"skipped, no broker at {KAFKA}")
-        proc, url, _ = await start_gateway(upstream, bus, data_dir)
+        client = {"FLYWHEEL_UPSTREAM_CLIENT": "httpx" if name.endswith("_httpx") else "wire"}
+        proc, url, _ = await start_gateway(upstream, bus, data_dir / name, extra=client)
         return proc, url
     if name in ("agl", "flywheel_agl"):
         return await start_agl(name, upstream, data_dir)
@@ -471,9 +526,11 @@ TARGETS = (
     "passthrough_wire",
     "gateway_memory",
     "gateway_kafka",
+    "gateway_memory_httpx",  # the same gateway with httpx to the upstream: what gateway/wire.py buys
     "litellm",
     "agl",
     "flywheel_agl",
+    "idle_gateway",  # two gateways on one broker, one loaded (see idle_gateway); not a proxy
 )
 
 
@@ -496,7 +553,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         upstream = f"http://127.0.0.1:{up_port}/v1"
         await wait_http(f"{upstream}/models", fake)
-        for name in ("direct", *(t for t in TARGETS if t in args.targets)):
+        for name in ("direct", *(t for t in TARGETS if t in args.targets and t != "idle_gateway")):
             proc: Proc | None = None
             try:
                 if name == "direct":
@@ -518,6 +575,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 if proc is not None and proc is not fake:
                     proc.stop()
+        idle: dict[str, dict[str, float]] = {}
+        if "idle_gateway" in args.targets:
+            if kafka_reachable():
+                idle = await idle_gateway(upstream, data_dir, args)
+            else:
+                notes.append(f"idle_gateway: skipped, no broker at {KAFKA}")
     finally:
         fake.stop()
     opened = sweep[args.offered]
@@ -541,6 +604,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ):
             if name in rows:
                 figures[key] = g / rows[name]["rps"]
+        if "gateway_memory_httpx" in rows:  # not a goal: what the hand-written upstream client buys
+            figures["throughput_wire_vs_httpx_upstream"] = g / rows["gateway_memory_httpx"]["rps"]
+            figures["throughput_httpx_upstream_vs_passthrough"] = (
+                rows["gateway_memory_httpx"]["rps"] / rows["passthrough"]["rps"]
+                if "passthrough" in rows
+                else 0.0
+            )
         figures["stream_ttft_overhead_p50_ms"] = ttfts["gateway_memory"] - ttfts["direct"]
         if "agl" in rows:  # side by side with Agent Lightning 1.0.2's proxy, same upstream and load
             figures["throughput_vs_agl"] = g / rows["agl"]["rps"]
@@ -568,6 +638,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     for name, r in rows.items():
         figures[f"{name}_rps"] = r["rps"]
         figures[f"{name}_cpu_ms_per_call"] = r["cpu_ms"]
+    for mode, r in idle.items():  # the idle gateway beside a loaded one (issue 16, item 5)
+        for key, value in r.items():
+            figures[f"idle_gateway_{mode}_{key}"] = value
+    if len(idle) == 2 and idle["topic"]["added_cpu_ms_per_call"] > 0:
+        figures["idle_gateway_added_cpu_ticket_vs_topic"] = (
+            idle["ticket"]["added_cpu_ms_per_call"] / idle["topic"]["added_cpu_ms_per_call"]
+        )
     goals = {
         "gateway_memory_added_p50_ms": "≤ 1",
         "gateway_memory_added_p99_ms": "≤ 5",
@@ -577,6 +654,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "stream_ttft_overhead_p50_ms": "≤ 2",
         "added_p50_vs_agl": "≤ 0.3",
         "throughput_vs_agl": "≥ 3",
+        "idle_gateway_ticket_added_cpu_ms_per_call": "≤ 0.01",
+        "idle_gateway_added_cpu_ticket_vs_topic": "≤ 0.05",
     }
     return {
         "figures": figures,
@@ -674,10 +753,24 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
     ):
         if key in figures:
             print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
+    for key, what in (
+        ("throughput_wire_vs_httpx_upstream", "the gateway with gateway/wire.py vs with httpx upstream"),
+        ("throughput_httpx_upstream_vs_passthrough", "with httpx upstream, vs the bare pass-through"),
+    ):
+        if key in figures:
+            print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
     if "throughput_vs_passthrough_wire" in figures:
         print(
             f"{'throughput_vs_passthrough_wire':<40}{figures['throughput_vs_passthrough_wire']:>10.2f}  (not a goal)"
         )
+    for mode in ADMISSIONS:
+        key = f"idle_gateway_{mode}_added_cpu_ms_per_call"
+        if key in figures:
+            print(
+                f"{key:<40}{figures[key]:>10.3f}  (idle gateway beside a loaded one, episodes by {mode}: "
+                f"{figures[f'idle_gateway_{mode}_quiet_cpu_ms_per_s']:.1f} ms/s quiet, "
+                f"{figures[f'idle_gateway_{mode}_loaded_cpu_ms_per_s']:.1f} ms/s during the load)"
+            )
     for name, r in rows.items():
         if r.get("failed"):
             print(f"note: {name}: {r['failed']:.0f} requests failed (excluded from latency)")

@@ -122,6 +122,8 @@ async def cluster(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> As
         "FLYWHEEL_TOPIC_PREFIX": topic_prefix,
         "FLYWHEEL_ADMIN_TOKEN": TOKEN,
         "FLYWHEEL_LOG_JSON": "true",
+        # the worker signs episode URLs; the gateway admits them without reading flywheel.episodes
+        "FLYWHEEL_EPISODE_KEY": "distributed-test-episode-key",
     }
     c = Cluster(tmp_path, env)
     yield c
@@ -249,3 +251,4 @@ async def test_distributed_training_loop(cluster: Cluster, kafka_bootstrap: str,
     assert all(status["services"][s]["up"] for s in ("worker", "reward", "trainer", "recorder"))
     assert status["control"]["weight_version"] >= 1 and status["control"]["trainer_step"] >= 1
     assert status["gateway"]["weight_version"] >= 1
+    assert status["gateway"]["episode_admission"] == "ticket"  # it never subscribed to flywheel.episodes

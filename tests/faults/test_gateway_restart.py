@@ -83,9 +83,18 @@ async def _recorded(bootstrap: str, prefix: str, want: set[str]) -> list[s.LLMCa
     return calls
 
 
-def test_call_seq_survives_a_gateway_kill9(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("admission", ["topic", "ticket"])
+def test_call_seq_survives_a_gateway_kill9(
+    admission: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """``topic``: the gateway learns episodes and calls from flywheel.episodes; ``ticket``: it reads
+    nothing of the topic (signed episode URLs) and keeps its numbering in gateway/seqs.py's journal."""
+    key = {"FLYWHEEL_EPISODE_KEY": "restart-test-episode-key-0123"} if admission == "ticket" else {}
     env = clean_env(
-        FLYWHEEL_BUS="kafka", FLYWHEEL_KAFKA_BOOTSTRAP=kafka_bootstrap, FLYWHEEL_TOPIC_PREFIX=topic_prefix
+        FLYWHEEL_BUS="kafka",
+        FLYWHEEL_KAFKA_BOOTSTRAP=kafka_bootstrap,
+        FLYWHEEL_TOPIC_PREFIX=topic_prefix,
+        **key,
     )
     with ThreadServer(create_fake_upstream()) as upstream:
         gw = GatewayProcess(upstream.url, tmp_path / "gw", env, tmp_path / "gateway.log")
@@ -138,7 +147,7 @@ def test_call_seq_survives_a_gateway_kill9(kafka_bootstrap: str, topic_prefix: s
         seqs = [c.call_seq for c in mine]
         out_of_order += seqs != sorted(seqs)
     Figures(
-        "gateway_kill9",
+        f"gateway_kill9_{admission}",
         calls=len(answered),
         ok=len(answered),
         lost=len(lost),

@@ -63,6 +63,7 @@ def _upstreams(settings: GatewaySettings, urls: list[str] | None, kind: str | No
             api_key=settings.upstream_api_key,
             timeout_s=settings.upstream_timeout_s,
             request_weight_versions=settings.request_weight_versions,
+            wire=settings.upstream_client == "wire",
         )
         for u in chosen
     ]
