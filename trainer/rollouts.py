@@ -9,10 +9,11 @@ backstop). Without tasks the trainer trains on whatever ``EpisodeScored`` arrive
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from infra.bus.base import Bus
 from schemas import AgentRef, Mode, RolloutRequested, Task, tasks_topic
+from trainer.curriculum import SignalCurriculum
 
 
 class RolloutPlanner:
@@ -27,9 +28,13 @@ class RolloutPlanner:
         pool: str | None = None,
         deadline_s: float = 300.0,
         max_attempts: int = 1,
+        curriculum: SignalCurriculum | None = None,
     ) -> None:
+        """``curriculum``: it picks each group's task (from its own source) and hears every group's
+        rewards; ``tasks`` is then unused."""
         self.bus = bus
         self.tasks = tasks
+        self.curriculum = curriculum
         self.agent = agent
         self.group_size = group_size
         self.model = model
@@ -37,13 +42,13 @@ class RolloutPlanner:
         self.deadline_s = deadline_s
         self.max_attempts = max_attempts
         self.in_flight: dict[str, int] = {}  # group_id -> weight version when requested
+        self._task_of: dict[str, Task] = {}  # group_id -> its task, while in flight (curriculum)
         self.exhausted = False
 
     async def submit(self, version: int) -> str | None:
         """Request one group of the next task; None when the task iterator is exhausted."""
-        try:
-            task = next(self.tasks)
-        except StopIteration:
+        task = self._next_task()
+        if task is None:
             self.exhausted = True
             return None
         requests = RolloutRequested.group(
@@ -61,7 +66,14 @@ class RolloutPlanner:
             await self.bus.publish(tasks_topic(self.pool), request)
         group_id = requests[0].group_id
         self.in_flight[group_id] = version
+        if self.curriculum is not None:
+            self._task_of[group_id] = task
         return group_id
+
+    def _next_task(self) -> Task | None:
+        if self.curriculum is not None:
+            return self.curriculum.next_task()
+        return next(self.tasks, None)
 
     async def top_up(self, limit: int, version: int) -> int:
         """Submit groups until ``limit`` are in flight; returns how many were submitted."""
@@ -72,5 +84,9 @@ class RolloutPlanner:
             n += 1
         return n
 
-    def finished(self, group_id: str) -> None:
+    def finished(self, group_id: str, rewards: Sequence[float] | None = None) -> None:
+        """``group_id`` is no longer in flight; ``rewards``: its episodes' (None: it was dropped)."""
         self.in_flight.pop(group_id, None)
+        task = self._task_of.pop(group_id, None)
+        if task is not None and rewards is not None and self.curriculum is not None:
+            self.curriculum.observe(task, rewards)

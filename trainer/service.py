@@ -294,7 +294,7 @@ class TrainerService:
         production = self.intake.take_production(self.algo.production_max_per_step)
         if self.planner is not None:
             for g in taken:
-                self.planner.finished(g.group_id)
+                self.planner.finished(g.group_id, [e.reward for e in g.episodes() if e.reward is not None])
             if self.loop.mode == "async":
                 # Refill now, not after the step: K groups stay in flight *while* this batch trains.
                 # Topping up only after training left K − B groups to generate during the step (measured

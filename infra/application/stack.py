@@ -98,9 +98,12 @@ class EmbeddedStack:
         group_size: int = 8,
         deadline_s: float = 120.0,
         vllm_url: str | None = None,
+        curriculum_revisit: float | None = None,
     ) -> None:
         """``vllm_url``: serve from that vLLM server (dev mode) instead of starting the embedded engine;
-        the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink`."""
+        the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink`.
+        ``curriculum_revisit``: the trainer's requests go through a :class:`trainer.curriculum.SignalCurriculum`
+        (revisit probability), seeded with the event log's per-task history."""
         if (tasks is None) != (agent is None):
             raise ValueError(
                 "give both tasks and agent (the trainer then requests its own rollouts) or neither"
@@ -115,6 +118,7 @@ class EmbeddedStack:
         self._agent = agent
         self._group_size = group_size
         self._deadline_s = deadline_s
+        self._curriculum_revisit = curriculum_revisit
         self.vllm_url = vllm_url.rstrip("/").removesuffix("/v1") if vllm_url else None
         self.bus: MemoryBus | None = None
         self.store: ChdbStore | ServerStore | None = None
@@ -333,6 +337,12 @@ class EmbeddedStack:
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         planner = None
         if self._tasks is not None and self._agent is not None:
+            curriculum = None
+            if self._curriculum_revisit is not None:
+                from trainer.curriculum import SignalCurriculum
+
+                history = await asyncio.to_thread(self.store.task_history) if self.store is not None else {}
+                curriculum = SignalCurriculum(self._tasks, revisit=self._curriculum_revisit, history=history)
             planner = RolloutPlanner(
                 self._bus,
                 self._tasks,
@@ -340,6 +350,7 @@ class EmbeddedStack:
                 group_size=self._group_size,
                 model=s.model,
                 deadline_s=self._deadline_s,
+                curriculum=curriculum,
             )
         sink: WeightSink
         if self.vllm_url is not None:

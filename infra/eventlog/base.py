@@ -72,6 +72,10 @@ class EventStore(Protocol):
         success_threshold: float = 1.0,
     ) -> list[StatsPoint]: ...
 
+    def task_history(
+        self, since: datetime | None = None, groups_per_task: int = 4
+    ) -> dict[str, list[list[float]]]: ...
+
     def counts(self) -> EventCounts: ...
 
     def query(self, sql: str, *, max_rows: int = 10_000) -> QueryResult: ...
@@ -246,6 +250,13 @@ class SqlStore:
             d["bucket"] = _utc(d["bucket"])
             points.append(StatsPoint.model_validate(d))
         return points
+
+    def task_history(
+        self, since: datetime | None = None, groups_per_task: int = 4
+    ) -> dict[str, list[list[float]]]:
+        """Per training task, its last groups' rewards, oldest first (see ``queries.task_history``)."""
+        _, _, rows = self._select(*queries.task_history(self.database, since, groups_per_task))
+        return {str(task): [[float(r) for r in group] for group in groups] for task, groups in rows}
 
     def counts(self) -> EventCounts:
         _, _, rows = self._select(*queries.counts(self.database))

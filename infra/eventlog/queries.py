@@ -247,3 +247,32 @@ def stats(
 
 def counts(db: str) -> tuple[str, Params]:
     return f"SELECT type, uniqExact(event_id) AS n FROM {db}.events GROUP BY type ORDER BY type", {}
+
+
+def task_history(db: str, since: datetime | None, groups_per_task: int) -> tuple[str, Params]:
+    """Per training task, its last ``groups_per_task`` live groups' rewards (each episode's latest score),
+    oldest group first: what ``trainer.curriculum.SignalCurriculum`` reads as ``history``."""
+    params: Params = {"keep": groups_per_task}
+    conds = [
+        "type = 'episode_scored'",
+        "source = 'live'",
+        "mode = 'train'",
+        "task_id != ''",
+        "group_id != ''",
+        "reward IS NOT NULL",
+        *_time_conds(since, None, params),
+    ]
+    sql = f"""
+        SELECT task_id, arraySlice(arrayMap(g -> g.2, arraySort(g -> g.1, groupArray((g_at, rewards)))), -{{keep:UInt32}})
+        FROM (
+            SELECT task_id, group_id, max(ep_at) AS g_at, groupArray(ep_reward) AS rewards
+            FROM (
+                SELECT task_id, group_id, episode_id, max(emitted_at) AS ep_at, argMax(reward, emitted_at) AS ep_reward
+                FROM {db}.events WHERE {" AND ".join(conds)}
+                GROUP BY task_id, group_id, episode_id
+            )
+            GROUP BY task_id, group_id
+        )
+        GROUP BY task_id
+    """
+    return sql, params

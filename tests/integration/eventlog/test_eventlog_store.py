@@ -213,3 +213,14 @@ def test_pages_join_up_without_gaps_or_repeats(store: ChdbStore, monkeypatch: py
     assert [e.event_id for e in store.select_calls(CallFilter())] == whole_calls
     assert len(whole_scored) >= 5 and len(set(whole_calls)) == len(whole_calls) >= 11
     assert len(list(store.select_scored_episodes(EpisodeFilter(limit=3)))) == 3
+
+
+def test_task_history_is_each_tasks_live_group_rewards(store: ChdbStore) -> None:
+    """What the curriculum reads (trainer/curriculum.py): per task, its live groups' rewards; production
+    sessions and unscored episodes are not a task's history."""
+    history = store.task_history()
+    assert {task: [sorted(g) for g in groups] for task, groups in history.items()} == {
+        "sql-1": [[0.0, 1.0]],
+        "calc-7": [[0.5]],
+    }
+    assert store.task_history(since=T0 + timedelta(hours=1)) == {"calc-7": [[0.5]]}

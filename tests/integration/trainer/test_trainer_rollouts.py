@@ -10,6 +10,7 @@ import pytest
 from infra.bus.base import Message
 from schemas import TASKS, TRANSITIONS, AgentKind, AgentRef, RolloutRequested, Task
 from tests.fakes.events import Collector
+from trainer.curriculum import SignalCurriculum
 from trainer.rollouts import RolloutPlanner
 
 from .trainer_harness import (
@@ -76,3 +77,55 @@ async def test_async_keeps_k_groups_in_flight_while_it_trains(tmp_path: Path) ->
         await service.stop(checkpoint=False)
         await sub.stop()
         await gw.stop()
+
+
+@pytest.mark.timeout(90)
+async def test_the_curriculum_requests_fewer_groups_without_signal(tmp_path: Path) -> None:
+    """Odd tasks split their group (signal), even ones are solved by every episode (none): with the
+    curriculum the trainer's own requests revisit the odd ones, and fewer of its batches train nothing."""
+
+    async def run(curriculum: SignalCurriculum | None, directory: Path) -> tuple[list[str], int]:
+        async with MemoryBus() as bus:
+            gw = await FakeGateway().attach(bus)
+            service, _ = make_trainer(
+                directory,
+                bus,
+                [InProcessSink(FakeEngine().load_weights)],
+                mode="async",
+                batch_groups=1,
+                max_in_flight=1,
+            )
+            tasks = (Task(task_id=f"t{i}") for i in count())
+            agent = AgentRef(kind=AgentKind.callable, spec="examples.x:agent")
+            service.planner = RolloutPlanner(
+                bus, tasks, agent, group_size=2, deadline_s=30, curriculum=curriculum
+            )
+            requested: list[str] = []
+
+            async def worker(msg: Message) -> None:
+                req = msg.event
+                assert isinstance(req, RolloutRequested)
+                if req.sample_index == 0:
+                    requested.append(req.task.task_id)
+                rewards = [1.0, 0.0] if int(req.task.task_id[1:]) % 2 else [1.0, 1.0]
+                scored = group_events(req.group_id, rewards, version=service.backend.version)  # fresh
+                await bus.publish(TRANSITIONS, scored[req.sample_index])
+
+            sub = await bus.subscribe(TASKS, "fake-worker", worker)
+            await service.start()
+            await run_steps(service, 12)
+            flat = service.batches_without_signal
+            await service.stop(checkpoint=False)
+            await sub.stop()
+            await gw.stop()
+        return requested, flat
+
+    plain, plain_flat = await run(None, tmp_path / "plain")
+    chosen, chosen_flat = await run(
+        SignalCurriculum(iter(Task(task_id=f"t{i}") for i in count()), revisit=1.0, max_visits=4),
+        tmp_path / "curriculum",
+    )
+    share = lambda ids: sum(int(t[1:]) % 2 for t in ids) / len(ids)  # noqa: E731
+    assert share(plain) == pytest.approx(0.5, abs=0.1)
+    assert share(chosen) >= 0.7, chosen
+    assert chosen_flat < plain_flat, (chosen_flat, plain_flat)
