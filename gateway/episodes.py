@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import NotFoundError
 from gateway.seqs import BLOCK, SeqJournal
+from gateway.tokens_in import Turn
 from infra.tickets import EpisodeTicket
 from schemas import EpisodeSource, EpisodeStarted, Mode, is_valid_episode_id
 
@@ -50,6 +51,7 @@ class EpisodeState:
     prefix_mismatches: int = 0
     prev_prompt: list[int] | None = None
     prev_responses: list[list[int]] = field(default_factory=list)
+    turn: Turn | None = None  # the previous chat call, for tokens-in (gateway/tokens_in.py)
 
     def take_seq(self) -> int:
         seq = self.next_seq

@@ -111,6 +111,7 @@ class Gateway:
             producer=f"gateway:{self.id}",
             on_recorded=self._remember_call,
             prompts=self.prompts,
+            tokens_in=settings.tokens_in,
         )
         self._recent: OrderedDict[str, list[LLMCallRecorded]] = OrderedDict()
         self._keep_calls_episodes = keep_calls_episodes

@@ -34,9 +34,10 @@ from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore, Substituted
 from gateway.publishing import Recorder
+from gateway.tokens_in import prompt_prefix, turn_of
 from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from infra.logging import get_logger
-from schemas import LLMCallRecorded, LogprobsMode, new_event_id
+from schemas import LLMCallRecorded, LogprobsMode, UpstreamKind, new_event_id
 
 log = get_logger("gateway.serving")
 
@@ -89,6 +90,7 @@ class CallService:
         producer: str = "gateway",
         on_recorded: Callable[[LLMCallRecorded], None] | None = None,
         prompts: PromptStore | None = None,
+        tokens_in: bool = True,
     ) -> None:
         self.pool = pool
         self.episodes = episodes
@@ -98,6 +100,7 @@ class CallService:
         self.producer = producer
         self.on_recorded = on_recorded
         self.prompts = prompts
+        self.tokens_in = tokens_in
 
     async def serve(self, call: Call) -> Answer | StreamAnswer:
         version = await self.admission.enter()
@@ -106,12 +109,17 @@ class CallService:
             upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
             # the active prompt version substituted before the engine sees the call (gateway/prompts.py)
             prompt = self.prompts.apply(call.episode, call.data, call.raw) if self.prompts else None
+            sent = prompt.data if prompt is not None else call.data
             body, asked = prepare_body(
-                prompt.data if prompt is not None else call.data,
-                call.endpoint,
-                upstream.kind,
-                weight_versions=upstream.request_weight_versions,
+                sent, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
             )
+            if upstream.kind is UpstreamKind.embedded and call.endpoint == "chat.completions":
+                body.pop("prompt_prefix", None)  # the gateway's to set, never the agent's
+                if self.tokens_in:
+                    ep = call.episode
+                    prefix = prompt_prefix(sent, ep.turn, ep.prev_prompt, ep.prev_responses)
+                    if prefix is not None:
+                        body["prompt_prefix"] = prefix
             seq = call.episode.take_seq()
             self.episodes.reserve(call.episode, seq)
             ctx = _Ctx(
@@ -246,6 +254,11 @@ class CallService:
             self.metrics.calls.labels(ctx.call.endpoint, ep.source.value, "unrecorded").inc()
             raise
         ep.remember(prompt, [c.token_ids for c in captured.choices], mismatch)
+        if self.tokens_in and ctx.call.endpoint == "chat.completions" and ep.prev_prompt is not None:
+            sent = ctx.prompt.data if ctx.prompt is not None else ctx.call.data
+            ep.turn = turn_of(sent, captured.response)
+        else:
+            ep.turn = None
         if self.on_recorded is not None:
             self.on_recorded(event)
         if mismatch:

@@ -37,6 +37,9 @@ class GatewaySettings(FlywheelSettings):
     # the HTTP client to plain-http upstreams: gateway/wire.py's keep-alive client, or httpx (what the
     # wire client buys: tests/benchmarks/gateway.py, target gateway_memory_httpx)
     upstream_client: Literal["wire", "httpx"] = "wire"
+    # tokens-in: a chat call that extends the previous one exactly starts from its recorded ids on the
+    # embedded engine (gateway/tokens_in.py)
+    tokens_in: bool = True
     # requested model name → its own upstream, "name=url,..." (gateway/routing.py); others: the default
     gateway_model_routes: str = ""
 

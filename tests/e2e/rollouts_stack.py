@@ -49,6 +49,7 @@ class RolloutStack:
         upstream_app: Any | None = None,
         upstream_kind: UpstreamKind = UpstreamKind.vllm,
         upstream_timeout_s: float = 10.0,
+        gateway_settings: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = tmp
         self.kafka = kafka
@@ -61,6 +62,7 @@ class RolloutStack:
         self.upstream_app = upstream_app
         self.upstream_kind = upstream_kind
         self.upstream_timeout_s = upstream_timeout_s
+        self.gateway_settings = gateway_settings or {}
         self.buses: list[Bus] = []
         self.workers: list[RolloutWorker] = []
         self.reward: RewardService | None = None
@@ -100,6 +102,7 @@ class RolloutStack:
             gateway_id="gw-rollouts",
             episode_wait_s=5.0,
             upstream_timeout_s=self.upstream_timeout_s,
+            **self.gateway_settings,
         )
         upstream = make_upstream(
             "http://fake/v1",

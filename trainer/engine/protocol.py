@@ -81,8 +81,21 @@ class _SamplingRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class PromptPrefix(BaseModel):
+    """Flywheel's extension (tokens-in): ``messages[:messages]`` are exactly a previous call's prompt
+    (``prompt_token_ids``) and the reply it generated (``response_token_ids``, the last message, an
+    assistant's). The engine then starts the prompt with those ids instead of re-rendering them, so a
+    call that extends the previous one extends its token ids too (``serving.EngineServing.chat_prompt``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: int = Field(ge=1)
+    prompt_token_ids: list[int] = Field(min_length=1)
+    response_token_ids: list[int] = Field(min_length=1)
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    prompt_prefix: PromptPrefix | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     logprobs: bool = False

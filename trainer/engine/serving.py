@@ -23,9 +23,10 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
 from trainer.engine.core import ChoiceResult, InferenceEngine, RequestUpdate
-from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest
+from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest, PromptPrefix
 from trainer.engine.sampling import InvalidRequestError, SamplingParams
 from trainer.engine.streaming import JSON, TextDelta, by_choice, chain, merge, prime, sse, usage
 from trainer.engine.tools import ToolCallStream, parse_tool_calls, wants_tool_parsing
@@ -43,23 +44,78 @@ class EngineServing:
         self.tokenizer = engine.tokenizer
         self.tool_parser = tool_parser
         self._token_text: dict[int, str] = {}
+        self.prompts_from_ids = 0  # chat prompts started from a PromptPrefix's ids (tokens-in)
 
     # ------------------------------------------------------------------------------- prompts
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        ids = [int(i) for i in self._render(req, req.messages, req.add_generation_prompt, tokenize=True)]
+        prefix = req.prompt_prefix
+        if prefix is None or req.continue_final_message or not req.add_generation_prompt:
+            return ids
+        head = [*prefix.prompt_token_ids, *prefix.response_token_ids]
+        if ids[: len(head)] == head:  # the history re-rendered to the very ids: nothing to splice
+            return ids
+        spliced = self._extended_prompt(req, prefix)
+        if spliced is None:
+            return ids
+        self.prompts_from_ids += 1
+        return spliced
+
+    def _render(
+        self,
+        req: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        generation_prompt: bool,
+        *,
+        tokenize: bool,
+    ) -> Any:
         kwargs = dict(req.chat_template_kwargs or {})
         try:
-            ids = self.tokenizer.apply_chat_template(
-                req.messages,
+            return self.tokenizer.apply_chat_template(
+                messages,
                 tools=req.tools,
-                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                add_generation_prompt=generation_prompt and not req.continue_final_message,
                 continue_final_message=req.continue_final_message,
-                tokenize=True,
+                tokenize=tokenize,
                 return_dict=False,
                 **kwargs,
             )
         except Exception as exc:  # template errors are the caller's malformed messages
             raise InvalidRequestError(f"cannot apply the chat template to these messages: {exc}") from exc
-        return [int(i) for i in ids]
+
+    def _extended_prompt(self, req: ChatCompletionRequest, prefix: PromptPrefix) -> list[int] | None:
+        """``prefix``'s ids, then only what the template adds after its assistant turn; None (render as
+        usual) unless the template, rendered, shows the prefix to be exactly that prompt and that reply.
+
+        The gateway vouches that ``messages[:k - 1]`` are the previous call's messages (whose prompt was
+        ``prompt_token_ids``, itself perhaps extended this way) and ``messages[k - 1]`` its reply. Here:
+        the reply must end with an end-of-turn token (a finished reply, not one cut by ``max_tokens``)
+        and the whole conversation's rendered text must start with the prefix's, turn for turn. What
+        follows the end-of-turn marker inside the rendered assistant turn (ChatML's newline) is
+        tokenised with the rest. The reply's own text is never re-rendered: a tool call the model
+        wrote in its own JSON style stays as it wrote it.
+        """
+        k = prefix.messages
+        msgs = req.messages
+        if k < 2 or k >= len(msgs) or msgs[k - 1].get("role") != "assistant":
+            return None
+        reply = prefix.response_token_ids
+        if reply[-1] not in self.engine.eos_token_ids:
+            return None
+        before = str(self._render(req, msgs[: k - 1], True, tokenize=False))
+        turn = str(self._render(req, msgs[:k], False, tokenize=False))
+        full = str(self._render(req, msgs, True, tokenize=False))
+        if not turn.startswith(before) or not full.startswith(turn):
+            return None
+        end = self.tokenizer.decode([reply[-1]], skip_special_tokens=False)
+        at = turn.rfind(end, len(before))
+        if not end or at < 0:
+            return None
+        rest = turn[at + len(end) :] + full[len(turn) :]
+        return [*prefix.prompt_token_ids, *reply, *self._encode(rest)]
+
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def completion_prompt(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):

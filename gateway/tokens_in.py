@@ -1,0 +1,92 @@
+"""Tokens-in: when a chat call extends the previous one exactly, the engine starts from recorded ids.
+
+Agents resend their whole history as messages; the engine re-renders it with the chat template. When
+the model's own reply does not survive that round trip (a tool call it wrote as ``{"a":6}`` comes
+back from the tool parser as ``{"a": 6}`` and renders so), the new prompt's ids no longer start with
+the previous prompt's and reply's, and the episode's calls stop merging into one trajectory.
+
+After each token-faithful chat call the gateway keeps a :class:`Turn`: how many messages it had, a
+digest of them, and a digest of each choice's reply message as the agent received it. When the next
+call's messages are those same messages followed by one of those replies (content and tool calls
+compared as sent back), the gateway adds ``prompt_prefix`` (the previous prompt's ids and that
+choice's ids) to the request for the embedded engine, which then renders only what follows
+(``trainer.engine.serving.EngineServing._extended_prompt``). Anything else, or an upstream that is
+not the embedded engine, is rendered as before. The agent's request as recorded is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+def _digest(value: Any) -> bytes:
+    return hashlib.blake2b(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+
+
+def _reply_key(message: Any) -> bytes | None:
+    """An assistant message as the engine sent it and as an agent sends it back: content and tool calls
+    (id, name, argument string); fields agents add or drop on the way (``refusal``, ``annotations``,
+    ``null`` vs absent) do not count."""
+    if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+        return None
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            return None
+        fn = call["function"]
+        calls.append((call.get("id"), fn.get("name"), fn.get("arguments")))
+    try:
+        return _digest([message.get("content") or "", calls])
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    messages: int  # how many messages the call had
+    history: bytes  # their digest
+    replies: tuple[bytes | None, ...]  # per choice: its reply message's key
+
+
+def turn_of(data: dict[str, Any], response: dict[str, Any]) -> Turn | None:
+    """What a recorded chat call leaves for the next one to extend; None when it cannot be extended."""
+    messages = data.get("messages")
+    choices = response.get("choices")
+    if not isinstance(messages, list) or not isinstance(choices, list) or not choices:
+        return None
+    try:
+        history = _digest(messages)
+    except TypeError:
+        return None
+    ordered = sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+    return Turn(len(messages), history, tuple(_reply_key(c.get("message")) for c in ordered))
+
+
+def prompt_prefix(
+    data: dict[str, Any], turn: Turn | None, prompt: Sequence[int] | None, responses: Sequence[Sequence[int]]
+) -> dict[str, Any] | None:
+    """The ``prompt_prefix`` for this call, or None when it does not extend the previous call exactly."""
+    messages = data.get("messages")
+    if turn is None or prompt is None or not isinstance(messages, list) or len(messages) <= turn.messages + 1:
+        return None
+    key = _reply_key(messages[turn.messages])
+    if key is None or key not in turn.replies:
+        return None
+    choice = turn.replies.index(key)
+    if choice >= len(responses) or not responses[choice]:
+        return None
+    try:
+        if _digest(messages[: turn.messages]) != turn.history:
+            return None
+    except TypeError:
+        return None
+    return {
+        "messages": turn.messages + 1,
+        "prompt_token_ids": list(prompt),
+        "response_token_ids": list(responses[choice]),
+    }
