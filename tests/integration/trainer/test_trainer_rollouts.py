@@ -126,6 +126,8 @@ async def test_the_curriculum_requests_fewer_groups_without_signal(tmp_path: Pat
         tmp_path / "curriculum",
     )
     share = lambda ids: sum(int(t[1:]) % 2 for t in ids) / len(ids)  # noqa: E731
+    print(f"CURRICULUM plain {share(plain):.2f} ({plain_flat} flat batches), "
+          f"curriculum {share(chosen):.2f} ({chosen_flat} flat batches)")  # fmt: skip
     assert share(plain) == pytest.approx(0.5, abs=0.1)
     assert share(chosen) >= 0.7, chosen
     assert chosen_flat < plain_flat, (chosen_flat, plain_flat)
