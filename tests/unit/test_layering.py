@@ -194,3 +194,16 @@ def test_schemas_and_examples_import_nothing_of_ours() -> None:
         if _top(name) in ("schemas", "examples") and _top(target) != _top(name)
     ]
     assert breaches == []
+
+
+def test_the_wheel_ships_every_package_the_code_imports() -> None:
+    """The demo imports ``examples`` (its agents): an installed ``flywheel`` must carry it."""
+    import tomllib
+
+    shipped = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
+            "packages"
+        ]
+    )
+    imported = {_top(target) for targets in _graph().values() for target in targets}
+    assert imported <= shipped, sorted(imported - shipped)

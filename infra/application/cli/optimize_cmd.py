@@ -86,7 +86,6 @@ def optimize(
     """Optimise the agent's prompt with GEPA, every evaluation a real rollout through the stack."""
     import asyncio
     import logging
-    import sys
 
     from infra.application.optimize.rollouts import OptimizeError
     from infra.application.optimize.tasks import TaskFileError, load_tasks, split
@@ -104,9 +103,6 @@ def optimize(
         usage(f"--model-dir {model_dir} is not a model directory (no config.json)")
     if not reflection_url.startswith(("http://", "https://")):
         usage(f"--reflection-url must be an http(s) URL, not {reflection_url!r}")
-    repo = Path(__file__).resolve().parents[3]
-    if str(repo) not in sys.path:  # the example agents live in the repository's examples/
-        sys.path.insert(0, str(repo))
     configure_logging("WARNING", None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
