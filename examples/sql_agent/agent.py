@@ -13,19 +13,33 @@ default ``checker``). The endpoint comes from ``OPENAI_BASE_URL`` / ``OPENAI_API
 in front can route each name to a different model and train some roles and not others.
 ``SQL_AGENT_MAX_TOKENS`` caps each reply (96).
 
-Run as a command: ``python -m examples.sql_agent.agent`` with the task JSON on stdin (or in
-``FLYWHEEL_TASK``): ``{"task_id": ..., "input": {"question": "...", "db": "/path/db.sqlite"}}``. The last
-stdout line is ``{"output": {"sql": <final query>, "queries": n, "calls": m}}``; the final query is the
-answer (scored by execution match).
+Two ways to run it, one graph:
+
+* callable: ``examples.sql_agent.agent:run`` — ``await run(task, llm)`` builds the three ``ChatOpenAI``
+  with ``base_url=llm.base_url, api_key=llm.api_key`` (the role model names as above) and runs the graph
+  with ``ainvoke`` on the caller's event loop; the episodes running on one loop share one HTTP pool.
+* command: ``python -m examples.sql_agent.agent`` with the task JSON on stdin (or in ``FLYWHEEL_TASK``),
+  the endpoint from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
+
+A task is ``{"task_id": ..., "input": {"question": "...", "db": "/path/db.sqlite"}}``. Both return (the
+command prints it as its last stdout line) ``{"output": {"sql": <final query>, "queries": n, "calls": m}}``;
+the final query is the answer (scored by execution match).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import ssl
 import sys
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any, TypedDict
 
+import httpx
+from langchain_core.runnables import RunnableConfig
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
@@ -60,24 +74,38 @@ def _text(reply: Any) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
-def build_graph(writer: ChatOpenAI, rewriter: ChatOpenAI, checker: ChatOpenAI) -> Any:
-    def write_query(state: SQLState) -> SQLState:
-        reply = writer.invoke(writer_messages(state["schema"], state["question"]))
+def _model(config: RunnableConfig, role: str) -> ChatOpenAI:
+    model: ChatOpenAI = config["configurable"][role]
+    return model
+
+
+def build_graph() -> Any:
+    """The compiled graph; each run gets its three models in ``config["configurable"]`` (``writer``,
+    ``rewriter``, ``checker``), so one graph serves every episode (compiling takes ~20 ms).
+
+    Async nodes, so many episodes share one event loop (the callable form); the command form runs the
+    same graph under ``asyncio.run``. SQLite runs in a thread: a runaway query must not block the loop.
+    """
+
+    async def write_query(state: SQLState, config: RunnableConfig) -> SQLState:
+        messages = writer_messages(state["schema"], state["question"])
+        reply = await _model(config, "writer").ainvoke(messages)
         return {"query": extract_sql(_text(reply)), "queries": 1, "calls": state.get("calls", 0) + 1}
 
-    def run_query(state: SQLState) -> SQLState:
-        rows, preview = execute(state["db"], state["query"])
+    async def run_query(state: SQLState) -> SQLState:
+        rows, preview = await asyncio.to_thread(execute, state["db"], state["query"])
         return {"result": preview, "failed": rows is None}
 
-    def check(state: SQLState) -> SQLState:
-        reply = _text(checker.invoke(checker_messages(state["question"], state["query"], state["result"])))
+    async def check(state: SQLState, config: RunnableConfig) -> SQLState:
+        messages = checker_messages(state["question"], state["query"], state["result"])
+        reply = _text(await _model(config, "checker").ainvoke(messages))
         accepted = not state["failed"] and verdict(reply)
         feedback = state["result"] if state["failed"] else reply.strip()[:300]
         return {"accepted": accepted, "feedback": feedback, "calls": state["calls"] + 1}
 
-    def rewrite(state: SQLState) -> SQLState:
+    async def rewrite(state: SQLState, config: RunnableConfig) -> SQLState:
         messages = rewriter_messages(state["schema"], state["question"], state["query"], state["feedback"])
-        reply = rewriter.invoke(messages)
+        reply = await _model(config, "rewriter").ainvoke(messages)
         return {
             "query": extract_sql(_text(reply)),
             "queries": state["queries"] + 1,
@@ -100,13 +128,16 @@ def build_graph(writer: ChatOpenAI, rewriter: ChatOpenAI, checker: ChatOpenAI) -
     return graph.compile()
 
 
-def models_from_env() -> tuple[ChatOpenAI, ChatOpenAI, ChatOpenAI]:
-    """The three roles' chat models; ``ChatOpenAI`` reads ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``."""
+def chat_models(**client: Any) -> tuple[ChatOpenAI, ChatOpenAI, ChatOpenAI]:
+    """The three roles' chat models. ``client`` goes to every ``ChatOpenAI`` (``base_url``, ``api_key``,
+    ``http_client``, ...); without them ``ChatOpenAI`` reads ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``."""
     max_tokens = int(os.environ.get("SQL_AGENT_MAX_TOKENS", "96"))
 
     def chat(name: str, default: str, temperature: float) -> ChatOpenAI:
         model = os.environ.get(name, default)
-        return ChatOpenAI(model=model, temperature=temperature, max_tokens=max_tokens, max_retries=2)
+        return ChatOpenAI(
+            model=model, temperature=temperature, max_tokens=max_tokens, max_retries=2, **client
+        )
 
     return (
         chat("OPENAI_WRITER_MODEL", "writer", 1.0),
@@ -115,7 +146,12 @@ def models_from_env() -> tuple[ChatOpenAI, ChatOpenAI, ChatOpenAI]:
     )
 
 
-def solve(task: dict[str, Any]) -> dict[str, Any]:
+def models_from_env() -> tuple[ChatOpenAI, ChatOpenAI, ChatOpenAI]:
+    """The three roles' chat models; ``ChatOpenAI`` reads ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``."""
+    return chat_models()
+
+
+def _state(task: dict[str, Any]) -> SQLState:
     data = task.get("input")
     if (
         not isinstance(data, dict)
@@ -123,10 +159,79 @@ def solve(task: dict[str, Any]) -> dict[str, Any]:
         or not isinstance(data.get("db"), str)
     ):
         raise ValueError("task.input must be {'question': str, 'db': path to a SQLite file}")
-    graph = build_graph(*models_from_env())
-    state: SQLState = {"question": data["question"], "db": data["db"], "schema": schema_of(data["db"])}
-    final = graph.invoke(state, {"recursion_limit": 4 * MAX_QUERIES + 4})
+    return {"question": data["question"], "db": data["db"], "schema": schema_of(data["db"])}
+
+
+_GRAPH: list[Any] = []
+
+
+async def _solve(models: tuple[ChatOpenAI, ChatOpenAI, ChatOpenAI], state: SQLState) -> dict[str, Any]:
+    if not _GRAPH:
+        _GRAPH.append(build_graph())
+    writer, rewriter, checker = models
+    config: RunnableConfig = {
+        "recursion_limit": 4 * MAX_QUERIES + 4,
+        "configurable": {"writer": writer, "rewriter": rewriter, "checker": checker},
+    }
+    final = await _GRAPH[0].ainvoke(state, config)
     return {"output": {"sql": final["query"], "queries": final["queries"], "calls": final["calls"]}}
+
+
+def solve(task: dict[str, Any]) -> dict[str, Any]:
+    """The command form: one episode on a loop of its own, the endpoint from the environment."""
+    state = _state(task)
+    return asyncio.run(_solve(models_from_env(), state))
+
+
+class _Pool:
+    """One HTTP connection pool per event loop, shared by the episodes running on it and closed when
+    the last of them ends: a ``ChatOpenAI`` left to build its own clients loads the system's CA bundle
+    for each new ``base_url``, and every episode has its own."""
+
+    def __init__(self) -> None:
+        self.client: httpx.AsyncClient | None = None
+        self.users = 0
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
+_SYNC: list[httpx.Client] = []  # ChatOpenAI builds its sync client too; the graph never uses it
+_TLS: list[ssl.SSLContext] = []  # loading the CA bundle takes ~40 ms of CPU: once per process
+
+
+def _tls() -> ssl.SSLContext:
+    if not _TLS:
+        _TLS.append(ssl.create_default_context())
+    return _TLS[0]
+
+
+@contextlib.asynccontextmanager
+async def _shared_http() -> AsyncIterator[httpx.AsyncClient]:
+    pool = _POOLS.setdefault(asyncio.get_running_loop(), _Pool())
+    if pool.client is None:
+        pool.client = httpx.AsyncClient(
+            timeout=120.0, verify=_tls(), limits=httpx.Limits(max_connections=None)
+        )
+    client = pool.client
+    pool.users += 1
+    try:
+        yield client
+    finally:
+        pool.users -= 1
+        if pool.users == 0 and pool.client is client:
+            pool.client = None
+            await client.aclose()
+
+
+async def run(task: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """One episode, in-process. ``llm`` has ``base_url`` and ``api_key`` (the role names pick models)."""
+    state = _state(task)
+    if not _SYNC:
+        _SYNC.append(httpx.Client(timeout=120.0, verify=_tls()))
+    async with _shared_http() as http:
+        models = chat_models(
+            base_url=llm.base_url, api_key=llm.api_key, http_async_client=http, http_client=_SYNC[0]
+        )
+        return await _solve(models, state)
 
 
 def main() -> None:

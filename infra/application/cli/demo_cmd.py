@@ -1,4 +1,9 @@
-"""``flywheel demo``: the embedded stack trains a calculator agent on the CPU and shows it getting better."""
+"""``flywheel demo``: the embedded stack trains an agent on the CPU and shows it getting better.
+
+``--agent calc`` (the default) is the calculator agent of ``examples/calc_agent``; ``--agent sql`` the
+LangGraph SQL agent of ``examples/sql_agent`` (writer and rewriter trained, checker recorded as
+context). What differs between them is in ``infra/application/demo/agents.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+
+class AgentChoice(StrEnum):
+    calc = "calc"  # the calculator agent (plain openai), all calls trained
+    sql = "sql"  # the LangGraph SQL agent: writer, rewriter trained; checker context
 
 
 class SourceChoice(StrEnum):
@@ -61,7 +71,9 @@ def demo(
     batch_groups: Annotated[int, typer.Option(min=1, help="B: tasks per training step")] = 8,
     group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
     lr: Annotated[float, typer.Option(help="RL learning rate")] = 2e-4,
-    eval_tasks: Annotated[int, typer.Option(min=1, help="held-out tasks per evaluation")] = 512,
+    eval_tasks: Annotated[
+        int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: calc 512, sql 256)")
+    ] = None,
     baseline: Annotated[
         bool | None,
         typer.Option(help="also run the equal-time SFT-only baseline (default: with --source rollouts)"),
@@ -90,8 +102,11 @@ def demo(
         str, typer.Option(help="--optimize-prompt: the reflection model's endpoint")
     ] = "",
     reflection_model: Annotated[str, typer.Option(help="--optimize-prompt: the reflection model")] = "",
+    agent: Annotated[
+        AgentChoice, typer.Option(help="which agent to train: the calculator or the LangGraph SQL agent")
+    ] = AgentChoice.calc,
 ) -> None:
-    """Warm-start a tiny model, then train the calculator agent through the whole pipeline.
+    """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
     The RL data comes from requested rollouts (async GRPO), from simulated production users who rate the
     deployed agent's answers (--source production), or from a recorded run's event log (--source replay).
@@ -99,27 +114,31 @@ def demo(
     import asyncio
     import logging
     import os
-    import sys
     import time
 
     from rich.console import Console
 
     from infra.logging import configure_logging
 
-    repo = Path(__file__).resolve().parents[3]
-    if str(repo) not in sys.path:  # the agent lives in the repository's examples/ (not installed)
-        sys.path.insert(0, str(repo))
     configure_logging("WARNING", None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' save/load bars
 
+    from infra.application.demo.agents import demo_agent
     from infra.application.demo.live import LiveDisplay
     from infra.application.demo.prompt_stage import PromptStageConfig
     from infra.application.demo.replaying import RecordedRunError
     from infra.application.demo.report import plot, write_json
     from infra.application.demo.run import DemoConfig, run_seed
-    from infra.application.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig
+    from infra.application.demo.warmstart import DEFAULT_CACHE
 
+    if agent is not AgentChoice.calc and (source is not SourceChoice.rollouts or optimize_prompt):
+        typer.echo(
+            f"error: --agent {agent.value} runs with --source rollouts only, without --optimize-prompt",
+            err=True,
+        )
+        raise typer.Exit(2)
+    chosen = demo_agent(agent.value, cache or DEFAULT_CACHE)
     stage = None
     if optimize_prompt:
         if not reflection_url or not reflection_model:
@@ -143,13 +162,11 @@ def demo(
         raise typer.Exit(2)
     with_baseline = baseline if baseline is not None else source is SourceChoice.rollouts
     mistakes = 0.0
-    warm, gate = WarmStartConfig(), GateConfig()
+    warm, gate = chosen.warm, chosen.gate
+    if eval_tasks is None:
+        eval_tasks = chosen.eval_tasks
     if tiny:
-        warm = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
-        # fails: tops up once, re-initialises once, tops that up once
-        gate = GateConfig(
-            min_success=0.5, tasks=4, max_attempts=2, reinit_below=0.0, top_up_steps=2, max_top_ups=1
-        )
+        warm, gate = chosen.tiny_warm, chosen.tiny_gate  # calc's toy fails its gate (see agents.py)
         rl = rl_seconds if rl_seconds is not None else 20.0
         max_steps = max_steps or 2
         batch_groups, group_size, eval_tasks = min(batch_groups, 2), min(group_size, 2), min(eval_tasks, 4)
@@ -179,9 +196,12 @@ def demo(
             users=users,
             user_mistake_rate=mistakes,
             replay_from=replay_from,
+            agent=agent.value,
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"
+        if agent is not AgentChoice.calc:
+            display.title += f" ({chosen.title})"
         try:
             with display:
                 result = asyncio.run(run_seed(cfg, display.say, display.step))
@@ -280,6 +300,23 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
             "met" if run["met_target"] else "not met",
         )
     console.print(table)
+    for run in runs:
+        _calls_by_model(console, run)
+
+
+def _calls_by_model(console: Any, run: dict[str, Any]) -> None:
+    """A selective agent's calls per episode and model name: trained (transitions) vs context."""
+    rows = [
+        (key, (run.get(key) or {}).get("calls_by_model")) for key in ("before", "after", "sft_only_baseline")
+    ]
+    if not any(by_model for _, by_model in rows):
+        return
+    parts = []
+    for key, by_model in rows:
+        if by_model:
+            cells = ", ".join(f"{m} {c['trained']:.2f}/{c['context']:.2f}" for m, c in by_model.items())
+            parts.append(f"{key}: {cells}")
+    console.print(f"seed {run['seed']}, calls per episode by model (trained/context): " + "; ".join(parts))
 
 
 def _pct(value: float | None) -> str:

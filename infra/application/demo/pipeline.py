@@ -2,13 +2,16 @@
 
 An evaluation publishes one ``RolloutRequested(mode=val)`` per held-out task (a group of one) and
 waits for the reward service's ``EpisodeScored`` of each: the same worker → agent → gateway → engine
-→ reward path as training, and the trainer skips ``val`` episodes. Training progress is read from the
+→ reward path as training, and the trainer skips ``val`` episodes. With ``by_model`` it also reads the
+episodes' ``LLMCallRecorded`` and counts, per requested model name, the calls that became transitions
+(``trained``) and those the reward service's selector kept as context. Training progress is read from the
 trainer's ``TrainerStepCompleted`` events on ``flywheel.control``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,10 +21,12 @@ from typing import Any
 from infra.bus.base import Bus, Message
 from schemas import (
     CONTROL,
+    EPISODES,
     TRANSITIONS,
     AgentRef,
     EpisodeScored,
     EpisodeStatus,
+    LLMCallRecorded,
     Mode,
     RolloutRequested,
     Task,
@@ -49,8 +54,11 @@ class EvalResult:
     errors: int  # episodes whose agent failed (error/timeout)
     seconds: float
     weight_versions: list[int] = field(default_factory=list)
+    # per requested model name: {"calls", "trained", "context"} per episode (``evaluate(by_model=True)``)
+    calls_by_model: dict[str, dict[str, float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        extra = {} if self.calls_by_model is None else {"calls_by_model": self.calls_by_model}
         return {
             "success": round(self.success, 4),
             "reward": round(self.reward, 4),
@@ -61,10 +69,27 @@ class EvalResult:
             "errors": self.errors,
             "seconds": round(self.seconds, 2),
             "weight_versions": self.weight_versions,
+            **extra,
         }
 
 
-def summarise(scored: Sequence[EpisodeScored], seconds: float) -> EvalResult:
+Models = dict[str, dict[int, str]]  # episode_id → call_seq → the model name the call asked for
+
+
+def calls_by_model(scored: Sequence[EpisodeScored], models: Models) -> dict[str, dict[str, float]]:
+    """Per model name, per episode: calls, calls that became transitions, context calls."""
+    n = max(1, len(scored))
+    counts: dict[str, dict[str, float]] = {}
+    for e in scored:
+        trained = {seq for t in e.transitions for seq in t.call_seqs}
+        for seq, model in models.get(e.episode_id, {}).items():
+            row = counts.setdefault(model, {"calls": 0.0, "trained": 0.0, "context": 0.0})
+            row["calls"] += 1
+            row["trained" if seq in trained else "context"] += 1
+    return {m: {k: round(v / n, 4) for k, v in row.items()} for m, row in sorted(counts.items())}
+
+
+def summarise(scored: Sequence[EpisodeScored], seconds: float, models: Models | None = None) -> EvalResult:
     n = max(1, len(scored))
     versions = sorted({t.weight_version for e in scored for t in e.transitions})
     return EvalResult(
@@ -77,6 +102,7 @@ def summarise(scored: Sequence[EpisodeScored], seconds: float) -> EvalResult:
         errors=sum(1 for e in scored if e.status is not EpisodeStatus.ok),
         seconds=seconds,
         weight_versions=versions,
+        calls_by_model=None if models is None else calls_by_model(scored, models),
     )
 
 
@@ -88,11 +114,20 @@ async def evaluate(
     model: str = "policy",
     deadline_s: float = 120.0,
     timeout_s: float = 600.0,
+    by_model: bool = False,
 ) -> EvalResult:
     """Run ``agent`` once on every task in ``mode=val`` and summarise the scored episodes."""
     wanted: dict[str, Task] = {new_group_id(): task for task in tasks}
     got: dict[str, EpisodeScored] = {}
     done = asyncio.Event()
+    models: Models = {}
+    new_call = asyncio.Event()
+
+    async def on_call(msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, LLMCallRecorded):
+            models.setdefault(event.episode_id, {})[event.call_seq] = event.model
+            new_call.set()
 
     async def on_scored(msg: Message) -> None:
         event = msg.event
@@ -102,9 +137,9 @@ async def evaluate(
                 done.set()
 
     t0 = time.perf_counter()
-    sub = await bus.subscribe(
-        TRANSITIONS, f"demo-eval-{uuid.uuid4().hex[:12]}", on_scored, from_beginning=False
-    )
+    group = f"demo-eval-{uuid.uuid4().hex[:12]}"
+    calls = await bus.subscribe(EPISODES, group, on_call, from_beginning=False) if by_model else None
+    sub = await bus.subscribe(TRANSITIONS, group, on_scored, from_beginning=False)
     try:
         for group_id, task in wanted.items():
             (request,) = RolloutRequested.group(
@@ -121,9 +156,28 @@ async def evaluate(
             await asyncio.wait_for(done.wait(), timeout_s)
         except TimeoutError as exc:
             raise EvaluationTimeout(len(got), len(wanted), time.perf_counter() - t0) from exc
+        if calls is not None:  # an episode's calls precede its scoring, but on another subscription
+            await _calls_seen(list(got.values()), models, new_call)
     finally:
         await sub.stop()
-    return summarise(list(got.values()), time.perf_counter() - t0)
+        if calls is not None:
+            await calls.stop()
+    seconds = time.perf_counter() - t0
+    return summarise(list(got.values()), seconds, models if by_model else None)
+
+
+async def _calls_seen(
+    scored: Sequence[EpisodeScored], models: Models, new_call: asyncio.Event, timeout_s: float = 10.0
+) -> None:
+    """Wait until every scored episode's calls were read (or ``timeout_s``: then count what came)."""
+    deadline = time.perf_counter() + timeout_s
+    while any(len(models.get(e.episode_id, {})) < e.num_calls for e in scored):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        new_call.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(new_call.wait(), left)
 
 
 @dataclass

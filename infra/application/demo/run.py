@@ -1,10 +1,12 @@
 """``flywheel demo``, one seed top-down: warm start → held-out eval → RL → eval → SFT-only baseline.
 
 Everything after the warm start runs through the embedded stack (``infra.application.stack.EmbeddedStack``): the
-calculator agent of ``examples/calc_agent`` (plain ``openai`` code) is run by the rollout worker, its
-calls go through the gateway to the embedded engine and onto the bus, the reward service scores the
-episodes, the trainer consumes the groups it asked for and pushes every new weight version into the
-engine with the weight-update protocol. The held-out tasks share no problem with the SFT or RL tasks.
+demo's agent (``DemoConfig.agent``, :mod:`infra.application.demo.agents`: the calculator agent of
+``examples/calc_agent``, plain ``openai`` code, or the LangGraph SQL agent of ``examples/sql_agent``) is
+run by the rollout worker, its calls go through the gateway to the embedded engine and onto the bus, the
+reward service scores the episodes (training only the calls the agent's ``train_models`` selects), the
+trainer consumes the groups it asked for and pushes every new weight version into the engine with the
+weight-update protocol. The held-out tasks share no problem (SQL: no database) with the SFT or RL tasks.
 
 The SFT-only baseline gets the same wall-clock seconds as the RL phase, spent on more SFT over the same
 teacher demonstrations, and is served and evaluated through the same pipeline.
@@ -24,14 +26,14 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from examples.calc_agent import tasks as calc_tasks
 from infra.application.demo import production, replaying
+from infra.application.demo.agents import CALC_REF, DemoAgent, demo_agent
 from infra.application.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
 from infra.application.demo.prompt_stage import PromptStageConfig, optimize_stage
 from infra.application.demo.warmstart import (
@@ -43,10 +45,9 @@ from infra.application.demo.warmstart import (
     warm_start,
 )
 from infra.application.stack import EmbeddedStack, StackSettings
-from schemas import AgentKind, AgentRef, Task
 from trainer.config import AlgorithmConfig
 
-AGENT = AgentRef(kind=AgentKind.callable, spec="examples.calc_agent.agent:run")
+AGENT = CALC_REF  # the calculator agent (``DemoConfig.agent`` picks another)
 TARGET_POINTS = 25.0
 TARGET_SECONDS = 600.0  # the RL run (evaluations and RL from the warm start) within 10 minutes
 # The targets of issue 15: production traffic alone, and a replayed run alone, each raise held-out success.
@@ -85,17 +86,15 @@ class DemoConfig:
         0.0  # share of sessions users rate the wrong way (infra/application/demo/production.py)
     )
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
+    agent: str = "calc"  # which demo agent (infra/application/demo/agents.py); ``warm`` is its recipe
 
 
 Say = Callable[[str], None]
 
 
-def _task_models(split: str, seed: int) -> Iterator[Task]:
-    for raw in calc_tasks.tasks(split, seed):
-        yield Task.model_validate(raw)
-
-
-def stack_settings(cfg: DemoConfig, data_dir: Path, trainer_dir: Path) -> StackSettings:
+def stack_settings(
+    cfg: DemoConfig, data_dir: Path, trainer_dir: Path, agent: DemoAgent | None = None
+) -> StackSettings:
     algo = AlgorithmConfig(learning_rate=cfg.learning_rate, max_staleness=4, stale_policy="drop")
     # A production session is a group of one: a step takes as many sessions as the training demo's
     # step takes episodes (B × G), so both train on batches of the same size.
@@ -115,6 +114,7 @@ def stack_settings(cfg: DemoConfig, data_dir: Path, trainer_dir: Path) -> StackS
         engine_max_num_seqs=max(64, cfg.batch_groups * cfg.group_size, cfg.users),
         engine_threads=cfg.threads,
         engine_process=cfg.engine_process,
+        train_models=agent.train_models if agent is not None else "",
     )
 
 
@@ -143,23 +143,28 @@ async def run_seed(
         recorded = replaying.recorded_run(cfg.replay_from, cfg.seed)
         say(f"[seed {cfg.seed}] reading the recorded run's episodes from {recorded.chdb}")
         loaded = await asyncio.to_thread(replaying.load_episodes, recorded, data_dir)
+    agent = demo_agent(cfg.agent, cfg.cache)
+    if cfg.agent != "calc" and (cfg.source != "rollouts" or cfg.optimize is not None):
+        # production users, replayed runs and the prompt stage are written for the calculator's tasks
+        raise ValueError(f"agent {cfg.agent!r} runs with source 'rollouts' only, without a prompt stage")
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
     say(f"[seed {cfg.seed}] warm start (cache {cfg.cache / warm_cfg.key()})")
     warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say, cfg.gate)
     say(f"[seed {cfg.seed}] warm start ready in {warm_s:.0f}s: {warm_dir}")
-    heldout = [
-        Task.model_validate(t) for t in calc_tasks.sample("heldout", 10_000 + cfg.seed, cfg.eval_tasks)
-    ]
+    heldout = agent.heldout(warm_cfg, cfg.eval_tasks)
+    by_model = bool(agent.train_models)  # a selective agent: report trained vs context calls per model
     # One event-log directory per process (chdb's rule): every seed of this run records into it.
-    settings = stack_settings(cfg, data_dir, trainer_dir)
+    settings = stack_settings(cfg, data_dir, trainer_dir, agent)
     rollouts: dict[str, Any] = {}
     if cfg.source == "rollouts":
-        rollouts = {"tasks": _task_models("rl", cfg.seed), "agent": AGENT, "group_size": cfg.group_size}
+        rollouts = {"tasks": agent.rl_tasks(warm_cfg), "agent": agent.ref, "group_size": cfg.group_size}
     key = production.create_key(data_dir) if cfg.source == "production" else ""
     stack = EmbeddedStack(settings, model_dir=warm_dir, **rollouts)
     await stack.start()
     assert stack.bus is not None and stack.trainer is not None
     report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source}
+    if cfg.agent != "calc":
+        report["agent"] = cfg.agent
     try:
         say(
             f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out tasks"
@@ -167,9 +172,9 @@ async def run_seed(
         if cfg.optimize is not None:  # stage 1: the prompt, from a poor one; RL then runs under the winner
             say(f"[seed {cfg.seed}] prompt optimisation (GEPA) from {cfg.optimize.seed_prompt!r}")
             report["prompt_optimization"] = await optimize_stage(
-                cfg.optimize, stack.bus, AGENT, heldout, seed_dir / "optimize", cfg.seed, say
+                cfg.optimize, stack.bus, agent.ref, heldout, seed_dir / "optimize", cfg.seed, say
             )
-        before = await evaluate(stack.bus, heldout, AGENT)
+        before = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)
         await monitor.start()
@@ -201,7 +206,7 @@ async def run_seed(
         until = datetime.now(UTC)
         await monitor.stop()
         say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
-        after = await evaluate(stack.bus, heldout, AGENT)
+        after = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
         # The RL run: stack, evaluations and RL, from the warm start on. Building the warm start happens
         # once per machine (it is cached outside the repo) and is reported as warm_start_seconds.
@@ -212,10 +217,10 @@ async def run_seed(
             seconds = rl_seconds if cfg.baseline_seconds is None else cfg.baseline_seconds
             say(f"[seed {cfg.seed}] SFT-only baseline: {seconds:.0f}s of SFT from the warm start")
             base_dir, baseline_steps = await asyncio.to_thread(
-                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", seconds, say
+                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", seconds, say, agent
             )
             await _serve(stack, base_dir)
-            baseline = await evaluate(stack.bus, heldout, AGENT)
+            baseline = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
             say(f"[seed {cfg.seed}] SFT-only baseline: {_fmt(baseline)}")
         report.update(
             {

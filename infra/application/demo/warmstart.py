@@ -30,94 +30,50 @@ tool tokens), as the trainer's SFT mode would train on recorded episodes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from examples.calc_agent import tasks as calc_tasks
+from infra.application.demo.warmconfig import (
+    DEFAULT_CACHE,
+    FORMAT,
+    GateConfig,
+    WarmStartConfig,
+    render_chat,
+)
 from trainer.batching import Sample
 
-FORMAT = 1  # bump when the data or the recipe changes so old caches are not reused
-DEFAULT_CACHE = Path.home() / ".cache" / "flywheel" / "demo"
+if TYPE_CHECKING:
+    from infra.application.demo.agents import DemoAgent
 
 
-@dataclass(frozen=True)
-class WarmStartConfig:
-    seed: int = 0
-    hidden: int = 128  # 4 layers × 128: ~0.8 M parameters; copying emerged after ~350 SFT steps here
-    layers: int = 4
-    vocab_size: int = 512
-    demos: int = 4000
-    # 1000 × 32 demonstrations (~400 s here). Measured: at 800 × 16 copying had not emerged (0% held-out
-    # success); 700 × 32 solved 6–14% (seeds 0–2), too little for RL to get a signal from most groups of 8.
-    sft_steps: int = 1000
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
-    p_format: float = 0.3
-    p_copy_expr: float = 0.3
-    p_copy_answer: float = 0.3
+def _agent(cfg: WarmStartConfig, agent: DemoAgent | None, cache: Path = DEFAULT_CACHE) -> DemoAgent:
+    from infra.application.demo.agents import demo_agent
 
-    def key(self) -> str:
-        blob = json.dumps({**asdict(self), "format": FORMAT}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return agent if agent is not None else demo_agent(cfg.agent, cache)
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    min_success: float = 0.25  # 0 disables the gate
-    tasks: int = 256
-    max_attempts: int = 3  # the scheduled SFT, then up to two re-initialised runs
-    reinit_below: float = 0.10  # below this, re-initialise; between this and min_success, top up
-    top_up_steps: int = 250
-    max_top_ups: int = 4  # per attempt
-    top_up_lr_scale: float = 0.3  # of the scheduled SFT's peak rate (the SFT-only baseline's rate)
-
-    def key(self, warm: WarmStartConfig) -> str:
-        blob = json.dumps({**asdict(self), "warm": warm.key()}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def top_up_key(self, warm: WarmStartConfig) -> str:
-        """What shapes a top-up's result (not the thresholds, which only decide whether it runs)."""
-        blob = json.dumps(
-            {"steps": self.top_up_steps, "lr_scale": self.top_up_lr_scale, "warm": warm.key()}, sort_keys=True
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def demonstrations(cfg: WarmStartConfig) -> list[list[dict[str, str]]]:
-    rng = random.Random(f"teacher-{cfg.seed}")
-    return [
-        calc_tasks.demonstration(
-            task, rng, p_format=cfg.p_format, p_copy_expr=cfg.p_copy_expr, p_copy_answer=cfg.p_copy_answer
-        )
-        for task in calc_tasks.sample("sft", cfg.seed, cfg.demos)
-    ]
-
-
-def _render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        list(messages), tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
-    )
-    return [int(i) for i in ids]
+def demonstrations(cfg: WarmStartConfig, agent: DemoAgent | None = None) -> list[list[dict[str, str]]]:
+    """The teacher's SFT conversations for ``cfg.agent``."""
+    return _agent(cfg, agent).demonstrations(cfg)
 
 
 def conversation_sample(tokenizer: Any, messages: Sequence[dict[str, str]], index: int) -> Sample:
     """One demonstration as one sample: loss on the assistant turns (content + ``<|im_end|>``) only."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    prompt = _render(tokenizer, messages[:first], True)
+    prompt = render_chat(tokenizer, messages[:first], True)
     ids = list(prompt)
     mask: list[int] = []
     for i in range(first, len(messages)):
         if messages[i]["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True)
-        after = _render(tokenizer, messages[: i + 1], False)
+        before = render_chat(tokenizer, messages[:i], True)
+        after = render_chat(tokenizer, messages[: i + 1], False)
         if before[: len(ids)] != ids or after[: len(before)] != before:
             raise ValueError("the chat template is not append-only for this conversation")
         observation = before[len(ids) :]
@@ -155,12 +111,15 @@ def _normalised(batch: Sequence[Sample]) -> list[Sample]:
 Progress = Callable[[str], None]
 
 
-def load_samples(cfg: WarmStartConfig, tokenizer: Any, path: Path) -> list[Sample]:
+def load_samples(
+    cfg: WarmStartConfig, tokenizer: Any, path: Path, agent: DemoAgent | None = None
+) -> list[Sample]:
     """The demonstrations as SFT samples, tokenised once and kept beside the model (rendering is slow)."""
     if path.is_file():
         rows = json.loads(path.read_text())
         return [Sample(p, r, m, [0.0] * len(r), 0.0, 1.0, f"demo-{i}") for i, (p, r, m) in enumerate(rows)]
-    samples = [conversation_sample(tokenizer, d, i) for i, d in enumerate(demonstrations(cfg))]
+    demos = demonstrations(cfg, agent)
+    samples = [conversation_sample(tokenizer, d, i) for i, d in enumerate(demos)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([[s.prompt_ids, s.response_ids, s.response_mask] for s in samples]))
     return samples
@@ -174,19 +133,21 @@ def _lr(peak: float, step: int, steps: int | None) -> float:
     return peak * warm * (0.1 + 0.45 * (1.0 + math.cos(math.pi * step / steps)))
 
 
-def build_base(cfg: WarmStartConfig, root: Path, init_seed: int | None = None) -> Path:
-    """The untrained model + tokenizer (tokenizer trained on the demonstrations' text)."""
+def build_base(
+    cfg: WarmStartConfig, root: Path, init_seed: int | None = None, agent: DemoAgent | None = None
+) -> Path:
+    """The untrained model + tokenizer (tokenizer trained on the agent's corpus: the demonstrations'
+    text)."""
     from trainer.models.tiny import build_tiny
 
-    corpus = [m["content"] for d in demonstrations(cfg)[:1000] for m in d] + ["system", "user", "assistant"]
     return build_tiny(
         root / "base",
-        corpus,
+        _agent(cfg, agent).corpus(cfg),
         vocab_size=cfg.vocab_size,
         hidden=cfg.hidden,
         layers=cfg.layers,
         seed=cfg.seed if init_seed is None else init_seed,
-        max_positions=512,
+        max_positions=cfg.max_positions,
     )
 
 
@@ -240,13 +201,16 @@ def warm_start(
     """The SFT-warm-started model directory (built, or reused from the cache) and the seconds spent."""
     t0 = time.perf_counter()
     root = cache / cfg.key()
-    model_dir = _scheduled_sft(cfg, root, cfg.seed, progress)
+    agent = _agent(cfg, None, cache)
+    model_dir = _scheduled_sft(cfg, root, cfg.seed, progress, agent)
     if gate is not None and gate.min_success > 0:
-        model_dir = _gated(cfg, gate, model_dir, progress)
+        model_dir = _gated(cfg, gate, model_dir, progress, agent)
     return model_dir, time.perf_counter() - t0
 
 
-def _scheduled_sft(cfg: WarmStartConfig, root: Path, init_seed: int, progress: Progress | None) -> Path:
+def _scheduled_sft(
+    cfg: WarmStartConfig, root: Path, init_seed: int, progress: Progress | None, agent: DemoAgent
+) -> Path:
     """Build the base model (initialised from ``init_seed``) under ``root`` and run the scheduled SFT."""
     from transformers import AutoTokenizer
 
@@ -255,9 +219,9 @@ def _scheduled_sft(cfg: WarmStartConfig, root: Path, init_seed: int, progress: P
     if done.is_file():
         return out
     t0 = time.perf_counter()
-    base = build_base(cfg, root, init_seed)
+    base = build_base(cfg, root, init_seed, agent)
     tokenizer = AutoTokenizer.from_pretrained(str(base))
-    samples = load_samples(cfg, tokenizer, root / "samples.json")
+    samples = load_samples(cfg, tokenizer, root / "samples.json", agent)
     model, steps = sft_train(
         base,
         samples,
@@ -295,54 +259,9 @@ def _gate_dir(root: Path, cfg: WarmStartConfig, gate: GateConfig) -> Path:
     return root / f"gate-{gate.key(cfg)}"
 
 
-def gate_success(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], seed: int) -> float:
-    """The share of ``tasks`` the model solves through the calculator agent's protocol, sampled at
-    temperature 1 as the agent does; batched ``generate`` in-process (a check, not the demo's metric,
-    which always goes through the whole pipeline)."""
-    import torch
-
-    from examples.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
-
-    torch.manual_seed(seed)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
-    convs = [first_messages(t["input"]["question"]) for t in tasks]
-    answers: dict[int, str] = {}
-    was_training = model.training
-    model.train(False)
-    for _ in range(MAX_CALLS):
-        live = [i for i in range(len(tasks)) if i not in answers]
-        if not live:
-            break
-        rows = [_render(tokenizer, convs[i], True) for i in live]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left-padded
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=attention,
-                max_new_tokens=MAX_TOKENS,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                eos_token_id=end,
-                pad_token_id=pad,
-            )
-        for row, i in enumerate(live):
-            reply = tokenizer.decode(out[row, width:], skip_special_tokens=True)
-            convs[i].append({"role": "assistant", "content": reply})
-            kind, text = react(reply)
-            if kind == "answer":
-                answers[i] = text
-            else:
-                convs[i].append({"role": "user", "content": text})
-    model.train(was_training)
-    return sum(1 for i, t in enumerate(tasks) if answers.get(i) == t["answer"]) / len(tasks)
-
-
-def _top_up(cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path, n: int) -> Path:
+def _top_up(
+    cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path, n: int, agent: DemoAgent
+) -> Path:
     """``gate.top_up_steps`` more SFT steps from ``model_dir`` into ``root/sft`` (cached); ``root`` also
     gets a link to the demonstrations, as every model directory's parent has them."""
     from transformers import AutoTokenizer
@@ -353,7 +272,7 @@ def _top_up(cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path,
         return out
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    samples = load_samples(cfg, tokenizer, model_dir.parent / "samples.json")
+    samples = load_samples(cfg, tokenizer, model_dir.parent / "samples.json", agent)
     lr = cfg.sft_lr * gate.top_up_lr_scale
     model, steps = sft_train(
         model_dir,
@@ -372,7 +291,9 @@ def _top_up(cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path,
     return _save(model, tokenizer, out, done, info)
 
 
-def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Progress | None) -> Path:
+def _gated(
+    cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Progress | None, agent: DemoAgent
+) -> Path:
     """The first model that passes the gate: ``sft_dir``, a top-up of it, a re-initialised attempt or a
     top-up of one; the best one checked when none passes."""
     import torch
@@ -382,13 +303,13 @@ def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Prog
     record = _gate_dir(root, cfg, gate) / "gate.json"
     if record.is_file():
         return Path(json.loads(record.read_text())["model_dir"])
-    checks = calc_tasks.sample("sft", 20_000 + cfg.seed, gate.tasks)
+    checks = agent.gate_tasks(cfg, gate.tasks)
     history: list[dict[str, Any]] = []
 
     def check(model_dir: Path, attempt: int, top_up: int) -> float:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        success = gate_success(model, tokenizer, checks, seed=cfg.seed)
+        success = agent.gate_success(model, tokenizer, checks, cfg.seed)
         history.append(
             {"model_dir": str(model_dir), "success": success, "attempt": attempt, "top_up": top_up}
         )
@@ -403,13 +324,15 @@ def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Prog
     for attempt in range(gate.max_attempts):
         model_dir = sft_dir
         if attempt > 0:
-            model_dir = _scheduled_sft(cfg, root / f"attempt-{attempt}", cfg.seed + 1000 * attempt, progress)
+            model_dir = _scheduled_sft(
+                cfg, root / f"attempt-{attempt}", cfg.seed + 1000 * attempt, progress, agent
+            )
         success = check(model_dir, attempt, 0)
         top_ups = model_dir.parent / f"topup-{gate.top_up_key(cfg)}"
         for n in range(1, gate.max_top_ups + 1):
             if success >= gate.min_success or success < gate.reinit_below:
                 break
-            model_dir = _top_up(cfg, gate, model_dir, top_ups / str(n), n)
+            model_dir = _top_up(cfg, gate, model_dir, top_ups / str(n), n, agent)
             success = check(model_dir, attempt, n)
         if success >= gate.min_success:
             passed = True
@@ -428,13 +351,18 @@ def _gated(cfg: WarmStartConfig, gate: GateConfig, sft_dir: Path, progress: Prog
 
 
 def sft_only_baseline(
-    cfg: WarmStartConfig, warm_dir: Path, out_dir: Path, seconds: float, progress: Progress | None = None
+    cfg: WarmStartConfig,
+    warm_dir: Path,
+    out_dir: Path,
+    seconds: float,
+    progress: Progress | None = None,
+    agent: DemoAgent | None = None,
 ) -> tuple[Path, int]:
     """The equal-time baseline: keep doing SFT on the teacher's data from the warm start for ``seconds``."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(warm_dir))
-    samples = load_samples(cfg, tokenizer, warm_dir.parent / "samples.json")
+    samples = load_samples(cfg, tokenizer, warm_dir.parent / "samples.json", agent)
     model, steps = sft_train(
         warm_dir,
         samples,
@@ -448,3 +376,6 @@ def sft_only_baseline(
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir, steps
+
+
+__all__ = ["DEFAULT_CACHE", "FORMAT", "GateConfig", "WarmStartConfig", "render_chat"]
