@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from schemas.common import EpisodeSource, EventBase
 
@@ -51,12 +51,83 @@ class WeightUpdateFailed(EventBase):
     error: str
 
 
+class StepMetrics(BaseModel):
+    """One training step's figures: ``TrainerStepCompleted.metrics``, ``status.json``, checkpoints.
+
+    On the wire a flat ``{name: number}`` object of the figures the step reported (a figure it did not
+    report is absent, never 0). The fields below are what the trainer reports for every step (the batch,
+    the weight update, timings) and the policy-gradient figures most readers want; an algorithm's own
+    figures (``sft_loss``, ``tis_mean``, ``value_loss``, verl's ``actor_*``, ...) are extra numbers,
+    read with :meth:`get`.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, float] = Field(init=False)
+
+    # the batch (trainer/batching.py)
+    groups: float | None = None
+    groups_zero_variance: float | None = None
+    groups_partial: float | None = None
+    episodes: float | None = None
+    episodes_trained: float | None = None
+    transitions: float | None = None
+    reward: float | None = None
+    success: float | None = None
+    transitions_per_episode: float | None = None
+    staleness_mean: float | None = None
+    staleness_max: float | None = None
+    replay_episodes: float | None = None
+    production_episodes: float | None = None
+    samples_live: float | None = None
+    samples_production: float | None = None
+    samples_replay: float | None = None
+    # the step and its weight update (trainer/service.py)
+    version: float | None = None
+    serving_version: float | None = None
+    gen_seconds: float | None = None
+    step_seconds: float | None = None
+    gen_fraction: float | None = None
+    drain_ms: float | None = None
+    load_ms: float | None = None
+    gateways_missing: float | None = None
+    weight_update_failed: float | None = None
+    skipped_events: float | None = None
+    groups_dropped: float | None = None
+    tokens_per_s: float | None = None
+    # the backend
+    loss: float | None = None
+    kl: float | None = None
+    clip_fraction: float | None = None
+    grad_norm: float | None = None
+    train_seconds: float | None = None
+    train_tokens_per_s: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _reported_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, float]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def get(self, name: str) -> float | None:
+        """A figure by name, named field or extra; None when the step did not report it."""
+        if name in type(self).model_fields:
+            value: float | None = getattr(self, name)
+            return value
+        return (self.__pydantic_extra__ or {}).get(name)
+
+    def as_dict(self) -> dict[str, float]:
+        """The reported figures, name → value (the wire shape)."""
+        return self.model_dump()
+
+    def updated(self, figures: dict[str, float]) -> StepMetrics:
+        """A copy with ``figures`` set (named or extra)."""
+        return StepMetrics.model_validate({**self.as_dict(), **figures})
+
+
 class TrainerStepCompleted(EventBase):
     type: Literal["trainer_step_completed"] = "trainer_step_completed"
     model: str = "policy"
     step: int = Field(ge=0)
     version: int = Field(ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: StepMetrics = Field(default_factory=StepMetrics)
     samples: dict[EpisodeSource, int] = Field(
         default_factory=dict,
         description="samples (transitions) this step trained on, per episode source (added, optional)",

@@ -2,7 +2,7 @@
 
 One iteration, top-down::
 
-    wait while paused (``TrainerPauseRequested`` on control, or the PAUSED file)
+    wait while paused (``TrainerPauseRequested`` on control; the state outlives a restart in status.json)
     top up rollouts (only when the trainer was given tasks)
     collect B ready groups (complete, or expired at their deadline)
     build the batch: advantages per group, staleness per transition, per-episode weights
@@ -39,6 +39,7 @@ from schemas import (
     EpisodeSource,
     InferenceDrained,
     InferenceResumed,
+    StepMetrics,
     TrainerPauseRequested,
     TrainerResumeRequested,
     TrainerStepCompleted,
@@ -57,7 +58,6 @@ from trainer.weights import WeightSync, WeightUpdate
 
 log = get_logger(__name__)
 
-PAUSE_FILE = "PAUSED"
 STATUS_FILE = "status.json"
 
 
@@ -112,12 +112,12 @@ class TrainerService:
         self.planner = planner
         self.base_model = base_model
         self.step = 0
-        self.last_metrics: dict[str, float] = {}
+        self.last_metrics = StepMetrics()
         self._ready: list[Group] = []
         self._wake = asyncio.Event()
         self._unpaused = asyncio.Event()
         self._unpaused.set()
-        self._paused_by_event = False
+        self._pause_reason: str | None = None  # None: not paused
         self._stopping = False
         self._closed = False
         self._subs: list[Subscription] = []
@@ -146,8 +146,7 @@ class TrainerService:
             self.intake.add(event)
         self.weights.serving_version = self.backend.version
         self.metrics.version.set(self.backend.version)
-        if (self.store.root / PAUSE_FILE).exists():
-            self._update_paused()
+        self._restore_pause()
         await self.bus.ensure_topics([TRANSITIONS, CONTROL, DEADLETTER, TASKS])
         control_group = f"trainer-control-{uuid.uuid4().hex[:12]}"
         self._subs.append(
@@ -220,35 +219,45 @@ class TrainerService:
         if isinstance(event, InferenceDrained | InferenceResumed):
             await self.weights.observe(event)
         elif isinstance(event, TrainerPauseRequested) and event.model == self.loop.model:
-            self._paused_by_event = True
-            self._update_paused()
+            self._set_paused(event.reason or "paused")
             log.info("trainer_paused", reason=event.reason)
         elif isinstance(event, TrainerResumeRequested) and event.model == self.loop.model:
-            self._paused_by_event = False
-            self._update_paused()
+            self._set_paused(None)
             log.info("trainer_resume_requested")
 
     # ------------------------------------------------------------------ pause
+    # One channel: TrainerPauseRequested / TrainerResumeRequested on flywheel.control (``flywheel trainer
+    # pause|resume`` publishes them on Kafka, or through a running stack's ops API). The trainer keeps the
+    # state in status.json, so a trainer restarted while paused stays paused until it hears a resume.
     @property
     def paused(self) -> bool:
-        return not self._unpaused.is_set()
+        return self._pause_reason is not None
 
-    def _update_paused(self) -> None:
-        paused = self._paused_by_event or (self.store.root / PAUSE_FILE).exists()
-        if paused:
-            self._unpaused.clear()
-        else:
+    def _set_paused(self, reason: str | None) -> None:
+        self._pause_reason = reason
+        if reason is None:
             self._unpaused.set()
-        self.metrics.paused.set(1.0 if paused else 0.0)
+        else:
+            self._unpaused.clear()
+        self.metrics.paused.set(0.0 if reason is None else 1.0)
+        self._write_status()
+
+    def _restore_pause(self) -> None:
+        path = self.store.root / STATUS_FILE
+        try:
+            last = TrainerStatus.model_validate_json(path.read_bytes()) if path.exists() else None
+        except (OSError, ValueError) as exc:
+            log.warning("status_unreadable", path=str(path), error=str(exc))
+            return
+        if last is not None and last.paused:
+            self._set_paused(last.pause_reason or "paused")
+            log.info("trainer_still_paused", reason=last.pause_reason)
 
     async def _wait_unpaused(self) -> None:
-        self._update_paused()
         while self.paused and not self._stopping:
             self._write_status()
-            try:
-                await asyncio.wait_for(self._unpaused.wait(), 0.5)
-            except TimeoutError:
-                self._update_paused()  # the PAUSED file may have gone
+            self._unpaused.clear()  # a resume or request_stop() sets it
+            await self._unpaused.wait()
 
     # ------------------------------------------------------------------ collecting
     def _take_ready(self) -> None:
@@ -411,7 +420,7 @@ class TrainerService:
             "tokens_per_s": train_metrics.get("train_tokens_per_s", 0.0),
         }
         metrics["gen_fraction"] = gen_seconds / (gen_seconds + total) if gen_seconds + total > 0 else 0.0
-        self.last_metrics = metrics
+        self.last_metrics = StepMetrics.model_validate(metrics)
         self.metrics.observe_step(metrics)
         self.metrics.version.set(self.backend.version)
         self.metrics.serving_version.set(self.weights.serving_version)
@@ -423,7 +432,7 @@ class TrainerService:
                 model=self.loop.model,
                 step=self.step,
                 version=self.backend.version,
-                metrics=metrics,
+                metrics=self.last_metrics,
                 samples={src: batch.stats.samples_by_source[src.value] for src in EpisodeSource},
                 producer="trainer",
             ),
@@ -437,7 +446,7 @@ class TrainerService:
         self.metrics.serving_version.set(self.weights.serving_version)
         self._last_update = (result.drain_ms, result.load_ms, result.missing)
         self._last_update_ok = result.activated
-        self.last_metrics.update(
+        self.last_metrics = self.last_metrics.updated(
             {
                 "serving_version": float(self.weights.serving_version),
                 "drain_ms": result.drain_ms,
@@ -466,7 +475,7 @@ class TrainerService:
             config={"algorithm": self.algo.model_dump(mode="json"), "loop": asdict(self.loop)},
             consumed_groups=consumed[-200_000:],
             offsets=dict(self._offsets),
-            metrics=dict(self.last_metrics),
+            metrics=self.last_metrics.as_dict(),
             baselines=self.baselines.to_json(),
             samples=dict(self.samples_trained),
         )
@@ -490,6 +499,7 @@ class TrainerService:
             version=self.backend.version,
             serving_version=self.weights.serving_version,
             paused=self.paused,
+            pause_reason=self._pause_reason or "",
             mode=self.loop.mode,
             pending_groups=self.intake.pending_groups,
             pending_production=self.intake.production_waiting,

@@ -1,14 +1,16 @@
 """The trainer's state as one model: what ``TrainerService.status()`` returns, what ``status.json`` holds
 (written every step and while paused) and what ``flywheel trainer status`` reads back.
 
-``metrics`` are the last step's figures (``TrainerStepCompleted.metrics``: name → value, see
-``trainer/metrics.py`` for the names); ``samples`` counts the transitions trained so far per episode
+``metrics`` are the last step's figures (``schemas.StepMetrics``, as in ``TrainerStepCompleted``);
+``samples`` counts the transitions trained so far per episode
 source (``live``, ``production``, ``replay``).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import StepMetrics
 
 
 class TrainerStatus(BaseModel):
@@ -19,6 +21,7 @@ class TrainerStatus(BaseModel):
     version: int = Field(default=0, ge=0)
     serving_version: int = Field(default=0, ge=0)
     paused: bool = False
+    pause_reason: str = ""
     mode: str = "async"
     pending_groups: int = 0
     pending_production: int = 0
@@ -26,5 +29,5 @@ class TrainerStatus(BaseModel):
     samples: dict[str, int] = Field(default_factory=dict)
     skipped: dict[str, int] = Field(default_factory=dict)
     known_gateways: list[str] = Field(default_factory=list)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: StepMetrics = Field(default_factory=StepMetrics)
     updated_at: float = 0.0

@@ -35,6 +35,7 @@ from schemas import (
     RewardReported,
     RolloutCancelled,
     RolloutRequested,
+    StepMetrics,
     TrainerStepCompleted,
     WeightsActivated,
     WeightUpdateFailed,
@@ -188,6 +189,8 @@ def _prompt_version(event: AnyEvent) -> str:
 
 
 def _model_fields(value: object) -> dict[str, object]:
+    if isinstance(value, StepMetrics):  # its own serializer: reported figures only, extras included
+        return dict(value.as_dict())
     if isinstance(value, BaseModel):
         extra = value.__pydantic_extra__
         return {**value.__dict__, **extra} if extra else value.__dict__

@@ -201,7 +201,7 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
         await watch.stop()
         await bus.stop()
 
-    a, b, c = (step.metrics for step in steps[:3])
+    a, b, c = (step.metrics.as_dict() for step in steps[:3])
     assert [st.version for st in steps[:3]] == [1, 2, 3]
     # Every step trained on replayed episodes only, with the behaviour logprobs they were recorded with.
     assert a["replay_episodes"] == b["replay_episodes"] == GROUP

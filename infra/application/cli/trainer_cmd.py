@@ -1,11 +1,11 @@
 """``flywheel trainer run|pause|resume|status`` and ``flywheel weights ls``.
 
-Pause and resume work in both runtimes: the command writes (or removes) ``<trainer dir>/PAUSED``, which
-a trainer sharing the directory checks before every step (the embedded stack), and with
-``FLYWHEEL_BUS=kafka`` it also publishes ``TrainerPauseRequested`` / ``TrainerResumeRequested`` on
-``flywheel.control`` for trainers elsewhere. A paused trainer finishes its step in progress, keeps
-buffering episodes, and takes no step until resumed. ``status`` reads ``status.json`` (written by the
-trainer every step and while paused) and, on Kafka, the latest ``TrainerStepCompleted``.
+Pause and resume travel one way: ``TrainerPauseRequested`` / ``TrainerResumeRequested`` on
+``flywheel.control``. On Kafka the command publishes them itself; a running embedded stack (``flywheel
+up``) publishes them on its in-process bus when asked through its admin API (``--url``, or
+``FLYWHEEL_ADMIN_URL``). A paused trainer finishes its step in progress, keeps buffering episodes, takes
+no step until resumed, and stays paused across a restart. ``status`` reads ``status.json`` (written by
+the trainer every step and on every pause or resume) and, on Kafka, the latest ``TrainerStepCompleted``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from infra.application.cli.common import run_service
+from infra.application.cli.common import ADMIN_URL_HELP, admin_url, fail, load_settings, run_service
 
 if TYPE_CHECKING:
     from trainer.settings import TrainerSettings
@@ -25,6 +25,7 @@ Dir = Annotated[
     Path | None, typer.Option("--dir", help="Trainer directory (default: FLYWHEEL_DATA_DIR/trainer).")
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+Url = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP)]
 
 
 def _settings(directory: Path | None) -> TrainerSettings:
@@ -36,33 +37,53 @@ def _settings(directory: Path | None) -> TrainerSettings:
     return settings
 
 
-def _publish_control(settings: TrainerSettings, pause: bool, reason: str) -> bool:
-    """Publish the control event on Kafka; returns False (and says why) when it could not."""
+def _request_pause(pause: bool, reason: str, url: str | None) -> str:
+    """Publish TrainerPauseRequested / TrainerResumeRequested on the control topic: through a running
+    stack's admin API when given its URL, else on Kafka. Returns where it went; fails in one line."""
     import asyncio
 
     from infra.bus.base import BusError
     from infra.bus.factory import make_bus
     from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested
 
+    settings = load_settings()
+    model = _settings(None).model
+    target = admin_url(url)
+    if target:
+        from infra.application.ops.admin import AdminClient, AdminError
+
+        client = AdminClient(target, settings.admin_token.get_secret_value(), timeout_s=15)
+        action = "pause" if pause else "resume"
+        try:
+            asyncio.run(client.post(f"/admin/ops/trainer/{action}", {"model": model, "reason": reason}))
+        except AdminError as exc:
+            fail(str(exc))
+        return target
+    if settings.bus != "kafka":
+        fail(
+            "the embedded stack's bus lives in the `flywheel up` process: pass --url (it prints its admin "
+            "URL) or set FLYWHEEL_BUS=kafka for a distributed deployment"
+        )
+    event = (
+        TrainerPauseRequested(model=model, reason=reason, producer="cli")
+        if pause
+        else TrainerResumeRequested(model=model, producer="cli")
+    )
+
     async def _go() -> None:
         bus = make_bus(settings)
-        await bus.start()
         try:
-            event = (
-                TrainerPauseRequested(model=settings.model, reason=reason, producer="cli")
-                if pause
-                else TrainerResumeRequested(model=settings.model, producer="cli")
-            )
-            await asyncio.wait_for(bus.publish(CONTROL, event), 15)
+            async with asyncio.timeout(15):
+                await bus.start()
+                await bus.publish(CONTROL, event)
         finally:
             await bus.stop()
 
     try:
         asyncio.run(_go())
     except (BusError, OSError, TimeoutError) as exc:
-        typer.echo(f"warning: could not publish on the bus ({type(exc).__name__}: {exc})", err=True)
-        return False
-    return True
+        fail(f"Kafka at {settings.kafka_bootstrap}: {type(exc).__name__}: {exc}")
+    return f"Kafka at {settings.kafka_bootstrap}"
 
 
 def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[str, Any] | None:
@@ -106,7 +127,7 @@ def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[
     return {
         "step": e.step,
         "version": e.version,
-        "metrics": e.metrics,
+        "metrics": e.metrics.as_dict(),
         "samples": {str(k): v for k, v in e.samples.items()},
         "at": e.emitted_at.isoformat(),
     }
@@ -185,36 +206,23 @@ def register(app: typer.Typer) -> None:
         run_service(serve(settings, max_steps))
 
     @trainer.command("pause")
-    def pause_command(
-        reason: Annotated[str, typer.Option("--reason")] = "operator", directory: Dir = None
-    ) -> None:
-        """Stop taking training steps after the one in progress."""
-        from trainer.service import PAUSE_FILE
-
-        settings = _settings(directory)
-        settings.trainer_root.mkdir(parents=True, exist_ok=True)
-        (settings.trainer_root / PAUSE_FILE).write_text(reason + "\n")
-        if settings.bus == "kafka":
-            _publish_control(settings, pause=True, reason=reason)
-        typer.echo(f"trainer pause requested ({settings.trainer_root / PAUSE_FILE})")
+    def pause_command(reason: Annotated[str, typer.Option("--reason")] = "operator", url: Url = None) -> None:
+        """Stop taking training steps after the one in progress (until `flywheel trainer resume`)."""
+        if not reason.strip() or len(reason) > 1024:
+            fail("--reason must be 1 to 1024 characters", 2)
+        typer.echo(f"trainer pause requested ({_request_pause(True, reason, url)})")
 
     @trainer.command("resume")
-    def resume_command(directory: Dir = None) -> None:
+    def resume_command(url: Url = None) -> None:
         """Take training steps again."""
-        from trainer.service import PAUSE_FILE
-
-        settings = _settings(directory)
-        (settings.trainer_root / PAUSE_FILE).unlink(missing_ok=True)
-        if settings.bus == "kafka":
-            _publish_control(settings, pause=False, reason="")
-        typer.echo("trainer resume requested")
+        typer.echo(f"trainer resume requested ({_request_pause(False, '', url)})")
 
     @trainer.command("status")
     def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
         """Step, version, paused, and the last step's metrics."""
         from pydantic import ValidationError
 
-        from trainer.service import PAUSE_FILE, STATUS_FILE
+        from trainer.service import STATUS_FILE
         from trainer.status import TrainerStatus
 
         settings = _settings(directory)
@@ -226,14 +234,12 @@ def register(app: typer.Typer) -> None:
             except (OSError, ValidationError) as exc:
                 typer.echo(f"error: cannot read {path}: {exc}".splitlines()[0], err=True)
                 raise typer.Exit(1) from exc
-        pause_requested = (settings.trainer_root / PAUSE_FILE).exists()
         on_bus = _latest_step_on_bus(settings) if settings.bus == "kafka" else None
         if status is None and not on_bus:
             typer.echo(f"no trainer status yet ({path} missing and no TrainerStepCompleted seen)", err=True)
             raise typer.Exit(1)
         if as_json:
             report: dict[str, Any] = status.model_dump(mode="json") if status is not None else {}
-            report["pause_requested"] = pause_requested
             if settings.bus == "kafka":
                 report["last_step_on_bus"] = on_bus
             typer.echo(json.dumps(report, default=str))
@@ -243,15 +249,17 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(
             f"step {status.step}  version {status.version}  serving {status.serving_version}  "
-            f"mode {status.mode}  paused {status.paused or pause_requested}"
+            f"mode {status.mode}  paused {status.paused}"
+            + (f" ({status.pause_reason})" if status.paused and status.pause_reason else "")
         )
         if status.samples:
             typer.echo(
                 "  samples trained         " + "  ".join(f"{k} {v}" for k, v in status.samples.items())
             )
         for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
-            if key in status.metrics:
-                typer.echo(f"  {key:<24} {status.metrics[key]:.4g}")
+            value = status.metrics.get(key)
+            if value is not None:
+                typer.echo(f"  {key:<24} {value:.4g}")
 
     @weights.command("ls")
     def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:

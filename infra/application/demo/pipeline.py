@@ -226,7 +226,7 @@ class TrainingMonitor:
     async def _on_control(self, msg: Message) -> None:
         event = msg.event
         if isinstance(event, TrainerStepCompleted) and event.model == self.model:
-            metrics = dict(event.metrics)
+            metrics = event.metrics.as_dict()
             if self._calls:
                 metrics["calls_per_episode"] = sum(self._calls) / len(self._calls)
                 self._calls = []

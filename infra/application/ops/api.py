@@ -6,6 +6,8 @@ Mounted by whoever owns the bus (``flywheel up``):
 
     GET  /admin/ops/status   → StatusReport (services, lag per topic, gateway, weights, trainer step)
     POST /admin/ops/replay   {"filter": ReplayFilter, "rate": N | null, "dry_run": bool} → ReplayReport
+    POST /admin/ops/trainer/pause   {"model": "policy", "reason": "..."} → the TrainerPauseRequested published
+    POST /admin/ops/trainer/resume  {"model": "policy"}                  → the TrainerResumeRequested published
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from infra.application.replay import ReplayFilter, ReplayFilterError, ScoredEpis
 from infra.bus.base import Bus, BusError, Subscription
 from infra.eventlog.errors import EventLogError
 from infra.http import HttpErrorRoute, error_response, require_admin_token
-from schemas import CONTROL
+from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested
 
 PREFIX = "/admin/ops"
 
@@ -35,6 +37,13 @@ class ReplayRequest(BaseModel):
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
     rate: float | None = Field(default=None, gt=0)
     dry_run: bool = False
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="policy", min_length=1)
+    reason: str = Field(default="operator", max_length=1024)
 
 
 @dataclass
@@ -103,5 +112,27 @@ def create_ops_router(ctx: OpsContext) -> APIRouter:
         except BusError as exc:
             return _error(503, "bus_unavailable", str(exc))
         return JSONResponse(report.as_dict())
+
+    @router.post("/trainer/{action}", dependencies=[Depends(require_admin)])
+    async def trainer_route(action: str, request: Request) -> JSONResponse:
+        """The trainer's one pause channel, for a stack whose bus lives in its own process."""
+        if action not in ("pause", "resume"):
+            return _error(404, "not_found", f"no trainer action {action!r} (pause, resume)")
+        try:
+            body = PauseRequest.model_validate_json(await request.body() or b"{}")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return _error(400, "invalid_request", f"{first['msg']}" + (f" at {where}" if where else ""))
+        event = (
+            TrainerPauseRequested(model=body.model, reason=body.reason, producer="ops-api")
+            if action == "pause"
+            else TrainerResumeRequested(model=body.model, producer="ops-api")
+        )
+        try:
+            await ctx.bus.publish(CONTROL, event)
+        except BusError as exc:
+            return _error(503, "bus_unavailable", str(exc))
+        return JSONResponse(event.model_dump(mode="json"))
 
     return router

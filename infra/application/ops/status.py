@@ -23,6 +23,8 @@ from schemas import (
     TASKS,
     TRANSITIONS,
     InferenceDrained,
+    TrainerPauseRequested,
+    TrainerResumeRequested,
     TrainerStepCompleted,
     WeightsActivated,
     WeightUpdateFailed,
@@ -54,6 +56,7 @@ class ControlState:
     trainer_step: int | None = None
     trainer_version: int | None = None
     trainer_metrics: dict[str, float] = field(default_factory=dict)
+    trainer_pause: str | None = None  # the reason of the last pause request not followed by a resume
     last_failure: str | None = None
     drained_gateways: set[str] = field(default_factory=set)
     events: int = 0
@@ -75,7 +78,11 @@ class ControlState:
                 self.last_failure = f"v{v}: {error}"
                 self.pending_version = None
             case TrainerStepCompleted(step=step, version=v, metrics=metrics):
-                self.trainer_step, self.trainer_version, self.trainer_metrics = step, v, dict(metrics)
+                self.trainer_step, self.trainer_version, self.trainer_metrics = step, v, metrics.as_dict()
+            case TrainerPauseRequested(reason=reason):
+                self.trainer_pause = reason or "paused"
+            case TrainerResumeRequested():
+                self.trainer_pause = None
 
     async def handle(self, message: Message) -> None:
         self.apply(message.event)
@@ -87,6 +94,7 @@ class ControlState:
             "trainer_step": self.trainer_step,
             "trainer_version": self.trainer_version,
             "trainer_metrics": self.trainer_metrics,
+            "trainer_pause_requested": self.trainer_pause,
             "last_failure": self.last_failure,
             "control_events": self.events,
         }

@@ -254,6 +254,38 @@ def test_status_and_replay_through_the_running_stack(
     assert "401" in _one_line_error(result)
 
 
+def test_trainer_pause_and_resume_through_the_running_stack(
+    cli: CliRunner, running_stack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack publishes the control events on its in-process bus; its status reads them back."""
+    import httpx
+
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "s3cret-admin-token-for-tests")
+
+    def pause_requested() -> object:
+        result = cli.invoke(app, ["status", "--url", running_stack, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["control"]["trainer_pause_requested"]
+
+    result = cli.invoke(app, ["trainer", "pause", "--reason", "maintenance", "--url", running_stack])
+    assert result.exit_code == 0 and f"trainer pause requested ({running_stack})" in result.output
+    assert pause_requested() == "maintenance"
+    assert cli.invoke(app, ["trainer", "resume", "--url", running_stack]).exit_code == 0
+    assert pause_requested() is None
+
+    headers = {"Authorization": "Bearer s3cret-admin-token-for-tests"}
+    response = httpx.post(f"{running_stack}/admin/ops/trainer/stop", headers=headers, timeout=30)
+    assert response.status_code == 404 and "pause, resume" in response.json()["error"]["message"]
+    response = httpx.post(
+        f"{running_stack}/admin/ops/trainer/pause", json={"reason": 7}, headers=headers, timeout=30
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_request"
+    assert pause_requested() is None  # a refused request published nothing
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "not-the-right-token-at-all")
+    result = cli.invoke(app, ["trainer", "pause", "--url", running_stack])
+    assert result.exit_code == 1 and "401" in _one_line_error(result)
+
+
 def test_replay_api_rejects_a_bad_filter(running_stack: str) -> None:
     import httpx
 

@@ -101,3 +101,29 @@ async def test_topics_doctor_status_and_replay_on_kafka(
     assert code == 1
     assert status["topics"]["flywheel.transitions"]["trainer"] == 8
     assert "trainer: no live consumer in group 'trainer'" in status["problems"]
+
+
+async def test_trainer_pause_and_resume_travel_on_the_control_topic(kafka_cli: CliRunner) -> None:
+    """`flywheel trainer pause|resume` on Kafka: one control event each, which `flywheel status` reads back
+    (the trainer's reaction to the same events: tests/integration/trainer/test_trainer_service.py)."""
+    code, out = await asyncio.to_thread(_invoke, kafka_cli, "topics", "create")
+    assert code == 0, out
+
+    async def pause_requested() -> object:
+        _, out = await asyncio.to_thread(_invoke, kafka_cli, "status", "--json", "--timeout", "3")
+        return json.loads(out)["control"]["trainer_pause_requested"]
+
+    code, out = await asyncio.to_thread(_invoke, kafka_cli, "trainer", "pause", "--reason", "maintenance")
+    assert code == 0 and "trainer pause requested (Kafka at " in out, out
+    assert await pause_requested() == "maintenance"
+    code, out = await asyncio.to_thread(_invoke, kafka_cli, "trainer", "resume")
+    assert code == 0, out
+    assert await pause_requested() is None
+
+
+async def test_trainer_pause_names_an_unreachable_broker(
+    kafka_cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    code, out = await asyncio.to_thread(_invoke, kafka_cli, "trainer", "pause")
+    assert code == 1 and out.startswith("error: Kafka at 127.0.0.1:1") and out.count("\n") == 1, out

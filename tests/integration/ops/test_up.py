@@ -95,6 +95,19 @@ def test_up_serves_records_and_stops_cleanly(tmp_path: Path) -> None:
                 == 200
             )
 
+        # The trainer's one pause channel: the control topic, reached through the stack's admin API.
+        trainer_dir = str(tmp_path / "data" / "trainer")
+        for args, paused in ((("pause", "--reason", "maintenance"), True), (("resume",), False)):
+            asked = _cli(env, "trainer", *args, "--url", url)
+            assert asked.returncode == 0, asked.stdout + asked.stderr
+            for _ in range(100):
+                shown = _cli(env, "trainer", "status", "--json", "--dir", trainer_dir)
+                if shown.returncode == 0 and json.loads(shown.stdout)["paused"] is paused:
+                    break
+                proc_wait(proc, 0.1)
+            else:
+                pytest.fail(f"the trainer did not report paused={paused}: {shown.stdout} {shown.stderr}")
+
         wrong = _cli({**env, "FLYWHEEL_ADMIN_TOKEN": "wrong-token-wrong-token"}, "status", "--url", url)
         assert wrong.returncode == 1 and "401" in wrong.stderr
     finally:

@@ -47,7 +47,7 @@ async def test_three_production_sessions_train_with_nonzero_advantages(tmp_path:
         assert len(advs) == 3 and all(a != 0.0 for a in advs.values())
         assert advs["sess-0"] == advs["sess-2"] > 0 > advs["sess-1"]
         assert step.samples == {EpisodeSource.live: 0, EpisodeSource.production: 3, EpisodeSource.replay: 0}
-        assert step.metrics["grad_norm"] > 0
+        assert step.metrics.as_dict()["grad_norm"] > 0
         assert service.intake.skipped["no_reward"] == 1  # no feedback, no scorer: counted, not trained
         status = service.status()
         assert status.samples == {"live": 0, "production": 3, "replay": 0}

@@ -54,7 +54,7 @@ async def test_trains_groups_and_runs_the_weight_protocol(tmp_path: Path) -> Non
         assert engine.loaded == [1, 2]
         # g2's member without transitions still counts toward the group and its baseline
         assert sorted(backend.trained, key=len) == [{"g2-e1-a0"}, {"g1-e0-a0", "g1-e1-a0"}]
-        m = steps[-1].metrics
+        m = steps[-1].metrics.as_dict()
         for key in (
             "reward",
             "success",
@@ -91,7 +91,7 @@ async def test_failed_load_keeps_the_old_version_serving(tmp_path: Path) -> None
         assert failed.version == 1 and failed.serving_version == 0 and "shape mismatch" in failed.error
         assert not events.of(WeightsActivated)
         assert service.weights.serving_version == 0 and backend.version == 1
-        assert service.last_metrics["weight_update_failed"] == 1.0
+        assert service.last_metrics.weight_update_failed == 1.0
         await asyncio.sleep(0)  # let the gateway see the failure
         await events.wait_for(lambda e: type(e).__name__ == "InferenceResumed")
         assert gw.version == 0 and not gw.paused
@@ -114,7 +114,7 @@ async def test_missing_gateway_is_reported_not_waited_on(tmp_path: Path) -> None
         await service.start()
         await publish(bus, group_events("g1", [1.0, 0.0]))
         await run_steps(service, 1, within_s=20)
-        assert service.last_metrics["gateways_missing"] == 1.0
+        assert service.last_metrics.gateways_missing == 1.0
         assert service.weights.serving_version == 1
         await service.stop()
         await gw.stop()
@@ -161,15 +161,21 @@ async def test_pause_and_resume_through_control_events(tmp_path: Path) -> None:
         await asyncio.wait_for(runner, 20)
         await events.wait_for(lambda e: isinstance(e, TrainerStepCompleted))
         assert [type(e) for e in events.events].count(WeightUpdateRequested) == 1
-        # the PAUSED file works too (the CLI writes it for the embedded runtime)
-        (tmp_path / "trainer" / "PAUSED").touch()
+        # a pause outlives a restart: the new trainer stays paused until it hears a resume
+        await bus.publish(CONTROL, TrainerPauseRequested(reason="maintenance"))
+        await wait_until(lambda: service.paused)
+        await service.stop()
+        service, _ = make_trainer(tmp_path, bus, [], expected_gateways=0)
+        await service.start()
+        assert service.paused and service.status().pause_reason == "maintenance"
         await publish(bus, group_events("g2", [1.0, 0.0]))
         runner = asyncio.create_task(service.run(max_steps=1))
         await asyncio.sleep(0.7)
         assert service.paused and len(events.of(TrainerStepCompleted)) == 1
-        (tmp_path / "trainer" / "PAUSED").unlink()
+        await bus.publish(CONTROL, TrainerResumeRequested())
         await asyncio.wait_for(runner, 20)
         assert len(events.of(TrainerStepCompleted)) == 2
+        assert '"paused": false' in (tmp_path / "trainer" / "status.json").read_text()
         await service.stop()
         await events.stop()
 
@@ -190,7 +196,7 @@ async def test_deadline_trains_a_partial_group_and_bad_episodes_are_counted(tmp_
         await publish(bus, [*partial, out_of_vocab, partial[0]])  # the last one is a redelivery
         await run_steps(service, 1, within_s=20)
         assert backend.trained == [{"slow-e0-a0", "slow-e1-a0"}]
-        assert service.last_metrics["groups_partial"] == 1.0
+        assert service.last_metrics.groups_partial == 1.0
         registry = service.metrics.registry
         for reason in ("malformed:token_out_of_vocab", "duplicate_event"):
             value = registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason})

@@ -33,8 +33,8 @@ async def test_sft_trains_on_successes_only_and_an_all_success_group_counts(tmp_
         [row] = [s for s in samples if s.episode_id == "mixed-e0-a0"]
         weights = row.token_rows(0)[0]
         assert weights[1] == weights[2] == 0.0 and weights[0] > 0 and weights[3] > 0
-        assert step.metrics["sft_loss"] > 0 and step.metrics["grad_norm"] > 0
-        assert step.metrics["success"] == pytest.approx(3 / 5)
+        assert step.metrics.as_dict()["sft_loss"] > 0 and step.metrics.as_dict()["grad_norm"] > 0
+        assert step.metrics.as_dict()["success"] == pytest.approx(3 / 5)
         assert service.status().samples["live"] == 3
         await service.stop()
         await gw.stop()
