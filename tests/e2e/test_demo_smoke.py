@@ -9,32 +9,19 @@ report and the plot were written.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.demo_cli import run_demo
 
 
 @pytest.mark.timeout(420)
 def test_demo_tiny_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    env = {**os.environ, "FLYWHEEL_ENV": "development"}
-    env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
-    proc = subprocess.run(
-        # an empty cache: every warm-start stage is built as on a fresh machine, none reused
-        [
-            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--out", str(out)),
-            *("--threads", "1", "--cache", str(tmp_path / "cache")),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
+    # an empty cache: every warm-start stage is built as on a fresh machine, none reused
+    proc = run_demo(
+        *("--tiny", "--out", str(out), "--threads", "1", "--cache", str(tmp_path / "cache")), timeout_s=400
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())

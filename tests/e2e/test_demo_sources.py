@@ -16,34 +16,20 @@ GRPO signal: that replayed episodes train and teach is the full demo's figure an
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.eventlog.store import ChdbStore
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.demo_cli import run_demo
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _demo(out: Path, cache: Path, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "FLYWHEEL_ENV": "development"}
-    env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--out", str(out)),
-            *("--threads", "1", "--cache", str(cache), *args),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=560,
+    proc = run_demo(
+        *("--tiny", "--out", str(out), "--threads", "1", "--cache", str(cache), *args), timeout_s=560
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report: dict[str, Any] = json.loads((out / "seed-0" / "report.json").read_text())
@@ -122,26 +108,12 @@ def test_demo_replay_tiny_replays_the_recorded_run(tmp_path: Path, cache: Path) 
 
 
 def test_demo_replay_needs_a_recorded_run(tmp_path: Path) -> None:
-    env = {**os.environ, "FLYWHEEL_ENV": "development"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "infra.application.cli.main", "demo", "--source", "replay", "--tiny"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_demo("--source", "replay", "--tiny", timeout_s=60)
     assert proc.returncode == 2 and "--from" in proc.stdout + proc.stderr
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "infra.application.cli.main", "demo", "--source", "replay", "--tiny"),
-            *("--from", str(tmp_path), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_demo(
+        *("--source", "replay", "--tiny", "--from", str(tmp_path), "--out", str(tmp_path / "out")),
+        *("--cache", str(tmp_path / "c")),
+        timeout_s=120,
     )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "no finished demo run for seed 0" in proc.stdout

@@ -10,14 +10,12 @@ test checks that data moved end to end and that only the writer's and rewriter's
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from infra.eventlog.store import ChdbStore
+from tests.e2e.demo_cli import run_demo
 
 pytestmark = [pytest.mark.slow]
 pytest.importorskip("langgraph")
@@ -27,19 +25,12 @@ pytest.importorskip("langchain_openai")
 @pytest.mark.timeout(240)
 def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    env = {**os.environ, "FLYWHEEL_ENV": "development", "PYTHONWARNINGS": "error"}
-    env.pop("FLYWHEEL_BUS", None)  # the demo is the embedded stack, whatever the shell says
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-W", "error", "-m", "infra.application.cli.main", "demo", "--agent", "sql"),
-            *("--tiny", "--out", str(out), "--threads", "1", "--cache", str(tmp_path / "cache")),
-            *("--rl-seconds", "40", "--max-steps", "1"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=220,
+    proc = run_demo(
+        *("--agent", "sql", "--tiny", "--out", str(out), "--threads", "1"),
+        *("--cache", str(tmp_path / "cache")),
+        *("--rl-seconds", "40", "--max-steps", "1"),
+        timeout_s=220,
+        warnings_are_errors=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -54,6 +45,19 @@ def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
         assert by_model["checker"]["trained"] == 0.0 and by_model["checker"]["context"] >= 1.0
         assert by_model.get("rewriter", {}).get("context", 0.0) == 0.0
     assert report["rl_groups_received"] >= 1  # scored training groups reached the trainer
+    # The checker is a fixed model: every checker call, and no other, went to the frozen engine.
+    fixed = report["fixed_models"]["checker"]
+    store = ChdbStore(out / "data" / "chdb")
+    try:
+        rows = store.query(
+            f"SELECT model, startsWith(JSONExtractString(payload, 'upstream_url'), '{fixed}') AS fixed,"
+            " count() FROM flywheel.events WHERE type = 'llm_call_recorded' GROUP BY model, fixed"
+        ).rows
+    finally:
+        store.close()
+    answered = {(str(model), bool(on_fixed)) for model, on_fixed, _ in rows}
+    assert ("checker", True) in answered and ("writer", False) in answered, rows
+    assert all(on_fixed == (model == "checker") for model, on_fixed in answered), rows
     assert report["recorded_events"] > 0
     assert report["sft_only_baseline"]["weight_versions"] != report["before"]["weight_versions"]
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

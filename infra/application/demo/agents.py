@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from examples.calc_agent import tasks as calc_tasks
-from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, render_chat
+from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from schemas import AgentKind, AgentRef, Task
 
 Conversation = list[dict[str, str]]
@@ -43,6 +43,8 @@ class DemoAgent(Protocol):
     def title(self) -> str: ...  # what the live display calls the agent
     @property
     def train_models(self) -> str: ...
+    @property
+    def fixed_models(self) -> tuple[str, ...]: ...  # roles served by a frozen copy of the warm start
     @property
     def eval_tasks(self) -> int: ...  # held-out tasks per evaluation when the command line says none
     @property
@@ -86,6 +88,7 @@ class CalcDemo:
     ref: AgentRef = CALC_REF
     title: str = "calculator agent"
     train_models: str = ""
+    fixed_models: tuple[str, ...] = ()
     eval_tasks: int = 512
     warm: WarmStartConfig = DEFAULT_WARM
     tiny_warm: WarmStartConfig = CALC_TINY
@@ -146,39 +149,18 @@ def calc_gate_success(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]
     from examples.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
 
     torch.manual_seed(seed)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
     convs = [first_messages(t["input"]["question"]) for t in tasks]
     answers: dict[int, str] = {}
-    was_training = model.training
-    model.train(False)
     for _ in range(MAX_CALLS):
         live = [i for i in range(len(tasks)) if i not in answers]
         if not live:
             break
-        rows = [render_chat(tokenizer, convs[i], True) for i in live]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left-padded
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=attention,
-                max_new_tokens=MAX_TOKENS,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                top_k=0,
-                eos_token_id=end,
-                pad_token_id=pad,
-            )
-        for row, i in enumerate(live):
-            reply = tokenizer.decode(out[row, width:], skip_special_tokens=True)
+        replies = sample_replies(model, tokenizer, [convs[i] for i in live], MAX_TOKENS)
+        for reply, i in zip(replies, live, strict=True):
             convs[i].append({"role": "assistant", "content": reply})
             kind, text = react(reply)
             if kind == "answer":
                 answers[i] = text
             else:
                 convs[i].append({"role": "user", "content": text})
-    model.train(was_training)
     return sum(1 for i, t in enumerate(tasks) if answers.get(i) == t["answer"]) / len(tasks)

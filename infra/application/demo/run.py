@@ -44,6 +44,7 @@ from infra.application.demo.warmstart import (
     sft_only_baseline,
     warm_start,
 )
+from infra.application.engine_process import EngineProcess
 from infra.application.stack import EmbeddedStack, StackSettings
 from trainer.config import AlgorithmConfig
 
@@ -155,16 +156,27 @@ async def run_seed(
     by_model = bool(agent.train_models)  # a selective agent: report trained vs context calls per model
     # One event-log directory per process (chdb's rule): every seed of this run records into it.
     settings = stack_settings(cfg, data_dir, trainer_dir, agent)
+    fixed = await _fixed_models(agent, cfg, warm_dir, seed_dir, say)
+    if fixed is not None:
+        routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
+        settings = settings.model_copy(update={"gateway_model_routes": routes})
     rollouts: dict[str, Any] = {}
     if cfg.source == "rollouts":
         rollouts = {"tasks": agent.rl_tasks(warm_cfg), "agent": agent.ref, "group_size": cfg.group_size}
     key = production.create_key(data_dir) if cfg.source == "production" else ""
     stack = EmbeddedStack(settings, model_dir=warm_dir, **rollouts)
-    await stack.start()
+    try:
+        await stack.start()
+    except BaseException:
+        if fixed is not None:
+            await fixed.stop()
+        raise
     assert stack.bus is not None and stack.trainer is not None
     report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source}
     if cfg.agent != "calc":
         report["agent"] = cfg.agent
+    if fixed is not None:
+        report["fixed_models"] = {name: fixed.url for name in agent.fixed_models}
     try:
         say(
             f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out tasks"
@@ -250,8 +262,31 @@ async def run_seed(
         report["met_target"] = _met_target(cfg.source, before, after, rl_run_seconds)
     finally:
         await stack.stop()
+        if fixed is not None:
+            await fixed.stop()
     report["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+async def _fixed_models(
+    agent: DemoAgent, cfg: DemoConfig, warm_dir: Path, seed_dir: Path, say: Say
+) -> EngineProcess | None:
+    """A second engine serving the warm start, frozen, for the agent's fixed roles (None: it has none).
+    The gateway routes those roles' model names to it; the trainer's weight updates never reach it."""
+    if not agent.fixed_models:
+        return None
+    if not cfg.engine_process:
+        raise ValueError(f"the {agent.name} demo's fixed roles need engine_process (their own engine)")
+    await asyncio.to_thread(seed_dir.mkdir, parents=True, exist_ok=True)
+    fixed = await EngineProcess.start(
+        warm_dir,
+        log_path=seed_dir / "fixed-engine.log",
+        model_name=agent.fixed_models[0],
+        max_num_seqs=max(64, cfg.batch_groups * cfg.group_size),
+        threads=cfg.threads or None,
+    )
+    say(f"[seed {cfg.seed}] fixed roles {', '.join(agent.fixed_models)}: the warm start at {fixed.url}")
+    return fixed
 
 
 async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, Any]:

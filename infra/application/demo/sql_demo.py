@@ -7,8 +7,9 @@ the gate use the train databases only; held-out questions are asked on databases
 The warm start is SFT on the sloppy teacher (``sloppy_teacher``: the gold query, or with
 ``mistake_rate`` a deliberate mistake followed by a rewriter demonstration that fixes it), plus one
 checker demonstration per written query in the agent's exact checker format: ``CORRECT`` when the query
-ran, ``WRONG`` when SQLite refused it. The checker is therefore lenient (it passes any query that runs);
-it shares the policy's weights, served by the same engine under its own model name, and its calls are
+ran, ``WRONG`` when SQLite refused it. The checker is therefore lenient (it passes any query that runs).
+It is a fixed model, as a multi-agent program's frozen role would be: the gateway routes the model name
+``checker`` to a second engine serving the warm start, which never loads a new version, and its calls are
 recorded as context but never trained (``train_models = "writer,rewriter"``). What RL can improve is the
 writer's first query (no mistakes left for the checker to miss, no failing query to rewrite: fewer
 calls per episode) and the rewriter's fixes.
@@ -28,7 +29,7 @@ from typing import Any
 
 from examples.sql_agent.data import Benchmark, Split, generate, sloppy_teacher
 from examples.sql_agent.prompts import checker_messages, execute, extract_sql, schema_of, writer_messages
-from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, render_chat
+from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from schemas import AgentKind, AgentRef, Task
 
 DATA_FORMAT = 1  # bump when data.py's output changes (the warm start's key then changes too)
@@ -90,8 +91,9 @@ class SqlDemo:
     data_root: Path
     name: str = "sql"
     ref: AgentRef = SQL_REF
-    title: str = "LangGraph SQL agent (writer, rewriter trained; checker context)"
+    title: str = "LangGraph SQL agent (writer, rewriter trained; checker fixed)"
     train_models: str = "writer,rewriter"
+    fixed_models: tuple[str, ...] = ("checker",)
     eval_tasks: int = 256
     warm: WarmStartConfig = SQL_WARM
     tiny_warm: WarmStartConfig = SQL_TINY
@@ -148,38 +150,13 @@ class SqlDemo:
         import torch
 
         torch.manual_seed(seed)
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
         solved = 0
-        was_training = model.training
-        model.train(False)
         for start in range(0, len(tasks), 64):
             chunk = tasks[start : start + 64]
-            rows = [
-                render_chat(
-                    tokenizer, writer_messages(schema_of(t["input"]["db"]), t["input"]["question"]), True
-                )
-                for t in chunk
-            ]
-            width = max(len(r) for r in rows)
-            ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left-padded
-            attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=attention,
-                    max_new_tokens=MAX_TOKENS,
-                    do_sample=True,
-                    temperature=1.0,
-                    top_p=1.0,
-                    top_k=0,
-                    eos_token_id=end,
-                    pad_token_id=pad,
-                )
-            for row, task in enumerate(chunk):
-                reply = tokenizer.decode(out[row, width:], skip_special_tokens=True)
+            convs = [writer_messages(schema_of(t["input"]["db"]), t["input"]["question"]) for t in chunk]
+            replies = sample_replies(model, tokenizer, convs, MAX_TOKENS)
+            for reply, task in zip(replies, chunk, strict=True):
                 solved += same_result(task["input"]["db"], extract_sql(reply), str(task["answer"]))
-        model.train(was_training)
         return solved / max(1, len(tasks))
 
 

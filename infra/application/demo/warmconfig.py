@@ -78,3 +78,36 @@ def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], generation_p
         list(messages), tokenize=True, add_generation_prompt=generation_prompt, return_dict=False
     )
     return [int(i) for i in ids]
+
+
+def sample_replies(
+    model: Any, tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_new_tokens: int
+) -> list[str]:
+    """One reply per conversation, sampled at temperature 1 as the agents sample (the gates' check):
+    one batched, left-padded ``generate`` over all of them, in eval mode, without gradients."""
+    import torch
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
+    rows = [render_chat(tokenizer, messages, True) for messages in conversations]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    was_training = model.training
+    model.train(False)
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                eos_token_id=end,
+                pad_token_id=pad,
+            )
+    finally:
+        model.train(was_training)
+    return [tokenizer.decode(out[row, width:], skip_special_tokens=True) for row in range(len(rows))]
