@@ -1,10 +1,17 @@
-"""The embedded stack: every Flywheel service in one process, wired through the in-process bus.
+"""The embedded stack: every Flywheel service in one process, wired through the in-process bus (or Kafka).
 
     stack = EmbeddedStack(StackSettings(data_dir=...), model_dir=path)
     await stack.start()          # bus, event log, engine, gateway (loopback HTTP), worker, reward, trainer
     stack.gateway_url            # agents reach the gateway here: {gateway_url}/episodes/{id}/v1
     stack.start_training()       # the trainer's loop as a background task (optional)
     await stack.stop()
+
+Two seams put other parts under the same wiring (tests, benchmarks): ``upstream=`` serves from an
+upstream the caller built (a fake model server, an engine app of its own, behind
+``make_upstream(..., transport=httpx.ASGITransport(app=...))``) instead of starting the engine, and
+``bus_factory=`` runs the stack on a broker, each part on a connection of its own as separate processes
+would be (on Kafka: its own consumer-group members, so a worker that stops hands its partitions over).
+``add_worker`` starts more workers; ``env()`` is what a ``flywheel`` process needs to join the stack.
 
 This is the one place (with ``infra/application/cli``) that imports services; they never import each other and
 talk only through the bus, exactly as in the distributed runtime:
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +45,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from gateway.settings import GatewaySettings
+from infra.bus.base import Bus
 from infra.eventlog.settings import EventLogSettings
 from infra.logging import get_logger
 from reward_service.settings import RewardSettings
@@ -49,8 +57,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from gateway.server import GatewayServer
+    from gateway.upstream import Upstream
     from infra.application.engine_process import EngineProcess
-    from infra.bus.memory import MemoryBus
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
@@ -59,6 +67,8 @@ if TYPE_CHECKING:
     from trainer.service import TrainerService
 
 log = get_logger(__name__)
+
+BusFactory = Callable[[], Bus]  # a new, unstarted connection to the broker the stack runs on
 
 
 class StackError(RuntimeError):
@@ -82,6 +92,10 @@ class StackSettings(GatewaySettings, WorkerSettings, RewardSettings, TrainerSett
     # False: in this process behind an ASGI transport (no process to start; what the tests use).
     engine_process: bool = False
     record_events: bool = True  # the recorder writes every event to the event log (chdb or server)
+    run_worker: bool = True  # False: no worker of its own (``add_worker``, or ``flywheel worker`` elsewhere)
+    # True: with no FLYWHEEL_EPISODE_KEY, the stack makes one up (signed episode URLs); False: it leaves
+    # the key empty, episode URLs carry plain ids and the gateway learns episodes from flywheel.episodes
+    make_episode_key: bool = True
     run_trainer: bool = True
 
 
@@ -92,23 +106,40 @@ class EmbeddedStack:
         self,
         settings: StackSettings,
         *,
-        model_dir: Path,
+        model_dir: Path | None = None,
         tasks: Iterator[Task] | None = None,
         agent: AgentRef | None = None,
         group_size: int = 8,
         deadline_s: float = 120.0,
         vllm_url: str | None = None,
         curriculum_revisit: float | None = None,
+        upstream: Upstream | None = None,
+        bus_factory: BusFactory | None = None,
     ) -> None:
         """``vllm_url``: serve from that vLLM server (dev mode) instead of starting the embedded engine;
         the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink`.
         ``curriculum_revisit``: the trainer's requests go through a :class:`trainer.curriculum.SignalCurriculum`
-        (revisit probability), seeded with the event log's per-task history."""
+        (revisit probability), seeded with the event log's per-task history.
+        ``upstream``: serve from it instead (no engine, no ``model_dir`` needed; nothing loads weights into
+        it, so no trainer either); the stack closes its client when it stops.
+        ``bus_factory``: every part gets a connection of its own from it (the stack's own, for callers, is
+        :attr:`bus`); ``settings.bus`` must name that broker (``"kafka"``: :meth:`env` and the reward
+        service's journal read it). None: one in-process ``MemoryBus`` for all."""
         if (tasks is None) != (agent is None):
             raise ValueError(
                 "give both tasks and agent (the trainer then requests its own rollouts) or neither"
             )
-        if not settings.episode_key.get_secret_value():
+        if upstream is not None and vllm_url is not None:
+            raise ValueError("give an upstream or a vllm_url, not both")
+        if upstream is not None and settings.run_trainer:
+            raise ValueError(
+                "the trainer cannot load weights into an upstream of the caller's: run_trainer=False"
+            )
+        if upstream is None and model_dir is None:
+            raise ValueError("model_dir is needed: the engine serves it and the trainer trains it")
+        if bus_factory is not None and settings.bus == "memory":
+            raise ValueError("a bus_factory connects to a broker: set settings.bus to it ('kafka')")
+        if settings.make_episode_key and not settings.episode_key.get_secret_value():
             # one process, one key: its worker signs episode URLs and its gateway admits them on the
             # ticket alone, without consuming every recorded call (infra/tickets.py)
             settings = settings.model_copy(update={"episode_key": SecretStr(secrets.token_urlsafe(32))})
@@ -120,18 +151,22 @@ class EmbeddedStack:
         self._deadline_s = deadline_s
         self._curriculum_revisit = curriculum_revisit
         self.vllm_url = vllm_url.rstrip("/").removesuffix("/v1") if vllm_url else None
-        self.bus: MemoryBus | None = None
+        self.upstream = upstream
+        self._bus_factory = bus_factory
+        self.bus: Bus | None = None  # the stack's own connection (all parts' on the in-process bus)
+        self.buses: list[Bus] = []  # every connection the stack opened, its own first
         self.store: ChdbStore | ServerStore | None = None
         self.recorder: Recorder | None = None
         self.engine: InferenceEngine | None = None
         self.engine_process: EngineProcess | None = None
         self.gateway_app: FastAPI | None = None
-        self.worker: RolloutWorker | None = None
+        self.worker: RolloutWorker | None = None  # the first worker
+        self.workers: list[RolloutWorker] = []  # with those of add_worker
         self.reward: RewardService | None = None
         self.trainer: TrainerService | None = None
         self._server: GatewayServer | None = None
         self._training: asyncio.Task[None] | None = None
-        self._stoppers: list[Any] = []
+        self._stoppers: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         self.gateway_url = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -157,10 +192,11 @@ class EmbeddedStack:
         await self._start_bus()
         if s.record_events:
             await self._start_recorder()
-        if self.vllm_url is None:
+        if self.vllm_url is None and self.upstream is None:
             await self._start_engine()
         await self._start_gateway()
-        await self._start_worker()
+        if s.run_worker:
+            await self.add_worker()
         await self._start_reward()
         if s.run_trainer:
             await self._start_trainer()
@@ -191,15 +227,31 @@ class EmbeddedStack:
         from infra.bus.factory import park_path
         from infra.bus.memory import MemoryBus
 
-        bus = MemoryBus(
-            prefix=self.settings.topic_prefix,
-            publish_timeout_s=self.settings.publish_timeout_s,
-            park_path=park_path(self.settings),
+        bus = (
+            self._bus_factory()
+            if self._bus_factory is not None
+            else MemoryBus(
+                prefix=self.settings.topic_prefix,
+                publish_timeout_s=self.settings.publish_timeout_s,
+                park_path=park_path(self.settings),
+            )
         )
         await bus.start()
         self._stoppers.append(("bus", bus.stop))
-        await bus.ensure_topics(list(TOPICS))
         self.bus = bus
+        self.buses.append(bus)
+        await bus.ensure_topics(list(TOPICS))
+
+    async def _connect(self, part: str) -> Bus:
+        """The bus ``part`` runs on: the stack's in-process bus, or a connection of its own from the
+        ``bus_factory``, stopped after the part (its stopper is pushed after this one)."""
+        if self._bus_factory is None:
+            return self._bus
+        bus = self._bus_factory()
+        await bus.start()
+        self._stoppers.append((f"{part}-bus", bus.stop))
+        self.buses.append(bus)
+        return bus
 
     async def _start_recorder(self) -> None:
         from infra.eventlog.recorder import ALL_TOPICS, Recorder
@@ -216,7 +268,7 @@ class EmbeddedStack:
         self._stoppers.append(("eventlog", close_store))
         self.store = store
         recorder = Recorder(
-            self._bus,
+            await self._connect("recorder"),
             store,
             topics=ALL_TOPICS,
             max_batch=s.recorder_max_batch,
@@ -235,7 +287,7 @@ class EmbeddedStack:
             from infra.application.engine_process import EngineProcess
 
             proc = await EngineProcess.start(
-                self.model_dir,
+                self._model_dir,
                 log_path=s.data_dir / "engine.log",
                 model_name=s.model,
                 max_num_seqs=s.engine_max_num_seqs,
@@ -246,7 +298,7 @@ class EmbeddedStack:
             return
         engine = await asyncio.to_thread(
             InferenceEngine.from_pretrained,
-            self.model_dir,
+            self._model_dir,
             threads=threads,
             model_name=s.model,
             max_num_seqs=s.engine_max_num_seqs,
@@ -255,39 +307,12 @@ class EmbeddedStack:
         self.engine = engine
 
     async def _start_gateway(self) -> None:
-        import httpx
-
         from gateway.app import create_app
         from gateway.server import GatewayServer
-        from gateway.upstream import make_upstream
-        from schemas import UpstreamKind
-        from trainer.engine.app import create_engine_app
 
         s = self.settings
-        if self.vllm_url is not None:
-            upstream = make_upstream(
-                self.vllm_url + "/v1",
-                kind=UpstreamKind.vllm,
-                logprobs_mode=s.logprobs_mode,
-                timeout_s=s.upstream_timeout_s,
-                request_weight_versions=True,
-            )
-        elif self.engine_process is not None:
-            upstream = make_upstream(
-                self.engine_process.url + "/v1",
-                kind=UpstreamKind.embedded,
-                logprobs_mode=s.logprobs_mode,
-                timeout_s=s.upstream_timeout_s,
-            )
-        else:
-            upstream = make_upstream(
-                "http://embedded-engine/v1",
-                kind=UpstreamKind.embedded,
-                logprobs_mode=s.logprobs_mode,
-                timeout_s=s.upstream_timeout_s,
-                transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
-            )
-        app = create_app(s, self._bus, [upstream])
+        upstream = self.upstream or self._engine_upstream()
+        app = create_app(s, await self._connect("gateway"), [upstream])
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router
@@ -300,20 +325,63 @@ class EmbeddedStack:
         self._server = server
         self.gateway_app = app
 
-    async def _start_worker(self) -> None:
+    def _engine_upstream(self) -> Upstream:
+        """The upstream in front of the engine the stack runs: vLLM, the child process, or in process."""
+        from gateway.upstream import make_upstream
+        from schemas import UpstreamKind
+
+        s = self.settings
+        if self.vllm_url is not None:
+            return make_upstream(
+                self.vllm_url + "/v1",
+                kind=UpstreamKind.vllm,
+                logprobs_mode=s.logprobs_mode,
+                timeout_s=s.upstream_timeout_s,
+                request_weight_versions=True,
+            )
+        if self.engine_process is not None:
+            return make_upstream(
+                self.engine_process.url + "/v1",
+                kind=UpstreamKind.embedded,
+                logprobs_mode=s.logprobs_mode,
+                timeout_s=s.upstream_timeout_s,
+            )
+        import httpx
+
+        from trainer.engine.app import create_engine_app
+
+        return make_upstream(
+            "http://embedded-engine/v1",
+            kind=UpstreamKind.embedded,
+            logprobs_mode=s.logprobs_mode,
+            timeout_s=s.upstream_timeout_s,
+            transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
+        )
+
+    async def add_worker(self, worker_id: str | None = None, **overrides: Any) -> RolloutWorker:
+        """Start one more rollout worker (the first is started with the stack unless ``run_worker`` is
+        off). It has the stack's settings but ``worker_id`` and ``overrides``; with a ``bus_factory``, a
+        connection of its own, so it joins the consumer group as a worker process would."""
         from rollout_worker.service import RolloutWorker
 
-        settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
-        worker = RolloutWorker(self._bus, settings)
+        if not self.gateway_url:
+            raise StackError("the stack is not started")
+        update: dict[str, Any] = {"gateway_url": self.gateway_url, **overrides}
+        if worker_id is not None:
+            update["worker_id"] = worker_id
+        settings = self.settings.model_copy(update=update)
+        worker = RolloutWorker(await self._connect(f"worker-{settings.worker_id}"), settings)
         await worker.start()
-        self._stoppers.append(("worker", worker.stop))
-        self.worker = worker
+        self._stoppers.append((f"worker-{settings.worker_id}", worker.stop))
+        self.workers.append(worker)
+        self.worker = self.worker or worker
+        return worker
 
     async def _start_reward(self) -> None:
         from reward_service.app import build
 
         settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
-        reward = build(settings, self._bus)
+        reward = build(settings, await self._connect("reward"))
         await reward.start()
         self._stoppers.append(("reward", reward.stop))
         self.reward = reward
@@ -326,7 +394,7 @@ class EmbeddedStack:
         s = self.settings
         backend = await asyncio.to_thread(
             start_backend,
-            self.model_dir,
+            self._model_dir,
             s.trainer_algo,
             device=s.trainer_device,
             torch_threads=s.engine_threads,
@@ -335,6 +403,7 @@ class EmbeddedStack:
             kind=s.trainer_backend,
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
+        bus = await self._connect("trainer")
         planner = None
         if self._tasks is not None and self._agent is not None:
             curriculum = None
@@ -344,7 +413,7 @@ class EmbeddedStack:
                 history = await asyncio.to_thread(self.store.task_history) if self.store is not None else {}
                 curriculum = SignalCurriculum(self._tasks, revisit=self._curriculum_revisit, history=history)
             planner = RolloutPlanner(
-                self._bus,
+                bus,
                 self._tasks,
                 self._agent,
                 group_size=self._group_size,
@@ -361,7 +430,7 @@ class EmbeddedStack:
             sink = HttpSink(self.engine_process.url, token=self.engine_process.admin_token)
         else:
             sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
-        service = build(s, self._bus, backend, [sink], planner=planner)
+        service = build(s, bus, backend, [sink], planner=planner)
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service
@@ -387,20 +456,26 @@ class EmbeddedStack:
 
     def cancel_rollouts(self) -> int:
         """Cancel the groups the trainer requested but has not trained on (after training stopped)."""
-        if self.trainer is None or self.trainer.planner is None or self.worker is None:
+        if self.trainer is None or self.trainer.planner is None:
             return 0
         hit = 0
         for group_id in list(self.trainer.planner.in_flight):
-            hit += self.worker.rollouts.cancel_group(group_id, None)
+            hit += sum(worker.rollouts.cancel_group(group_id, None) for worker in self.workers)
             self.trainer.planner.finished(group_id)
         return hit
 
     # ------------------------------------------------------------------ accessors
     @property
-    def _bus(self) -> MemoryBus:
+    def _bus(self) -> Bus:
         if self.bus is None:
             raise StackError("the stack is not started")
         return self.bus
+
+    @property
+    def _model_dir(self) -> Path:
+        if self.model_dir is None:
+            raise StackError("the stack has no model_dir")
+        return self.model_dir
 
     @property
     def _engine(self) -> InferenceEngine:
@@ -411,3 +486,17 @@ class EmbeddedStack:
     def episode_url(self, episode_id: str) -> str:
         """The OpenAI base URL an agent uses for one training episode."""
         return f"{self.gateway_url}/episodes/{episode_id}/v1"
+
+    def env(self) -> dict[str, str]:
+        """``FLYWHEEL_*`` variables for a ``flywheel`` process that joins this stack (``flywheel worker``,
+        ``flywheel tasks submit``): its bus, its gateway and the episode key its gateway admits."""
+        s = self.settings
+        out = {
+            "FLYWHEEL_BUS": s.bus,
+            "FLYWHEEL_TOPIC_PREFIX": s.topic_prefix,
+            "FLYWHEEL_GATEWAY_URL": self.gateway_url,
+            "FLYWHEEL_EPISODE_KEY": s.episode_key.get_secret_value(),
+        }
+        if s.bus == "kafka":
+            out["FLYWHEEL_KAFKA_BOOTSTRAP"] = s.kafka_bootstrap
+        return out

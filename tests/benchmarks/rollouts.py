@@ -37,12 +37,14 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from infra.application.stack import BusFactory, EmbeddedStack, StackSettings
 from infra.bus.base import Bus, Message
 from infra.logging import configure_logging
 from schemas import (
@@ -62,8 +64,7 @@ from schemas import (
     Task,
     new_episode_id,
 )
-from tests.e2e.rollouts_stack import RolloutStack, free_port
-from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
+from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream, fake_upstream
 
 CONCURRENCY = 16
 LEAN = "examples.agents_for_tests.lean_agent:run"
@@ -90,6 +91,30 @@ class Counter:
             self.n += 1
             if self.n >= self.target:
                 self.done.set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def rollout_stack(tmp: str, bus_factory: BusFactory | None = None, **settings: Any) -> EmbeddedStack:
+    """Gateway (in front of the instant fake upstream), worker and reward service: the embedded stack
+    without engine, trainer or recorder. Episode URLs carry plain ids (no episode key), so the
+    Kafka rows' worker, in another process, needs no shared key."""
+    stack_settings = StackSettings(
+        data_dir=Path(tmp),
+        run_trainer=False,
+        record_events=False,
+        make_episode_key=False,
+        episode_wait_s=5.0,
+        shutdown_drain_timeout_s=1.0,
+        **settings,
+    )
+    upstream = fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False))
+    return EmbeddedStack(stack_settings, upstream=upstream, bus_factory=bus_factory)
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -127,14 +152,10 @@ async def _run_tasks(
 async def e2e_memory(spec: str, n: int) -> Rate:
     """The embedded runtime: gateway, worker (with its callable agents) and reward service, one process."""
     with tempfile.TemporaryDirectory() as tmp:
-        stack = RolloutStack(Path(tmp), worker_settings={"concurrency": CONCURRENCY})
-        await stack.start(workers=1)
-        try:
+        async with rollout_stack(tmp, concurrency=CONCURRENCY) as stack:
             agent = AgentRef(kind=AgentKind.callable, spec=spec)
             await _run_tasks(stack.buses[0], agent, CONCURRENCY, 120)  # warm-up
             return await _run_tasks(stack.buses[0], agent, n, 300)
-        finally:
-            await stack.stop()
 
 
 class Services:
@@ -173,13 +194,15 @@ class Services:
 
 
 async def serve_services(kafka: str, prefix: str) -> None:
+    from infra.bus.kafka import KafkaBus
+
     configure_logging("ERROR", json=True)
     with tempfile.TemporaryDirectory() as tmp:
-        stack = RolloutStack(Path(tmp), kafka=kafka, prefix=prefix)
-        await stack.start(workers=0)
-        print(stack.url, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # EOF: stop
-        await stack.stop()
+        connect = partial(KafkaBus, kafka, prefix=prefix, session_timeout_ms=6000)
+        settings = {"bus": "kafka", "kafka_bootstrap": kafka, "topic_prefix": prefix, "run_worker": False}
+        async with rollout_stack(tmp, connect, **settings) as stack:
+            print(stack.gateway_url, flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # EOF: stop
 
 
 async def e2e_kafka(kafka: str, spec: str, n: int, kind: AgentKind = AgentKind.callable) -> tuple[Rate, Any]:
@@ -262,16 +285,12 @@ async def command_overhead(n: int, concurrency: int = CONCURRENCY, nice: int | N
     if nice is not None:
         settings["agent_nice"] = nice
     with tempfile.TemporaryDirectory() as tmp:
-        stack = RolloutStack(Path(tmp), worker_settings=settings)
-        await stack.start(workers=1)
-        try:
+        async with rollout_stack(tmp, **settings) as stack:
             agent = AgentRef(kind=AgentKind.command, spec=COMMAND)
             children0 = _children_cpu_s()
             await _run_tasks(stack.buses[0], agent, n, 300)
             agent_cpu = (_children_cpu_s() - children0) / n * 1000
             stats = stack.workers[0].stats
-        finally:
-            await stack.stop()
     return CommandFigures(statistics.median(stats.overhead_ms), statistics.median(stats.agent_ms), agent_cpu)
 
 

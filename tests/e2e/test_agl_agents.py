@@ -33,6 +33,7 @@ from schemas import (
     Task,
 )
 from tests.compat.agl_env import agl_sdist
+from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -91,6 +92,22 @@ async def test_gsm8k_chat_agent_unchanged_is_scored_from_its_own_reward_event(tm
         assert ep.num_calls == 1 and ep.transitions and ep.transitions[0].response_ids
 
 
+async def _fake_stack(tmp_path: Path, fake: FakeUpstreamConfig) -> EmbeddedStack:
+    """The embedded stack (gateway, one worker, reward service) in front of the fake model server;
+    episode URLs carry plain ids (what the Kubernetes test expects in the pod's environment)."""
+    settings = StackSettings(
+        data_dir=tmp_path,
+        run_trainer=False,
+        record_events=False,
+        gateway_port=0,
+        make_episode_key=False,
+        episode_wait_s=5.0,
+    )
+    stack = EmbeddedStack(settings, upstream=fake_upstream(fake))
+    await stack.start()
+    return stack
+
+
 CALC_DEPS = (
     "autogen_agentchat",
     "autogen_ext.models.openai",
@@ -130,13 +147,10 @@ async def test_calc_x_autogen_agent_runs_its_tool_rollout_through_the_worker(tmp
     """AGL's calc_x ``Agent`` (AutoGen ``AssistantAgent`` + the MCP calculator over stdio), unchanged,
     in its own 3.12 venv: the fake model calls the calculator, AutoGen runs it through MCP, reflects on
     the result in a second call, and the agent posts its reward (the fake's answer is wrong: 0.0)."""
-    from tests.e2e.rollouts_stack import RolloutStack
-    from tests.fakes.upstream import FakeUpstreamConfig
-
     sdist = agl_sdist()
     python = _calc_python()
     fake = FakeUpstreamConfig(use_tools=True, tool_arguments='{"expression": "12 * 7"}')
-    stack = await RolloutStack(tmp_path, fake=fake).start()
+    stack = await _fake_stack(tmp_path, fake)
     scored: list[EpisodeScored] = []
     done = asyncio.Event()
 
@@ -146,7 +160,7 @@ async def test_calc_x_autogen_agent_runs_its_tool_rollout_through_the_worker(tmp
             done.set()
 
     try:
-        bus = await stack.bus()
+        bus = stack.buses[0]
         sub = await bus.subscribe(TRANSITIONS, "agl-calc", on_scored, from_beginning=True)
         spec = (
             f"{FLYWHEEL} agl-agent --python {python} --path {sdist / 'examples' / 'calc_x'} "
@@ -226,15 +240,13 @@ async def test_calc_x_job_template_renders_as_agl_and_its_pod_is_scored_from_its
     to ``AGL_EVENT_URL`` (the gateway's ``/episodes/<id>/agl/events``), and that reward event scores
     the episode. Only the cluster is a stand-in (``OneNodeKubelet``)."""
     from rollout_worker.kubernetes_runner import KubernetesRunner
-    from tests.e2e.rollouts_stack import RolloutStack
-    from tests.fakes.upstream import FakeUpstreamConfig
 
     sdist = agl_sdist()
     python = _calc_python()
     calc_x = sdist / "examples" / "calc_x"
     kubelet = OneNodeKubelet(python, calc_x, tmp_path)
     fake = FakeUpstreamConfig(use_tools=True, tool_arguments='{"expression": "12 * 7"}')
-    stack = await RolloutStack(tmp_path, fake=fake).start()
+    stack = await _fake_stack(tmp_path, fake)
     stack.workers[0].runners[AgentKind.kubernetes] = KubernetesRunner(
         namespace="agents", poll_s=0.2, batch_api=kubelet, core_api=kubelet
     )
@@ -250,7 +262,7 @@ async def test_calc_x_job_template_renders_as_agl_and_its_pod_is_scored_from_its
             agl_events.append(msg.event)
 
     try:
-        bus = await stack.bus()
+        bus = stack.buses[0]
         await bus.ensure_topics([AGL])
         subs = [await bus.subscribe(t, "agl-k8s", on_event, from_beginning=True) for t in (TRANSITIONS, AGL)]
         task = Task(task_id="calc-k8s", input={"question": "What is 12 times 7?", "result": "84"})
@@ -269,8 +281,8 @@ async def test_calc_x_job_template_renders_as_agl_and_its_pod_is_scored_from_its
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["QUESTION"] == "What is 12 times 7?" and env["RESULT"] == "84"  # rendered from the input
     [ep] = scored
-    assert env["AGL_OPENAI_BASE_URL"] == f"{stack.url}/episodes/{ep.episode_id}/v1"
-    assert env["AGL_EVENT_URL"] == f"{stack.url}/episodes/{ep.episode_id}/agl/events"
+    assert env["AGL_OPENAI_BASE_URL"] == f"{stack.gateway_url}/episodes/{ep.episode_id}/v1"
+    assert env["AGL_EVENT_URL"] == f"{stack.gateway_url}/episodes/{ep.episode_id}/agl/events"
     assert manifest["metadata"]["labels"]["agentlightning/rollout-id"] == ep.episode_id
     assert ep.status.value == "ok", ep
     assert (

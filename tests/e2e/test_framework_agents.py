@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.application.stack import EmbeddedStack, StackSettings
 from schemas import (
     EPISODES,
     TASKS,
@@ -38,7 +39,6 @@ from schemas import (
     UpstreamKind,
 )
 from tests.e2e import framework_script
-from tests.e2e.rollouts_stack import RolloutStack
 from tests.unit.worker.collect import Events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -81,9 +81,12 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["tokens_in", "rendered"])
 async def stack(
     request: pytest.FixtureRequest, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RolloutStack]:
+) -> AsyncIterator[EmbeddedStack]:
     """The gateway with tokens-in (gateway/tokens_in.py: a call that extends the previous one exactly
     starts from its recorded ids) and without (every prompt rendered from the messages)."""
+    import httpx
+
+    from gateway.upstream import make_upstream
     from trainer.engine import InferenceEngine
     from trainer.engine.app import create_engine_app
     from trainer.engine.forcing import scripted_replies
@@ -102,19 +105,24 @@ async def stack(
     engine = InferenceEngine.from_pretrained(
         tiny_dir, max_model_len=8192, forced_output=scripted_replies(tok, framework_script.reply)
     )
-    s = RolloutStack(
-        tmp_path,
-        upstream_app=create_engine_app(engine),
-        upstream_kind=UpstreamKind.embedded,
-        upstream_timeout_s=120.0,
-        worker_settings={"concurrency": len(QUESTIONS)},
-        gateway_settings={"tokens_in": request.param == "tokens_in"},
+    upstream = make_upstream(
+        "http://fake/v1",
+        kind=UpstreamKind.embedded,
+        timeout_s=120.0,
+        transport=httpx.ASGITransport(app=create_engine_app(engine)),
     )
-    await s.start(workers=1)
+    settings = StackSettings(
+        data_dir=tmp_path,
+        concurrency=len(QUESTIONS),
+        tokens_in=request.param == "tokens_in",
+        upstream_timeout_s=120.0,
+        run_trainer=False,
+        record_events=False,
+    )
     try:
-        yield s
+        async with EmbeddedStack(settings, upstream=upstream) as s:
+            yield s
     finally:
-        await s.stop()
         await engine.close()
 
 
@@ -136,9 +144,9 @@ def merge_stats(calls: list[LLMCallRecorded], scored: EpisodeScored) -> dict[str
     ("framework", "script", "module", "streamed"), FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS]
 )
 async def test_framework_agent_tool_loop_through_the_stack(
-    stack: RolloutStack, tiny_dir: Path, framework: str, script: str, module: str, streamed: bool
+    stack: EmbeddedStack, tiny_dir: Path, framework: str, script: str, module: str, streamed: bool
 ) -> None:
-    tokens_in = bool(stack.gateway_settings["tokens_in"])
+    tokens_in = stack.settings.tokens_in
     if importlib.util.find_spec(module) is None:
         pytest.fail(f"{module} is not installed: uv sync --extra examples")
     bus = stack.buses[0]

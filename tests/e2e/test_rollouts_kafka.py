@@ -9,13 +9,15 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from infra.application.stack import EmbeddedStack, StackSettings
+from infra.bus.kafka import KafkaBus
 from schemas import TRANSITIONS, EpisodeScored, EpisodeStatus
-from tests.e2e.rollouts_stack import RolloutStack
-from tests.fakes.upstream import END_ID, ROLE_IDS, render_prompt
+from tests.fakes.upstream import END_ID, ROLE_IDS, FakeUpstreamConfig, fake_upstream, render_prompt
 from tests.unit.worker.collect import Events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(90)]
@@ -24,14 +26,27 @@ FLYWHEEL = str(Path(sys.executable).parent / "flywheel")
 
 
 @pytest.fixture
-async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[RolloutStack]:
-    s = RolloutStack(tmp_path, kafka=kafka_bootstrap, prefix=topic_prefix, worker_settings={"concurrency": 8})
-    await s.start(workers=2)
-    yield s
-    await s.stop()
+async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
+    settings = StackSettings(
+        data_dir=tmp_path,
+        bus="kafka",
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        worker_id="w0",
+        concurrency=8,
+        run_trainer=False,
+        record_events=False,
+    )
+    async with EmbeddedStack(
+        settings,
+        upstream=fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False)),
+        bus_factory=partial(KafkaBus, kafka_bootstrap, prefix=topic_prefix, session_timeout_ms=6000),
+    ) as s:
+        await s.add_worker("w1")
+        yield s
 
 
-async def submit(stack: RolloutStack, tasks: list[dict[str, object]], agent: str, n: int, tmp: Path) -> str:
+async def submit(stack: EmbeddedStack, tasks: list[dict[str, object]], agent: str, n: int, tmp: Path) -> str:
     path = tmp / f"tasks-{agent.split()[-1].replace('/', '_')}.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     proc = await asyncio.create_subprocess_exec(
@@ -76,7 +91,7 @@ def expected_ids(question: str, calls: int) -> tuple[list[int], list[int], list[
     return prompt, response, mask
 
 
-async def test_groups_of_command_and_callable_agents_are_scored(stack: RolloutStack, tmp_path: Path) -> None:
+async def test_groups_of_command_and_callable_agents_are_scored(stack: EmbeddedStack, tmp_path: Path) -> None:
     events = await Events().attach(stack.buses[0], TRANSITIONS, group="e2e")
     exact = {"name": "exact", "options": {}}
     cmd = submit(

@@ -10,12 +10,15 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from infra.application.stack import EmbeddedStack, StackSettings
+from infra.bus.kafka import KafkaBus
 from schemas import EPISODES, TRANSITIONS, EpisodeScored, EpisodeStarted, EpisodeStatus, LLMCallRecorded
-from tests.e2e.rollouts_stack import RolloutStack
+from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
 from tests.unit.worker.collect import Events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -23,20 +26,27 @@ FLYWHEEL = str(Path(sys.executable).parent / "flywheel")
 
 
 @pytest.fixture
-async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[RolloutStack]:
-    s = RolloutStack(
-        tmp_path,
-        kafka=kafka_bootstrap,
-        prefix=topic_prefix,
-        worker_settings={"concurrency": 4},
-        reward_settings={"abandon_grace_s": 0.0},
+async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
+    settings = StackSettings(
+        data_dir=tmp_path,
+        bus="kafka",
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topic_prefix,
+        concurrency=4,
+        abandon_grace_s=0.0,
+        run_worker=False,  # the test starts its own: a `flywheel worker` to kill, then a rescuer
+        run_trainer=False,
+        record_events=False,
     )
-    await s.start(workers=0)
-    yield s
-    await s.stop()
+    async with EmbeddedStack(
+        settings,
+        upstream=fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False)),
+        bus_factory=partial(KafkaBus, kafka_bootstrap, prefix=topic_prefix, session_timeout_ms=6000),
+    ) as s:
+        yield s
 
 
-async def flywheel(stack: RolloutStack, *args: str, log: Path) -> asyncio.subprocess.Process:
+async def flywheel(stack: EmbeddedStack, *args: str, log: Path) -> asyncio.subprocess.Process:
     with log.open("wb") as out:  # the child keeps its own copy of the descriptor
         return await asyncio.create_subprocess_exec(
             FLYWHEEL,
@@ -49,7 +59,7 @@ async def flywheel(stack: RolloutStack, *args: str, log: Path) -> asyncio.subpro
         )
 
 
-async def test_killed_worker_loses_nothing(stack: RolloutStack, tmp_path: Path) -> None:
+async def test_killed_worker_loses_nothing(stack: EmbeddedStack, tmp_path: Path) -> None:
     events = await Events().attach(stack.buses[0], EPISODES, TRANSITIONS, group="e2e")
     doomed = await flywheel(stack, "worker", "--concurrency", "4", log=tmp_path / "worker-a.log")
     tasks = tmp_path / "tasks.jsonl"

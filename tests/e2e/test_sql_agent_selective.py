@@ -15,16 +15,9 @@ import httpx
 import pytest
 
 from examples.sql_agent.data import generate
-from gateway.app import create_app
-from gateway.keys import KeyStore
 from gateway.server import GatewayServer
-from gateway.settings import GatewaySettings
 from gateway.upstream import make_upstream
-from infra.bus.memory import MemoryBus
-from reward_service.app import build
-from reward_service.settings import RewardSettings
-from rollout_worker.service import RolloutWorker
-from rollout_worker.settings import WorkerSettings
+from infra.application.stack import EmbeddedStack, StackSettings
 from schemas import (
     EPISODES,
     TASKS,
@@ -39,7 +32,6 @@ from schemas import (
     Task,
     UpstreamKind,
 )
-from tests.e2e.rollouts_stack import ALL_TOPICS
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
 from tests.unit.worker.collect import Events
 
@@ -69,18 +61,16 @@ async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
     fixed = FakeUpstreamConfig(reply="WRONG: the query does not answer the question.", use_tools=False)
     fixed_server = GatewayServer(create_fake_upstream(fixed), port=0)
     fixed_url = await fixed_server.start() + "/v1"
-    bus = MemoryBus(max_backlog=10_000)
-    await bus.start()
-    await bus.ensure_topics(ALL_TOPICS)
-    events = await Events().attach(bus, EPISODES, TRANSITIONS, group="sql-e2e")
-    settings = GatewaySettings(
+    settings = StackSettings(
         data_dir=tmp_path / "gw",
-        admin_token="test-admin",
-        gateway_id="gw-sql",
         episode_wait_s=5.0,
         upstream_timeout_s=60.0,
         upstream_kind=UpstreamKind.embedded,
         gateway_model_routes=f"checker=vllm+{fixed_url}",
+        concurrency=EPISODES_RUN,
+        train_models="writer,rewriter",
+        run_trainer=False,
+        record_events=False,
     )
     policy = make_upstream(
         "http://engine/v1",
@@ -88,33 +78,29 @@ async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
         timeout_s=60.0,
         transport=httpx.ASGITransport(app=create_engine_app(engine)),
     )
-    app = create_app(settings, bus, [policy], keystore=KeyStore(tmp_path / "keys.json"))
-    gateway = GatewayServer(app, port=0)
-    url = await gateway.start()
-    worker = RolloutWorker(bus, WorkerSettings(gateway_url=url, worker_id="w0", concurrency=EPISODES_RUN))
-    reward = build(RewardSettings(gateway_url=url, train_models="writer,rewriter"), bus)
     try:
-        await worker.start()
-        await reward.start()
-        agent = AgentRef(kind=AgentKind.command, spec=f"{sys.executable} -m examples.sql_agent.agent")
-        for i, example in enumerate(bench.examples[:EPISODES_RUN]):
-            await bus.publish(
-                TASKS,
-                RolloutRequested(
-                    task=Task.model_validate(example.task()),
-                    agent=agent,
-                    group_id=f"g{i}",
-                    deadline_s=240.0,
-                ),
-            )
-        scored: list[EpisodeScored] = await events.wait_for(EpisodeScored, count=EPISODES_RUN, within_s=360)
+        async with EmbeddedStack(settings, upstream=policy) as stack:
+            bus = stack.buses[0]
+            events = await Events().attach(bus, EPISODES, TRANSITIONS, group="sql-e2e")
+            try:
+                agent = AgentRef(kind=AgentKind.command, spec=f"{sys.executable} -m examples.sql_agent.agent")
+                for i, example in enumerate(bench.examples[:EPISODES_RUN]):
+                    await bus.publish(
+                        TASKS,
+                        RolloutRequested(
+                            task=Task.model_validate(example.task()),
+                            agent=agent,
+                            group_id=f"g{i}",
+                            deadline_s=240.0,
+                        ),
+                    )
+                scored: list[EpisodeScored] = await events.wait_for(
+                    EpisodeScored, count=EPISODES_RUN, within_s=360
+                )
+            finally:
+                await events.stop()
     finally:
-        await worker.stop(drain_timeout_s=1.0)
-        await reward.stop()
-        await gateway.stop()
         await fixed_server.stop()
-        await events.stop()
-        await bus.stop()
         await engine.close()
 
     finished = {f.episode_id: f for f in events.of(EpisodeFinished)}

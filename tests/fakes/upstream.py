@@ -26,11 +26,14 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+if TYPE_CHECKING:
+    from gateway.upstream import Upstream
 
 ROLE_IDS = {"system": 256, "user": 257, "assistant": 258, "tool": 259, "developer": 260}
 END_ID = 261
@@ -434,6 +437,17 @@ async def _completion_stream(
             yield _sse({**head, "choices": [c]})
         yield _sse({**head, "choices": [{"index": i, "text": "", "finish_reason": finish, "logprobs": None}]})
     yield b"data: [DONE]\n\n"
+
+
+def fake_upstream(cfg: FakeUpstreamConfig, *, timeout_s: float = 10.0) -> Upstream:
+    """The fake as the gateway's upstream, in process (``http://fake/v1`` over an ASGI transport), as
+    ``EmbeddedStack(upstream=...)`` takes it."""
+    import httpx
+
+    from gateway.upstream import make_upstream
+
+    transport = httpx.ASGITransport(app=create_fake_upstream(cfg))
+    return make_upstream("http://fake/v1", timeout_s=timeout_s, transport=transport)
 
 
 class BackgroundUpstream:

@@ -4,10 +4,12 @@ of callable-agent rollouts (real ``openai`` SDK over HTTP) and a retried failure
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from infra.application.stack import BusFactory, EmbeddedStack, StackSettings
 from schemas import (
     TASKS,
     TRANSITIONS,
@@ -18,7 +20,7 @@ from schemas import (
     RolloutRequested,
     Task,
 )
-from tests.e2e.rollouts_stack import RolloutStack
+from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
 from tests.unit.worker.collect import Events
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,15 +29,23 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 async def stack(
     bus_kind: str, topic_prefix: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[RolloutStack]:
-    kafka = request.getfixturevalue("kafka_bootstrap") if bus_kind == "kafka" else None
-    s = RolloutStack(tmp_path, kafka=kafka, prefix=topic_prefix, worker_settings={"concurrency": 8})
-    await s.start(workers=1)
-    yield s
-    await s.stop()
+) -> AsyncIterator[EmbeddedStack]:
+    settings = StackSettings(
+        data_dir=tmp_path, topic_prefix=topic_prefix, concurrency=8, run_trainer=False, record_events=False
+    )
+    bus_factory: BusFactory | None = None
+    if bus_kind == "kafka":
+        from infra.bus.kafka import KafkaBus
+
+        kafka = request.getfixturevalue("kafka_bootstrap")
+        settings = settings.model_copy(update={"bus": "kafka", "kafka_bootstrap": kafka})
+        bus_factory = partial(KafkaBus, kafka, prefix=topic_prefix, session_timeout_ms=6000)
+    upstream = fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False))
+    async with EmbeddedStack(settings, upstream=upstream, bus_factory=bus_factory) as s:
+        yield s
 
 
-async def test_group_and_retry_reach_episode_scored(stack: RolloutStack) -> None:
+async def test_group_and_retry_reach_episode_scored(stack: EmbeddedStack) -> None:
     bus = stack.buses[0]
     events = await Events().attach(bus, TRANSITIONS, group="flow")
     agent = AgentRef(kind=AgentKind.callable, spec="examples.agents_for_tests.callable_agent:run_sync")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -10,9 +11,15 @@ import pytest
 import uvicorn
 
 from examples.agents_for_tests import lean_agent
-from tests.e2e.rollouts_stack import free_port
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
 from tests.fakes.waiting import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 @pytest.fixture
