@@ -28,7 +28,7 @@ def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
     proc = run_demo(
         *("--agent", "sql", "--tiny", "--out", str(out), "--threads", "1"),
         *("--cache", str(tmp_path / "cache")),
-        *("--rl-seconds", "40", "--max-steps", "1"),
+        *("--rl-seconds", "40", "--max-steps", "1", "--curriculum", "0.5"),
         timeout_s=220,
         warnings_are_errors=True,
     )
@@ -45,6 +45,10 @@ def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
         assert by_model["checker"]["trained"] == 0.0 and by_model["checker"]["context"] >= 1.0
         assert by_model.get("rewriter", {}).get("context", 0.0) == 0.0
     assert report["rl_groups_received"] >= 1  # scored training groups reached the trainer
+    # the trainer's requests went through the signal curriculum, which heard every finished group
+    curriculum = report["curriculum"]
+    assert curriculum["revisit"] == 0.5 and curriculum["fresh"] + curriculum["revisits"] >= 2, curriculum
+    assert curriculum["groups_with_signal"] + curriculum["groups_without_signal"] >= 1, curriculum
     # The checker is a fixed model: every checker call, and no other, went to the frozen engine.
     fixed = report["fixed_models"]["checker"]
     store = ChdbStore(out / "data" / "chdb")

@@ -105,6 +105,15 @@ def demo(
     agent: Annotated[
         AgentChoice, typer.Option(help="which agent to train: the calculator or the LangGraph SQL agent")
     ] = AgentChoice.calc,
+    curriculum: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="--source rollouts: pick tasks with the signal curriculum (trainer/curriculum.py), "
+            "revisiting a task whose last group carried signal with this probability",
+        ),
+    ] = None,
 ) -> None:
     """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
@@ -160,6 +169,9 @@ def demo(
     if replay_from is not None and source is not SourceChoice.replay:
         console.print("--from is for --source replay only")
         raise typer.Exit(2)
+    if curriculum is not None and source is not SourceChoice.rollouts:
+        console.print("--curriculum picks the tasks of requested rollouts: --source rollouts only")
+        raise typer.Exit(2)
     with_baseline = baseline if baseline is not None else source is SourceChoice.rollouts
     mistakes = 0.0
     warm, gate = chosen.warm, chosen.gate
@@ -197,6 +209,7 @@ def demo(
             user_mistake_rate=mistakes,
             replay_from=replay_from,
             agent=agent.value,
+            curriculum=curriculum,
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"

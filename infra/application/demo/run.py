@@ -88,6 +88,7 @@ class DemoConfig:
     )
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
     agent: str = "calc"  # which demo agent (infra/application/demo/agents.py); ``warm`` is its recipe
+    curriculum: float | None = None  # rollouts: the signal curriculum's revisit probability (None: off)
 
 
 Say = Callable[[str], None]
@@ -162,7 +163,12 @@ async def run_seed(
         settings = settings.model_copy(update={"gateway_model_routes": routes})
     rollouts: dict[str, Any] = {}
     if cfg.source == "rollouts":
-        rollouts = {"tasks": agent.rl_tasks(warm_cfg), "agent": agent.ref, "group_size": cfg.group_size}
+        rollouts = {
+            "tasks": agent.rl_tasks(warm_cfg),
+            "agent": agent.ref,
+            "group_size": cfg.group_size,
+            "curriculum_revisit": cfg.curriculum,
+        }
     key = production.create_key(data_dir) if cfg.source == "production" else ""
     stack = EmbeddedStack(settings, model_dir=warm_dir, **rollouts)
     try:
@@ -259,6 +265,9 @@ async def run_seed(
                 "points": monitor.points,
             }
         )
+        planner = stack.trainer.planner
+        if planner is not None and planner.curriculum is not None:
+            report["curriculum"] = {"revisit": cfg.curriculum, **planner.curriculum.stats.as_dict()}
         report["met_target"] = _met_target(cfg.source, before, after, rl_run_seconds)
     finally:
         await stack.stop()
