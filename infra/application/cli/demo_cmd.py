@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from infra.application.demo.agents import DemoAgent
 
 
 class AgentChoice(StrEnum):
@@ -232,7 +235,7 @@ def demo(
     report: dict[str, Any] = {
         **{k: v for k, v in _jsonable(runs[0]).items() if k != "steps"},
         "wall_seconds": round(time.perf_counter() - t0, 1) if seeds > 1 else runs[0]["wall_seconds"],
-        "target": _target(source.value),
+        "target": _target(source.value, chosen),
     }
     if seeds > 1:  # the top level holds the means over seeds; every seed's full result is kept
         report = {k: report[k] for k in ("seed", "wall_seconds", "target")}
@@ -247,10 +250,10 @@ def demo(
     console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
 
 
-def _target(source: str) -> dict[str, Any]:
-    from infra.application.demo.run import SOURCE_TARGET_POINTS
+def _target(source: str, agent: DemoAgent) -> dict[str, Any]:
+    from infra.application.demo.run import target_points
 
-    points = SOURCE_TARGET_POINTS[source]
+    points = target_points(source, agent)
     if source == "rollouts":
         return {"success_points": points, "transitions_per_episode": "falls"}
     if source == "replay":

@@ -48,6 +48,8 @@ class DemoAgent(Protocol):
     @property
     def eval_tasks(self) -> int: ...  # held-out tasks per evaluation when the command line says none
     @property
+    def target_points(self) -> float: ...  # its issue's held-out gain for RL from rollouts (points)
+    @property
     def warm(self) -> WarmStartConfig: ...
     @property
     def gate(self) -> GateConfig: ...
@@ -90,6 +92,7 @@ class CalcDemo:
     train_models: str = ""
     fixed_models: tuple[str, ...] = ()
     eval_tasks: int = 512
+    target_points: float = 25.0
     warm: WarmStartConfig = DEFAULT_WARM
     tiny_warm: WarmStartConfig = CALC_TINY
     gate: GateConfig = CALC_GATE

@@ -49,10 +49,10 @@ from infra.application.stack import EmbeddedStack, StackSettings
 from trainer.config import AlgorithmConfig
 
 AGENT = CALC_REF  # the calculator agent (``DemoConfig.agent`` picks another)
-TARGET_POINTS = 25.0
 TARGET_SECONDS = 600.0  # the RL run (evaluations and RL from the warm start) within 10 minutes
 # The targets of issue 15: production traffic alone, and a replayed run alone, each raise held-out success.
-SOURCE_TARGET_POINTS = {"rollouts": TARGET_POINTS, "production": 15.0, "replay": 0.0}
+# RL from rollouts: each demo agent's own (DemoAgent.target_points: calc +25, sql +20).
+SOURCE_TARGET_POINTS = {"production": 15.0, "replay": 0.0}
 
 Source = Literal["rollouts", "production", "replay"]
 
@@ -268,7 +268,7 @@ async def run_seed(
         planner = stack.trainer.planner
         if planner is not None and planner.curriculum is not None:
             report["curriculum"] = {"revisit": cfg.curriculum, **planner.curriculum.stats.as_dict()}
-        report["met_target"] = _met_target(cfg.source, before, after, rl_run_seconds)
+        report["met_target"] = met_target(cfg.source, agent, before, after, rl_run_seconds)
     finally:
         await stack.stop()
         if fixed is not None:
@@ -309,12 +309,21 @@ async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, An
     return {"rl_seconds": rl_seconds, "rollouts_cancelled": stack.cancel_rollouts()}
 
 
-def _met_target(source: Source, before: EvalResult, after: EvalResult, rl_run_seconds: float) -> bool:
+def target_points(source: str, agent: DemoAgent) -> float:
+    """The held-out gain (points) the demo's target asks of ``source`` for ``agent``."""
+    return agent.target_points if source == "rollouts" else SOURCE_TARGET_POINTS[source]
+
+
+def met_target(
+    source: Source, agent: DemoAgent, before: EvalResult, after: EvalResult, rl_run_seconds: float
+) -> bool:
     points = 100.0 * (after.success - before.success)
     if rl_run_seconds > TARGET_SECONDS:
         return False
     if source == "rollouts":  # fewer calls too: the policy stops needing the agent's retries
-        return points >= TARGET_POINTS and after.transitions_per_episode < before.transitions_per_episode
+        return (
+            points >= agent.target_points and after.transitions_per_episode < before.transitions_per_episode
+        )
     if source == "replay":  # the claim: replayed data alone raises held-out success
         return points > SOURCE_TARGET_POINTS[source]
     return points >= SOURCE_TARGET_POINTS[source]

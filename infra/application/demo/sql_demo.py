@@ -95,6 +95,7 @@ class SqlDemo:
     train_models: str = "writer,rewriter"
     fixed_models: tuple[str, ...] = ("checker",)
     eval_tasks: int = 256
+    target_points: float = 20.0  # issue 17: +20 points on held-out databases
     warm: WarmStartConfig = SQL_WARM
     tiny_warm: WarmStartConfig = SQL_TINY
     gate: GateConfig = SQL_GATE

@@ -42,3 +42,23 @@ def test_live_display_prints_a_line_per_step_off_a_terminal() -> None:
     lines = buf.getvalue().splitlines()
     assert len(lines) == 5
     assert "reward 0.500" in lines[-1] and "trans/ep 2.00" in lines[-1] and "tokens/s 900" in lines[-1]
+
+
+def test_each_demo_agent_is_held_to_its_own_issue_target(tmp_path: Path) -> None:
+    """RL from rollouts: the calculator must gain 25 points, the SQL agent 20 (its issue's figure), both
+    with fewer calls per episode and within the 10-minute RL run; the other sources have theirs."""
+    from infra.application.demo.agents import demo_agent
+    from infra.application.demo.pipeline import EvalResult
+    from infra.application.demo.run import met_target, target_points
+
+    def result(success: float, calls: float) -> EvalResult:
+        return EvalResult(success, success, calls, calls, calls, 256, 0, 10.0)
+
+    calc, sql = demo_agent("calc", tmp_path), demo_agent("sql", tmp_path)
+    before, gained_21 = result(0.40, 3.5), result(0.61, 3.0)
+    assert met_target("rollouts", sql, before, gained_21, 500.0)
+    assert not met_target("rollouts", calc, before, gained_21, 500.0)
+    assert not met_target("rollouts", sql, before, result(0.61, 3.6), 500.0)  # more calls
+    assert not met_target("rollouts", sql, before, gained_21, 700.0)  # past the 10 minutes
+    assert [target_points(s, sql) for s in ("rollouts", "production", "replay")] == [20.0, 15.0, 0.0]
+    assert target_points("rollouts", calc) == 25.0
