@@ -94,3 +94,47 @@ async def test_http_sink_keeps_one_client_for_every_update(monkeypatch: pytest.M
     assert len(made) == 1 and not made[0].is_closed
     await sink.aclose()
     assert made[0].is_closed
+
+
+@pytest.mark.timeout(30)
+async def test_http_sink_resends_a_load_whose_connection_was_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept connection the engine's server closed as the update went out (ReadError before any
+    response, seen in a SQL demo run) costs one resend, not a failed update; a connection dropped under
+    the request twice fails the load; an engine that refuses is not retried."""
+    from trainer import weights
+
+    drops: list[int] = [1]  # how many requests in a row the "server" drops
+    seen: list[int] = []
+    limits: list[object] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        version = json.loads(request.content)["version"]
+        seen.append(version)
+        if drops[0] > 0:
+            drops[0] -= 1
+            raise httpx.ReadError("connection closed by the server", request=request)
+        if version == 9:
+            return httpx.Response(400, json={"error": {"message": "no such checkpoint"}})
+        return httpx.Response(200, json={"version": version})
+
+    real_client = httpx.AsyncClient
+
+    def client(**kwargs: object) -> httpx.AsyncClient:
+        limits.append(kwargs.get("limits"))
+        return real_client(transport=httpx.MockTransport(engine), **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(weights.httpx, "AsyncClient", client)
+    sink = HttpSink("http://engine")
+    await sink.load(WeightUpdate(1, dict, Path("/exports/v1")))
+    assert seen == [1, 1]
+    drops[0] = 2
+    with pytest.raises(WeightLoadError, match="ReadError"):
+        await sink.load(WeightUpdate(2, dict, Path("/exports/v2")))
+    assert seen == [1, 1, 2, 2]
+    with pytest.raises(WeightLoadError, match="HTTP 400"):
+        await sink.load(WeightUpdate(9, dict, Path("/exports/v9")))
+    assert seen == [1, 1, 2, 2, 9]
+    # idle connections are dropped before uvicorn's 5 s keep-alive closes them under a request
+    [made] = limits
+    assert isinstance(made, httpx.Limits) and made.keepalive_expiry is not None and made.keepalive_expiry < 5
+    await sink.aclose()
