@@ -9,15 +9,14 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
-from infra.bus.kafka import KafkaBus
+from infra.application.stack import EmbeddedStack
 from schemas import TRANSITIONS, EpisodeScored, EpisodeStatus
-from tests.fakes.upstream import END_ID, ROLE_IDS, FakeUpstreamConfig, fake_upstream, render_prompt
+from tests.fakes.stacks import fake_model_stack
+from tests.fakes.upstream import END_ID, ROLE_IDS, render_prompt
 from tests.unit.worker.collect import Events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(90)]
@@ -27,20 +26,8 @@ FLYWHEEL = str(Path(sys.executable).parent / "flywheel")
 
 @pytest.fixture
 async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
-    settings = StackSettings(
-        data_dir=tmp_path,
-        bus="kafka",
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topic_prefix,
-        worker_id="w0",
-        concurrency=8,
-        run_trainer=False,
-        record_events=False,
-    )
-    async with EmbeddedStack(
-        settings,
-        upstream=fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False)),
-        bus_factory=partial(KafkaBus, kafka_bootstrap, prefix=topic_prefix, session_timeout_ms=6000),
+    async with fake_model_stack(
+        tmp_path, kafka=kafka_bootstrap, topic_prefix=topic_prefix, worker_id="w0", concurrency=8
     ) as s:
         await s.add_worker("w1")
         yield s

@@ -10,15 +10,13 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
-from infra.bus.kafka import KafkaBus
+from infra.application.stack import EmbeddedStack
 from schemas import EPISODES, TRANSITIONS, EpisodeScored, EpisodeStarted, EpisodeStatus, LLMCallRecorded
-from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
+from tests.fakes.stacks import fake_model_stack
 from tests.unit.worker.collect import Events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -27,21 +25,13 @@ FLYWHEEL = str(Path(sys.executable).parent / "flywheel")
 
 @pytest.fixture
 async def stack(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
-    settings = StackSettings(
-        data_dir=tmp_path,
-        bus="kafka",
-        kafka_bootstrap=kafka_bootstrap,
+    async with fake_model_stack(
+        tmp_path,
+        kafka=kafka_bootstrap,
         topic_prefix=topic_prefix,
         concurrency=4,
         abandon_grace_s=0.0,
         run_worker=False,  # the test starts its own: a `flywheel worker` to kill, then a rescuer
-        run_trainer=False,
-        record_events=False,
-    )
-    async with EmbeddedStack(
-        settings,
-        upstream=fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False)),
-        bus_factory=partial(KafkaBus, kafka_bootstrap, prefix=topic_prefix, session_timeout_ms=6000),
     ) as s:
         yield s
 

@@ -4,12 +4,11 @@ of callable-agent rollouts (real ``openai`` SDK over HTTP) and a retried failure
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from infra.application.stack import BusFactory, EmbeddedStack, StackSettings
+from infra.application.stack import EmbeddedStack
 from schemas import (
     TASKS,
     TRANSITIONS,
@@ -20,7 +19,7 @@ from schemas import (
     RolloutRequested,
     Task,
 )
-from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
+from tests.fakes.stacks import fake_model_stack
 from tests.unit.worker.collect import Events
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,18 +29,8 @@ pytestmark = pytest.mark.timeout(60)
 async def stack(
     bus_kind: str, topic_prefix: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[EmbeddedStack]:
-    settings = StackSettings(
-        data_dir=tmp_path, topic_prefix=topic_prefix, concurrency=8, run_trainer=False, record_events=False
-    )
-    bus_factory: BusFactory | None = None
-    if bus_kind == "kafka":
-        from infra.bus.kafka import KafkaBus
-
-        kafka = request.getfixturevalue("kafka_bootstrap")
-        settings = settings.model_copy(update={"bus": "kafka", "kafka_bootstrap": kafka})
-        bus_factory = partial(KafkaBus, kafka, prefix=topic_prefix, session_timeout_ms=6000)
-    upstream = fake_upstream(FakeUpstreamConfig(use_tools=False, keep_requests=False))
-    async with EmbeddedStack(settings, upstream=upstream, bus_factory=bus_factory) as s:
+    kafka = request.getfixturevalue("kafka_bootstrap") if bus_kind == "kafka" else None
+    async with fake_model_stack(tmp_path, kafka=kafka, topic_prefix=topic_prefix, concurrency=8) as s:
         yield s
 
 
