@@ -18,8 +18,10 @@ RL question touches. Everything is deterministic in ``seed``. Numeric columns ho
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,8 +137,11 @@ def _build(path: Path, s: Schema, rng: random.Random) -> None:
     n_rows = rng.randint(6, 12)
     groups = rng.sample(GROUP_NAMES, n_groups)
     gnums = rng.sample(range(10, 400), n_groups)
-    path.unlink(missing_ok=True)
-    conn = sqlite3.connect(path)
+    # Built aside and moved into place: another process generating the same recipe (two demos sharing a
+    # cache) or an episode reading the file never sees it half written.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    os.close(fd)
+    conn = sqlite3.connect(tmp)
     try:
         conn.execute(
             f"CREATE TABLE {s.group} (id INTEGER PRIMARY KEY, name TEXT, {s.group_category} TEXT, "
@@ -167,8 +172,12 @@ def _build(path: Path, s: Schema, rng: random.Random) -> None:
                 ),
             )
         conn.commit()
-    finally:
+    except BaseException:
         conn.close()
+        os.unlink(tmp)
+        raise
+    conn.close()
+    os.replace(tmp, path)
 
 
 def _values(db: Path, sql: str) -> list[Any]:

@@ -106,3 +106,21 @@ def test_sloppy_teacher_writes_the_agents_format_with_mistakes(bench: Benchmark)
     assert wrong == len(rewriters)
     for d in rewriters:
         assert d["messages"][0]["content"] == REWRITER_SYSTEM and "Problem: " in d["messages"][1]["content"]
+
+
+def _generate_into(out: str) -> list[str]:
+    return [e.gold for e in generate(Path(out), seed=3, databases=12, questions_per_db=12).examples]
+
+
+def test_two_processes_generating_one_recipe_at_once_both_succeed(bench: Benchmark, tmp_path: Path) -> None:
+    """Two demos sharing a cache generate the same files at once: each database is built aside and moved
+    into place, so neither sees another's half-written file (it used to fail with "disk I/O error")."""
+    import multiprocessing
+
+    out = tmp_path / "shared"
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = [pool.apply_async(_generate_into, (str(out),)) for _ in range(4)]
+        golds = [r.get(timeout=120) for r in results]
+    assert all(g == [e.gold for e in bench.examples] for g in golds)
+    assert _dump(str(out / Path(bench.examples[0].db).name)) == _dump(bench.examples[0].db)
+    assert not list(out.glob(".*.tmp"))  # nothing left aside
