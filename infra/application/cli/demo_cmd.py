@@ -73,7 +73,9 @@ def demo(
     ] = None,
     batch_groups: Annotated[int, typer.Option(min=1, help="B: tasks per training step")] = 8,
     group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
-    lr: Annotated[float, typer.Option(help="RL learning rate")] = 2e-4,
+    lr: Annotated[
+        float | None, typer.Option(help="RL learning rate (default: the agent's, calc 2e-4, sql 3e-4)")
+    ] = None,
     eval_tasks: Annotated[
         int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: calc 512, sql 256)")
     ] = None,
@@ -198,7 +200,7 @@ def demo(
             batch_groups=batch_groups,
             group_size=group_size,
             max_in_flight=batch_groups + max(2, batch_groups // 2),
-            learning_rate=lr,
+            learning_rate=lr if lr is not None else chosen.learning_rate,
             eval_tasks=eval_tasks,
             baseline=with_baseline,
             baseline_seconds=5.0 if tiny else None,

@@ -66,7 +66,7 @@ class DemoConfig:
     batch_groups: int = 8  # B tasks per step
     group_size: int = 8  # G episodes per task
     max_in_flight: int = 12  # K groups requested ahead (async)
-    learning_rate: float = 2e-4  # measured: 1e-4 gave +7.0 points in 600 s of RL, 2e-4 gave +19.5
+    learning_rate: float = 2e-4  # `flywheel demo` passes the agent's (DemoAgent.learning_rate)
     eval_tasks: int = 512
     baseline: bool = True
     baseline_seconds: float | None = None  # None: the RL phase's wall-clock seconds (equal time)
