@@ -36,6 +36,11 @@ DATA_FORMAT = 1  # bump when data.py's output changes (the warm start's key then
 MAX_TOKENS = 96  # the agent's SQL_AGENT_MAX_TOKENS default
 CHECKER_OK = "CORRECT"
 CHECKER_FAILED = "WRONG: the query failed."
+# The per-call discount of RL's tasks (reward_service/transitions.py): the writer's return is the episode's
+# reward times RL_DISCOUNT per call after it, so a success through the rewriter pays the writer 0.64, one
+# at once 1. Measured (seed 0) without it: success 78% → ~93% within 50 steps while calls per episode
+# rose 2.5 → 3.4: RL learned to lean on the rewriter, whose fixes are nearly always right.
+RL_DISCOUNT = 0.8
 CHECKER_SHARE = 4  # one checker demonstration in CHECKER_SHARE goes into the warm start
 
 _BENCHES: dict[Path, Benchmark] = {}
@@ -126,8 +131,10 @@ class SqlDemo:
             return bench
 
     def rl_tasks(self, cfg: WarmStartConfig) -> Iterator[Task]:
-        """The train databases' questions, reshuffled every pass, forever."""
-        pool = [e.task() for e in self.split(cfg).train]
+        """The train databases' questions, reshuffled every pass, forever, scored with the per-call
+        ``discount`` (RL_DISCOUNT): a query the rewriter had to fix earns the writer less than one right
+        the first time."""
+        pool = [_discounted(e.task(), RL_DISCOUNT) for e in self.split(cfg).train]
         rng = random.Random(f"rl-{cfg.seed}")
         while True:
             rng.shuffle(pool)
@@ -172,6 +179,11 @@ class SqlDemo:
             for reply, task in zip(replies, chunk, strict=True):
                 solved += same_result(task["input"]["db"], extract_sql(reply), str(task["answer"]))
         return solved / max(1, len(tasks))
+
+
+def _discounted(task: dict[str, Any], discount: float) -> dict[str, Any]:
+    scorer = task["scorer"]
+    return {**task, "scorer": {**scorer, "options": {**scorer.get("options", {}), "discount": discount}}}
 
 
 def same_result(db: str, sql: str, gold: str) -> bool:
