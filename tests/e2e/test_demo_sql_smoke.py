@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.application.demo.sql_demo import RL_DISCOUNT
 from infra.eventlog.store import ChdbStore
 from tests.e2e.demo_cli import run_demo
 
@@ -57,8 +58,15 @@ def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
             f"SELECT model, startsWith(JSONExtractString(payload, 'upstream_url'), '{fixed}') AS fixed,"
             " count() FROM flywheel.events WHERE type = 'llm_call_recorded' GROUP BY model, fixed"
         ).rows
+        # RL's episodes carry the per-call discount (RL_DISCOUNT); the held-out evaluations' do not
+        discounts = store.query(
+            "SELECT JSONExtractRaw(payload, 'task', 'scorer', 'options', 'discount') AS d, count()"
+            " FROM flywheel.events WHERE type = 'episode_started' GROUP BY d"
+        ).rows
     finally:
         store.close()
+    seen = {str(d) for d, _ in discounts}
+    assert seen == {str(RL_DISCOUNT), ""}, discounts
     answered = {(str(model), bool(on_fixed)) for model, on_fixed, _ in rows}
     assert ("checker", True) in answered and ("writer", False) in answered, rows
     assert all(on_fixed == (model == "checker") for model, on_fixed in answered), rows
