@@ -21,7 +21,8 @@ def test_demo_tiny_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     # an empty cache: every warm-start stage is built as on a fresh machine, none reused
     proc = run_demo(
-        *("--tiny", "--out", str(out), "--threads", "1", "--cache", str(tmp_path / "cache")), timeout_s=400
+        *("--tiny", "--baseline", "--out", str(out), "--threads", "1", "--cache", str(tmp_path / "cache")),
+        timeout_s=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())

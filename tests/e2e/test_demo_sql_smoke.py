@@ -27,7 +27,7 @@ pytest.importorskip("langchain_openai")
 def test_demo_sql_tiny_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = run_demo(
-        *("--agent", "sql", "--tiny", "--out", str(out), "--threads", "1"),
+        *("--agent", "sql", "--tiny", "--baseline", "--out", str(out), "--threads", "1"),
         *("--cache", str(tmp_path / "cache")),
         *("--rl-seconds", "40", "--max-steps", "1", "--curriculum", "0.5"),
         timeout_s=220,

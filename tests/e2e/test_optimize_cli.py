@@ -144,7 +144,7 @@ def test_demo_optimizes_the_prompt_then_trains_under_the_winner(tmp_path: Path) 
     with ScriptedReflectionLM(SCRIPTED) as lm:
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny", "--no-baseline"),
+                *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny"),
                 *(
                     "--optimize-prompt",
                     "--reflection-url",

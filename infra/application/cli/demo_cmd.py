@@ -80,9 +80,12 @@ def demo(
         int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: calc 512, sql 256)")
     ] = None,
     baseline: Annotated[
-        bool | None,
-        typer.Option(help="also run the equal-time SFT-only baseline (default: with --source rollouts)"),
-    ] = None,
+        bool,
+        typer.Option(
+            help="also run the equal-time SFT-only baseline after RL (as many seconds of SFT from the "
+            "warm start as RL had)"
+        ),
+    ] = False,
     source: Annotated[
         SourceChoice,
         typer.Option(help="where RL's data comes from: requested rollouts, production users, replay"),
@@ -177,7 +180,6 @@ def demo(
     if curriculum is not None and source is not SourceChoice.rollouts:
         console.print("--curriculum picks the tasks of requested rollouts: --source rollouts only")
         raise typer.Exit(2)
-    with_baseline = baseline if baseline is not None else source is SourceChoice.rollouts
     mistakes = 0.0
     warm, gate = chosen.warm, chosen.gate
     if eval_tasks is None:
@@ -202,7 +204,7 @@ def demo(
             max_in_flight=batch_groups + max(2, batch_groups // 2),
             learning_rate=lr if lr is not None else chosen.learning_rate,
             eval_tasks=eval_tasks,
-            baseline=with_baseline,
+            baseline=baseline,
             baseline_seconds=5.0 if tiny else None,
             threads=threads,
             cache=cache or DEFAULT_CACHE,
