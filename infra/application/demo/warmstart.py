@@ -109,6 +109,10 @@ def _normalised(batch: Sequence[Sample]) -> list[Sample]:
 
 
 Progress = Callable[[str], None]
+# SFT's microbatches: length-sorted, at most this many padded tokens each. The gradient is the same as one
+# microbatch padded to the batch's longest sample; less of the step is spent on padding
+# (tests/benchmarks/warmstart.py).
+SFT_TOKEN_BUDGET = 2048
 
 
 def load_samples(
@@ -176,7 +180,9 @@ def sft_train(
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pad = getattr(model.config, "pad_token_id", None)
     backend = TorchBackend(
-        model, AlgorithmConfig(sft_learning_rate=lr), pad_id=int(pad) if pad is not None else 0
+        model,
+        AlgorithmConfig(sft_learning_rate=lr, token_budget=SFT_TOKEN_BUDGET),
+        pad_id=int(pad) if pad is not None else 0,
     )
     rng = random.Random(f"sft-{seed}")
     t0 = time.perf_counter()
