@@ -84,9 +84,8 @@ def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cach
 def test_demo_replay_tiny_replays_the_recorded_run(tmp_path: Path, cache: Path) -> None:
     recorded = tmp_path / "recorded"
     on_policy = _demo(recorded, cache)
-    assert (
-        on_policy["sft_only_baseline"] is None
-    )  # the baseline is one flag away (--baseline), off by default
+    # the baseline is one flag away (--baseline), off by default
+    assert on_policy["sft_only_baseline"] is None
     window = on_policy["rl_window"]
     train_episodes = _count(
         recorded / "data" / "chdb",
