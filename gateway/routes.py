@@ -98,7 +98,7 @@ async def serve_call(
         tenant = tenant_for_key(gw, _bearer(headers))
         raw = await read_body()
         data = _parse(raw, endpoint)
-        episode = await gw.production_episode(tenant, _session_of(headers, data))
+        episode = await gw.sessions.episode(tenant, _session_of(headers, data))
     return episode, await gw.calls.serve(Call(episode, endpoint, raw, data))
 
 
@@ -219,7 +219,7 @@ def build_router() -> APIRouter:
     @router.post("/v1/feedback", tags=["production"])
     async def feedback(body: FeedbackRequest, request: Request) -> Response:
         tenant = tenant_of(request)
-        event, is_open = await _gw(request).feedback(tenant, body)
+        event, is_open = await _gw(request).sessions.feedback(tenant, body)
         # an ended session is re-scored with this feedback (a new EpisodeScored, one revision up)
         return _json(
             {
@@ -234,7 +234,7 @@ def build_router() -> APIRouter:
     @router.post("/v1/sessions/{session_id}/end", tags=["production"])
     async def end_session(session_id: str, request: Request) -> Response:
         tenant = tenant_of(request)
-        episode_id = await _gw(request).end_session(tenant, session_id)
+        episode_id = await _gw(request).sessions.end(tenant, session_id)
         return _json({"ok": True, "episode_id": episode_id})
 
     # ------------------------------------------------------------------------- operations

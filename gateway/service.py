@@ -10,9 +10,11 @@ episodes exist depends on ``FLYWHEEL_EPISODE_KEY``:
   gateways' traffic, and it keeps ``call_seq`` across restarts in its own journal (gateway/seqs.py);
 - without it, it subscribes to ``flywheel.episodes`` (opens/closes episodes, and numbers calls after
   every recorded one; per-replica consumer group ``gateway.<gateway_id>``) and serves once it has read
-  the topic to its end. Idle production sessions are
-closed by one owner, the reward service (it sees every gateway's calls of a session); the gateway
-forgets a session when that ``EpisodeFinished`` arrives.
+  the topic to its end.
+
+Production sessions and their feedback are ``Gateway.sessions`` (gateway/sessions.py). Idle production
+sessions are closed by one owner, the reward service (it sees every gateway's calls of a session); the
+gateway forgets a session when that ``EpisodeFinished`` arrives.
 """
 
 from __future__ import annotations
@@ -27,15 +29,16 @@ from typing import Any
 
 from gateway.control import Admission, DrainResult
 from gateway.episodes import EpisodeRegistry, EpisodeState
-from gateway.errors import ConflictError, NotFoundError, ServiceUnavailableError, ValidationFailedError
+from gateway.errors import NotFoundError, ServiceUnavailableError
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
-from gateway.protocol import FeedbackRequest, FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
+from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
 from gateway.routing import RoutedPool, build_pool
 from gateway.seqs import SeqJournal
 from gateway.serving import CallService
+from gateway.sessions import ProductionSessions
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
 from infra.bus.base import Bus, Message, Subscription
@@ -112,6 +115,14 @@ class Gateway:
             on_recorded=self._remember_call,
             prompts=self.prompts,
             tokens_in=settings.tokens_in,
+        )
+        self.sessions = ProductionSessions(
+            settings,
+            self.episodes,
+            self.metrics,
+            producer=f"gateway:{self.id}",
+            publish=self.publish,
+            finish=self._finish,
         )
         self._recent: OrderedDict[str, list[LLMCallRecorded]] = OrderedDict()
         self._keep_calls_episodes = keep_calls_episodes
@@ -391,33 +402,6 @@ class Gateway:
         self.episodes.finish(state.episode_id)
         self.metrics.open_episodes.set(len(self.episodes))
 
-    async def production_episode(self, tenant: str, session_id: str | None) -> EpisodeState:
-        """The open episode of a tenant's session; opens one (and publishes EpisodeStarted) if needed."""
-        session_id = session_id or f"call-{new_episode_id()}"
-        state = self.episodes.session(tenant, session_id)
-        if state is not None:
-            return state
-        started = EpisodeStarted(
-            producer=f"gateway:{self.id}",
-            episode_id=new_episode_id(),
-            source=EpisodeSource.production,
-            mode=Mode.train,
-            model=self.settings.model,
-            tenant=tenant,
-            session_id=session_id,
-        )
-        state = self.episodes.open(started)
-        await self.publish(started)
-        self.metrics.open_episodes.set(len(self.episodes))
-        return state
-
-    async def end_session(self, tenant: str, session_id: str) -> str:
-        state = self.episodes.session(tenant, session_id)
-        if state is None:
-            raise NotFoundError(f"no open session {session_id[:256]!r}", code="session_not_found")
-        await self._finish(state, EpisodeStatus.ok)
-        return state.episode_id
-
     async def report_reward(self, state: EpisodeState, req: RewardRequest) -> RewardReported:
         event = RewardReported(
             producer=f"gateway:{self.id}",
@@ -430,66 +414,6 @@ class Gateway:
         )
         await self.publish(event)
         return event
-
-    async def feedback(self, tenant: str, req: FeedbackRequest) -> tuple[RewardReported, bool]:
-        """Publish feedback on a session (or one of its calls); returns it and whether the session is open.
-
-        Every path is explicit: an open session is scored with its feedback when it ends; an ended one
-        within ``feedback_window_s`` is re-scored by the reward service (a new ``EpisodeScored``, one
-        ``score_revision`` up); past the window, or when this gateway no longer remembers when the
-        session ended, the answer is 409 and nothing is published; an unknown session or call is 404.
-        """
-        call_seq: int | None = None
-        if req.call_id is not None:
-            found = self.episodes.call(req.call_id)
-            if found is None or found[1] != tenant:
-                raise NotFoundError(f"unknown call {req.call_id!r}", code="call_not_found", param="call_id")
-            episode_id, _, call_seq = found
-        elif req.session_id is not None:
-            maybe = self.episodes.session_episode_id(tenant, req.session_id)
-            if maybe is None:
-                raise NotFoundError(
-                    f"unknown session {req.session_id!r}", code="session_not_found", param="session_id"
-                )
-            episode_id = maybe
-        else:
-            raise ValidationFailedError("feedback needs session_id or call_id", param="session_id")
-        is_open = self.episodes.get(episode_id) is not None
-        if not is_open:
-            self._check_feedback_window(episode_id)
-        event = RewardReported(
-            producer=f"gateway:{self.id}",
-            episode_id=episode_id,
-            value=req.score,
-            call_seq=call_seq,
-            call_id=req.call_id,
-            origin=RewardOrigin.feedback,
-            message=req.comment,
-            rating=req.rating,
-            tenant=tenant,
-        )
-        await self.publish(event)
-        return event, is_open
-
-    def _check_feedback_window(self, episode_id: str) -> None:
-        window = self.settings.feedback_window_s
-        ago = self.episodes.ended_s_ago(episode_id)
-        if ago is None:
-            raise ConflictError(
-                f"the session of episode {episode_id} ended and this gateway no longer holds its state, so "
-                "the feedback could not be applied to its score; send feedback while the session is open "
-                f"or within {window:g}s after it ends",
-                code="session_expired",
-                episode_id=episode_id,
-            )
-        if ago > window:
-            raise ConflictError(
-                f"the session of episode {episode_id} ended {ago:.0f}s ago; feedback is accepted until "
-                f"{window:g}s after a session ends (FLYWHEEL_FEEDBACK_WINDOW_S), so it would not change "
-                "the session's score",
-                code="feedback_window_closed",
-                episode_id=episode_id,
-            )
 
     # ------------------------------------------------------------------------------- queries
     def recent_calls(self, episode_id: str) -> list[LLMCallRecorded]:

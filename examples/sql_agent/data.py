@@ -329,7 +329,11 @@ def sloppy_teacher(
     assistant's reply). The teacher writes the gold query, except that with ``mistake_rate`` it writes a
     deliberately wrong one; a wrong query is followed by a rewriter demonstration that fixes it from the
     SQLite error (or, for a query that runs, the checker's complaint). Warm start only: RL has to close
-    the gap the teacher's mistakes leave."""
+    the gap the teacher's mistakes leave.
+
+    A mistake always changes the query: its kinds are tried in a random order until one does (a query
+    without ORDER BY has no order to flip), so every question shape is written wrong at the same rate and
+    right in ``1 - mistake_rate`` of its demonstrations."""
     rng = random.Random(f"teacher-{seed}")
     out: list[dict[str, Any]] = []
     schemas: dict[str, str] = {}
@@ -337,8 +341,7 @@ def sloppy_teacher(
         schema = schemas.setdefault(ex.db, schema_of(ex.db))
         written = ex.gold
         if rng.random() < mistake_rate:
-            candidate = _mistake(ex.gold, rng.choice(_MISTAKES), _schema_for(ex))
-            written = candidate if candidate != ex.gold else written
+            written = _some_mistake(ex, rng)
         messages = writer_messages(schema, ex.question)
         out.append({"role": "writer", "messages": [*messages, {"role": "assistant", "content": written}]})
         if written != ex.gold:
@@ -346,6 +349,17 @@ def sloppy_teacher(
             fix = rewriter_messages(schema, ex.question, written, problem)
             out.append({"role": "rewriter", "messages": [*fix, {"role": "assistant", "content": ex.gold}]})
     return out
+
+
+def _some_mistake(ex: Example, rng: random.Random) -> str:
+    """The first of the mistake kinds, in a random order, that changes ``ex.gold`` (the gold query when
+    none does)."""
+    schema = _schema_for(ex)
+    for kind in rng.sample(_MISTAKES, len(_MISTAKES)):
+        candidate = _mistake(ex.gold, kind, schema)
+        if candidate != ex.gold:
+            return candidate
+    return ex.gold
 
 
 def _schema_for(ex: Example) -> Schema:

@@ -53,20 +53,34 @@ def _aggregate(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
     }
 
 
+def rl_budget(rl_seconds: float | None, minutes: float | None, agent_default: float) -> float:
+    """RL's wall-clock seconds: ``--rl-seconds``, else ``--minutes`` less three (outside RL the run spends
+    ~60 s on the stack, two evaluations and shutdown, and keeps two as a margin: 420 s of 10 minutes),
+    else the agent's default."""
+    if rl_seconds is not None:
+        return rl_seconds
+    if minutes is not None:
+        return minutes * 60.0 - 180.0
+    return agent_default
+
+
 def demo(
     out: Annotated[Path, typer.Option(help="where report.json and training.png go")] = Path(".flywheel/demo"),
     seed: Annotated[int, typer.Option(help="the first seed")] = 0,
     seeds: Annotated[int, typer.Option(min=1, max=10, help="how many seeds to run (seed, seed+1, ...)")] = 1,
     minutes: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=4,
             help="wall-clock budget of each seed's RL run (cached warm start, two held-out evaluations, "
-            "RL); the SFT-only baseline then gets the same RL seconds on top",
+            "RL: all but 3 minutes); the SFT-only baseline then gets the same RL seconds on top",
         ),
-    ] = 10.0,
+    ] = None,
     rl_seconds: Annotated[
-        float | None, typer.Option(help="RL wall-clock seconds (default: from --minutes)")
+        float | None,
+        typer.Option(
+            help="RL wall-clock seconds (default: from --minutes, else the agent's: calc 420, sql 390)"
+        ),
     ] = None,
     max_steps: Annotated[
         int | None, typer.Option(min=1, help="stop RL after this many trainer steps")
@@ -74,7 +88,7 @@ def demo(
     batch_groups: Annotated[int, typer.Option(min=1, help="B: tasks per training step")] = 8,
     group_size: Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")] = 8,
     lr: Annotated[
-        float | None, typer.Option(help="RL learning rate (default: the agent's, calc 2e-4, sql 3e-4)")
+        float | None, typer.Option(help="RL learning rate (default: the agent's, 2e-4 for both)")
     ] = None,
     eval_tasks: Annotated[
         int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: calc 512, sql 256)")
@@ -168,9 +182,7 @@ def demo(
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
         console = Console(width=140)
-    # Outside RL the run spends ~60 s (stack start, two evaluations of 512 episodes, shutdown); the rest
-    # of the budget, less a margin of two minutes, is RL: 420 s at the default 10 minutes.
-    rl = rl_seconds if rl_seconds is not None else minutes * 60.0 - 180.0
+    rl = rl_budget(rl_seconds, minutes, chosen.rl_seconds)
     if source is SourceChoice.replay and replay_from is None:
         console.print("--source replay needs --from <a recorded `flywheel demo --out` directory>")
         raise typer.Exit(2)

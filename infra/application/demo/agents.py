@@ -52,6 +52,8 @@ class DemoAgent(Protocol):
     @property
     def learning_rate(self) -> float: ...  # RL's, when the command line gives none
     @property
+    def rl_seconds(self) -> float: ...  # RL's wall-clock seconds, when the command line gives none
+    @property
     def warm(self) -> WarmStartConfig: ...
     @property
     def gate(self) -> GateConfig: ...
@@ -96,6 +98,7 @@ class CalcDemo:
     eval_tasks: int = 512
     target_points: float = 25.0
     learning_rate: float = 2e-4  # measured: 1e-4 gave +7.0 points in 600 s of RL, 2e-4 gave +19.5
+    rl_seconds: float = 420.0  # the RL run's 10 minutes less ~3 for the stack, two evaluations and a margin
     warm: WarmStartConfig = DEFAULT_WARM
     tiny_warm: WarmStartConfig = CALC_TINY
     gate: GateConfig = CALC_GATE

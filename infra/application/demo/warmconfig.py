@@ -38,6 +38,7 @@ class WarmStartConfig:
     databases: int = 0  # sql: generated databases (a quarter held out), questions on each, teacher noise
     questions_per_db: int = 0
     mistake_rate: float = 0.0
+    data_format: int = 0  # sql: examples/sql_agent/data.py's version (its benchmark and its teacher)
 
     def key(self) -> str:
         fields = asdict(self)
@@ -48,7 +49,7 @@ class WarmStartConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-_ADDED_FOR_SQL = ("agent", "max_positions", "databases", "questions_per_db", "mistake_rate")
+_ADDED_FOR_SQL = ("agent", "max_positions", "databases", "questions_per_db", "mistake_rate", "data_format")
 
 
 @dataclass(frozen=True)

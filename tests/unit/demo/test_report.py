@@ -62,3 +62,15 @@ def test_each_demo_agent_is_held_to_its_own_issue_target(tmp_path: Path) -> None
     assert not met_target("rollouts", sql, before, gained_21, 700.0)  # past the 10 minutes
     assert [target_points(s, sql) for s in ("rollouts", "production", "replay")] == [20.0, 15.0, 0.0]
     assert target_points("rollouts", calc) == 25.0
+
+
+def test_the_rl_budget_is_the_flag_then_the_minutes_then_the_agents_own(tmp_path: Path) -> None:
+    """Without a flag the SQL demo trains for its own 390 s (its 15 minutes from a fresh clone include the
+    warm start) and the calculator for 420 s; ``--minutes`` leaves three of them outside RL."""
+    from infra.application.cli.demo_cmd import rl_budget
+    from infra.application.demo.agents import demo_agent
+
+    calc, sql = demo_agent("calc", tmp_path), demo_agent("sql", tmp_path)
+    assert (rl_budget(None, None, calc.rl_seconds), rl_budget(None, None, sql.rl_seconds)) == (420.0, 390.0)
+    assert rl_budget(None, 10.0, sql.rl_seconds) == 420.0
+    assert rl_budget(90.0, 10.0, sql.rl_seconds) == 90.0

@@ -108,6 +108,17 @@ def test_sloppy_teacher_writes_the_agents_format_with_mistakes(bench: Benchmark)
         assert d["messages"][0]["content"] == REWRITER_SYSTEM and "Problem: " in d["messages"][1]["content"]
 
 
+def test_a_teachers_mistake_always_changes_the_query(bench: Benchmark) -> None:
+    """Every question shape is written wrong at the mistake rate: a kind that would leave the query as it
+    is (no ORDER BY to flip, no LIMIT to drop) gives way to one that changes it."""
+    train = bench.split(0.25).train
+    demos = sloppy_teacher(train, seed=3, mistake_rate=1.0)
+    writers = [d for d in demos if d["role"] == "writer"]
+    assert len(writers) == len(train)
+    assert all(d["messages"][-1]["content"] != e.gold for d, e in zip(writers, train, strict=True))
+    assert sum(d["role"] == "rewriter" for d in demos) == len(train)
+
+
 def _generate_into(out: str) -> list[str]:
     return [e.gold for e in generate(Path(out), seed=3, databases=12, questions_per_db=12).examples]
 
