@@ -53,12 +53,10 @@ from trainer.groups import Group, Intake
 from trainer.metrics import NullTracker, Tracker, TrainerMetrics
 from trainer.rollouts import RolloutPlanner
 from trainer.sft import sft_batch
-from trainer.status import TrainerStatus
-from trainer.weights import WeightSync, WeightUpdate
+from trainer.status import TrainerStatus, read_status, write_status
+from trainer.weights import PipelinedUpdates, UpdateResult, WeightSync, WeightUpdate
 
 log = get_logger(__name__)
-
-STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True)
@@ -126,9 +124,7 @@ class TrainerService:
         self.batches_without_signal = 0
         self.baselines = ProductionBaselines()
         self.samples_trained: Counter[str] = Counter({src.value: 0 for src in EpisodeSource})
-        self._pending_update: asyncio.Task[None] | None = None
-        self._last_update: tuple[float, float, list[str]] = (0.0, 0.0, [])
-        self._last_update_ok = True
+        self._updates = PipelinedUpdates(weights, self._update_done)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -175,7 +171,7 @@ class TrainerService:
         """Stop consuming and write a final checkpoint; call after :meth:`run` returned."""
         self._closed = True
         self.request_stop()
-        await self._finish_update()
+        await self._updates.finish()
         for sub in self._subs:
             await sub.stop()
         self._subs.clear()
@@ -243,12 +239,7 @@ class TrainerService:
         self._write_status()
 
     def _restore_pause(self) -> None:
-        path = self.store.root / STATUS_FILE
-        try:
-            last = TrainerStatus.model_validate_json(path.read_bytes()) if path.exists() else None
-        except (OSError, ValueError) as exc:
-            log.warning("status_unreadable", path=str(path), error=str(exc))
-            return
+        last = read_status(self.store.root)
         if last is not None and last.paused:
             self._set_paused(last.pause_reason or "paused")
             log.info("trainer_still_paused", reason=last.pause_reason)
@@ -356,7 +347,7 @@ class TrainerService:
                 continue
             if await self.train_on(batch, gen_seconds):
                 taken += 1
-        await self._finish_update()
+        await self._updates.finish()
 
     async def train_on(self, batch: TrainBatch, gen_seconds: float = 0.0) -> bool:
         """One step on ``batch`` with the weight protocol around it; False when the backend failed."""
@@ -390,9 +381,7 @@ class TrainerService:
             activated, _, load_ms = await self.weights.activate(update)
             self.metrics.weight_updates.labels("activated" if activated else "failed").inc()
         elif update_now:
-            # Pipelined: the protocol for v runs while the next batch is collected and trained; at most
-            # one update is outstanding, so serving lags training by at most one more version.
-            await self._finish_update()
+            await self._updates.finish()  # before the copy below: one outstanding update, one copy
             # The next step changes the weights while this update runs: sinks that read tensors get a
             # copy taken now; path sinks read the file exported above, so no copy is spent on them.
             if self.weights.needs_tensors:
@@ -400,9 +389,9 @@ class TrainerService:
                 update = WeightUpdate(self.backend.version, lambda: snapshot, ckpt_path)
             else:
                 update = WeightUpdate(self.backend.version, _no_tensors, ckpt_path)
-            self._pending_update = asyncio.create_task(self._apply_update(update))
-            drain_ms, load_ms, missing = self._last_update
-            activated = self._last_update_ok
+            await self._updates.submit(update)
+            last = self._updates.last
+            drain_ms, load_ms, missing, activated = last.drain_ms, last.load_ms, last.missing, last.activated
         total = time.perf_counter() - t0
         metrics = {
             **batch.stats.as_metrics(),
@@ -440,12 +429,9 @@ class TrainerService:
         self._write_status()
         return True
 
-    async def _apply_update(self, update: WeightUpdate) -> None:
-        result = await self.weights.update(update)
+    def _update_done(self, result: UpdateResult) -> None:
         self.metrics.weight_updates.labels("activated" if result.activated else "failed").inc()
         self.metrics.serving_version.set(self.weights.serving_version)
-        self._last_update = (result.drain_ms, result.load_ms, result.missing)
-        self._last_update_ok = result.activated
         self.last_metrics = self.last_metrics.updated(
             {
                 "serving_version": float(self.weights.serving_version),
@@ -456,12 +442,6 @@ class TrainerService:
             }
         )
         self._write_status()
-
-    async def _finish_update(self) -> None:
-        """Wait for the outstanding weight update (async mode), if any."""
-        task, self._pending_update = self._pending_update, None
-        if task is not None:
-            await task
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:
@@ -512,10 +492,4 @@ class TrainerService:
         )
 
     def _write_status(self) -> None:
-        try:
-            self.store.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.store.root / (STATUS_FILE + ".tmp")
-            tmp.write_text(self.status().model_dump_json(indent=1))
-            tmp.replace(self.store.root / STATUS_FILE)
-        except OSError as exc:
-            log.warning("status_write_failed", error=str(exc))
+        write_status(self.store.root, self.status())

@@ -8,9 +8,16 @@ source (``live``, ``production``, ``replay``).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.logging import get_logger
 from schemas import StepMetrics
+
+log = get_logger(__name__)
+
+STATUS_FILE = "status.json"
 
 
 class TrainerStatus(BaseModel):
@@ -31,3 +38,24 @@ class TrainerStatus(BaseModel):
     known_gateways: list[str] = Field(default_factory=list)
     metrics: StepMetrics = Field(default_factory=StepMetrics)
     updated_at: float = 0.0
+
+
+def read_status(root: Path) -> TrainerStatus | None:
+    """The status a trainer last wrote under ``root`` (None: none, or unreadable, which is logged)."""
+    path = root / STATUS_FILE
+    try:
+        return TrainerStatus.model_validate_json(path.read_bytes()) if path.exists() else None
+    except (OSError, ValueError) as exc:
+        log.warning("status_unreadable", path=str(path), error=str(exc))
+        return None
+
+
+def write_status(root: Path, status: TrainerStatus) -> None:
+    """Replace ``root/status.json`` atomically; a failed write is logged, never raised (the loop goes on)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / (STATUS_FILE + ".tmp")
+        tmp.write_text(status.model_dump_json(indent=1))
+        tmp.replace(root / STATUS_FILE)
+    except OSError as exc:
+        log.warning("status_write_failed", error=str(exc))

@@ -338,3 +338,31 @@ class WeightSync:
                 total_ms=(time.perf_counter() - t0) * 1000,
                 error=error,
             )
+
+
+class PipelinedUpdates:
+    """Async mode's updates: the protocol for version v runs while the next batch is collected and trained.
+
+    At most one update is outstanding (:meth:`submit` waits for the previous one), so serving lags training
+    by at most one more version. ``last`` is the last update that finished, what a step reports.
+    """
+
+    def __init__(self, weights: WeightSync, on_done: Callable[[UpdateResult], None]) -> None:
+        self.weights = weights
+        self.on_done = on_done
+        self.last = UpdateResult(version=0, activated=True, serving_version=0)
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, update: WeightUpdate) -> None:
+        await self.finish()
+        self._task = asyncio.create_task(self._run(update))
+
+    async def finish(self) -> None:
+        """Wait for the outstanding update, if any."""
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    async def _run(self, update: WeightUpdate) -> None:
+        self.last = await self.weights.update(update)
+        self.on_done(self.last)

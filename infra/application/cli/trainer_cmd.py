@@ -222,8 +222,7 @@ def register(app: typer.Typer) -> None:
         """Step, version, paused, and the last step's metrics."""
         from pydantic import ValidationError
 
-        from trainer.service import STATUS_FILE
-        from trainer.status import TrainerStatus
+        from trainer.status import STATUS_FILE, TrainerStatus
 
         settings = _settings(directory)
         path = settings.trainer_root / STATUS_FILE
