@@ -91,7 +91,7 @@ def demo(
         float | None, typer.Option(help="RL learning rate (default: the agent's, 2e-4 for both)")
     ] = None,
     eval_tasks: Annotated[
-        int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: calc 512, sql 256)")
+        int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: 512)")
     ] = None,
     baseline: Annotated[
         bool,

@@ -78,12 +78,14 @@ SQL_WARM = WarmStartConfig(
     mistake_rate=0.8,
     data_format=DATA_FORMAT,
 )
-# The gate checks that the writer copies names (this teacher's writer solves 25–26% of the questions, its
-# warm starts 31–37% on seeds 0–2; after 400 steps of an earlier recipe 0.8%, every query on one table). A
-# model below the bar is topped up (SFT continued at half the peak rate), never re-initialised: copying
-# emerges with more steps.
+# The gate checks that SFT has converged: the writer alone solves at least 30% of train-database questions
+# (this teacher's own writer 25–26%: greedy decoding copies the teacher's majority, the right query). A
+# model below the bar is topped up (SFT continued at half the peak rate), never re-initialised. Measured on
+# seed 2 (gate 17.2% after 1,500 steps): passed at 12%, its RL gained +20.4 and 390 s more SFT as much
+# (55.7% vs 56.1%), as the warm start was still learning from imitation; one 400-step top-up (84 s) took it
+# to 38.3%, the level of seeds 0 and 1 (37.5%, 35.2%, no top-up).
 SQL_GATE = GateConfig(
-    min_success=0.12,
+    min_success=0.30,
     tasks=128,
     max_attempts=1,
     reinit_below=0.0,
