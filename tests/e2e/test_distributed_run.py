@@ -232,17 +232,20 @@ async def test_distributed_training_loop(cluster: Cluster, kafka_bootstrap: str,
     async with httpx.AsyncClient(timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         state = (await client.get(f"{gateway}/admin/state")).json()
     assert state["weight_version"] >= 1 and state["paused"] is False
+    # An episode's events come from three services (gateway, worker, reward) and two recorder consumers
+    # share the episodes topic, so its calls may land after its score: wait for every count.
+    wanted = {"weights_activated": 1, "episode_scored": 8, "episode_finished": 8, "llm_call_recorded": 16}
+    counts: dict[str, int] = {}
     reader = HttpEventLogReader(recorder, TOKEN)
     try:
         async with asyncio.timeout(30):
-            while True:
-                counts = (await asyncio.to_thread(reader.counts)).by_type
-                if counts.get("weights_activated", 0) >= 1 and counts.get("episode_scored", 0) >= 8:
-                    break
+            while any(counts.get(kind, 0) < n for kind, n in wanted.items()):
                 await asyncio.sleep(0.3)
+                counts = (await asyncio.to_thread(reader.counts)).by_type
+    except TimeoutError:
+        pytest.fail(f"the event log is missing events after 30 s: {counts} (wanted at least {wanted})")
     finally:
         reader.close()
-    assert counts["llm_call_recorded"] >= 16 and counts["episode_finished"] >= 8
 
     # `flywheel status` against Kafka sees every consumer service and the new weights.
     code, out, err = await _run_cli({**env, "FLYWHEEL_GATEWAY_URL": gateway}, "status", "--json")
