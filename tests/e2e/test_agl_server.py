@@ -210,8 +210,9 @@ def test_state_survives_sigkill_and_everything_is_in_the_event_log(
         )
         events = c.get("/api/rollouts/r-a/events", params={"event_type": "model_request"}).json()
         assert len(events) == 3
-        logged = _wait_counts(again, {"llm_call_recorded": 4})
-        assert logged.get("llm_call_recorded", 0) >= 4 and logged.get("agl_recorded", 0) >= 10
+        want = {"llm_call_recorded": 4, "agl_recorded": 10}
+        logged = _wait_counts(again, want)
+        assert all(logged.get(k, 0) >= v for k, v in want.items()), logged
     finally:
         c.close()
         assert again.stop() == 0, again.log.read_text()[-2000:]
