@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.capture import Endpoint
+from gateway.dialects import Route, error_response
 from gateway.errors import GatewayError, PayloadTooLargeError
 from gateway.keys import KeyStore
 from gateway.limits import check_json_bytes
@@ -39,7 +39,7 @@ from gateway.serving import Answer
 from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
 from infra.bus.base import Bus
-from infra.http import error_response, install_error_handlers
+from infra.http import install_error_handlers
 from infra.logging import get_logger
 
 log = get_logger("gateway.app")
@@ -95,8 +95,13 @@ def app_for(gateway: Gateway, *, lifespan: bool = True) -> FastAPI:
     return app
 
 
-_HOT_PATH = re.compile(r"^(?:/episodes/([^/]+))?/v1/(chat/completions|completions)$")
-_ENDPOINTS: dict[str, Endpoint] = {"chat/completions": "chat.completions", "completions": "completions"}
+_HOT_PATH = re.compile(r"^(?:/episodes/([^/]+))?/v1/(chat/completions|completions|responses|messages)$")
+_ENDPOINTS: dict[str, Route] = {
+    "chat/completions": "chat.completions",
+    "completions": "completions",
+    "responses": "responses",
+    "messages": "messages",
+}
 
 
 class GatewayApp(FastAPI):
@@ -143,6 +148,7 @@ class HotCalls:
         return _HOT_PATH.match(path)
 
     async def __call__(self, match: re.Match[str], scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = _ENDPOINTS[match[2]]
         try:
             if _declared_length(scope) > self.max_body_bytes:
                 raise PayloadTooLargeError(
@@ -150,7 +156,7 @@ class HotCalls:
                 )
             episode, answer = await serve_call(
                 self.gateway,
-                _ENDPOINTS[match[2]],
+                endpoint,
                 match[1],
                 Headers(scope=scope),
                 lambda: self._body(receive),
@@ -158,11 +164,12 @@ class HotCalls:
         except _Disconnected:
             return
         except GatewayError as exc:
-            await exc.response()(scope, receive, send)
+            await error_response(endpoint, exc)(scope, receive, send)  # in the protocol's error format
             return
         except Exception as exc:
             log.error("unhandled error", error_type=type(exc).__name__, error=str(exc)[:500])
-            await error_response(500, "internal gateway error", "server_error")(scope, receive, send)
+            unexpected = GatewayError("internal gateway error", code=None)
+            await error_response(endpoint, unexpected)(scope, receive, send)
             return
         if isinstance(answer, Answer):
             await send(

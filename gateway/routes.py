@@ -10,9 +10,10 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.capture import Endpoint
+from gateway.anthropic import MessagesExchange, MessagesRequest
+from gateway.dialects import Route, error_response
 from gateway.episodes import EpisodeState
-from gateway.errors import AuthenticationError, ServiceUnavailableError, ValidationFailedError
+from gateway.errors import AuthenticationError, GatewayError, ServiceUnavailableError, ValidationFailedError
 from gateway.protocol import (
     AglEventRequest,
     ChatCompletionRequest,
@@ -27,15 +28,18 @@ from gateway.protocol import (
     parse_json,
     validate,
 )
+from gateway.responses import ResponsesExchange, ResponsesRequest
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
 from infra.http import bearer_token, require_admin_token
 from schemas import AglRecorded
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_MODELS: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+_MODELS: dict[Route, type[Any]] = {
     "chat.completions": ChatCompletionRequest,
     "completions": CompletionRequest,
+    "responses": ResponsesRequest,
+    "messages": MessagesRequest,
 }
 
 
@@ -69,7 +73,7 @@ def require_admin(request: Request) -> None:
     require_admin_token(request.headers, _gw(request).settings.admin_token.get_secret_value())
 
 
-def _parse(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
+def _parse(raw: bytes, endpoint: Route) -> dict[str, Any]:
     data = parse_json(raw)
     validate(_MODELS[endpoint], data)  # a JSON object, or it raised
     return cast(dict[str, Any], data)
@@ -77,7 +81,7 @@ def _parse(raw: bytes, endpoint: Endpoint) -> dict[str, Any]:
 
 async def serve_call(
     gw: Gateway,
-    endpoint: Endpoint,
+    endpoint: Route,
     episode_id: str | None,
     headers: Mapping[str, str],
     read_body: Callable[[], Awaitable[bytes]],
@@ -86,7 +90,8 @@ async def serve_call(
 
     Free of the HTTP framework: ``handle_call`` (the FastAPI routes) and ``gateway.app.HotCalls`` (the
     same paths straight from the ASGI server) both end here and only shape the answer differently.
-    A production call is authenticated before its body is read.
+    A production call is authenticated before its body is read. A Responses or Messages API call is
+    served as the chat call its exchange translates it into (gateway/dialects.py).
     """
     if not gw.caught_up.is_set():  # only right after start (see Gateway._catch_up)
         await gw.wait_caught_up()
@@ -98,8 +103,17 @@ async def serve_call(
         tenant = tenant_for_key(gw, _bearer(headers))
         raw = await read_body()
         data = _parse(raw, endpoint)
-        episode = await gw.sessions.episode(tenant, _session_of(headers, data))
-    return episode, await gw.calls.serve(Call(episode, endpoint, raw, data))
+        session = _session_of(headers, data)
+        if session is None and endpoint == "responses":
+            session = gw.responses.session_of(tenant, data)  # a previous response's session continues
+        episode = await gw.sessions.episode(tenant, session)
+    if endpoint == "responses":
+        exchange: ResponsesExchange | MessagesExchange = ResponsesExchange(data, episode, gw.responses)
+    elif endpoint == "messages":
+        exchange = MessagesExchange(data)
+    else:
+        return episode, await gw.calls.serve(Call(episode, endpoint, raw, data))
+    return episode, await gw.calls.serve(Call(episode, "chat.completions", raw, exchange.chat, exchange))
 
 
 def call_headers(episode: EpisodeState, answer: Answer | StreamAnswer) -> dict[str, str]:
@@ -115,9 +129,12 @@ def call_response(episode: EpisodeState, answer: Answer | StreamAnswer) -> Respo
     )
 
 
-async def handle_call(request: Request, endpoint: Endpoint, episode_id: str | None) -> Response:
-    """The FastAPI routes' way into :func:`serve_call`."""
-    episode, answer = await serve_call(_gw(request), endpoint, episode_id, request.headers, request.body)
+async def handle_call(request: Request, endpoint: Route, episode_id: str | None) -> Response:
+    """The FastAPI routes' way into :func:`serve_call`; errors in the protocol's own format."""
+    try:
+        episode, answer = await serve_call(_gw(request), endpoint, episode_id, request.headers, request.body)
+    except GatewayError as exc:
+        return error_response(endpoint, exc)
     return call_response(episode, answer)
 
 
@@ -175,6 +192,8 @@ def build_router() -> APIRouter:
     router = APIRouter()
     chat_body = openapi_body(ChatCompletionRequest)
     completion_body = openapi_body(CompletionRequest)
+    responses_body = openapi_body(ResponsesRequest)
+    messages_body = openapi_body(MessagesRequest)
 
     # ------------------------------------------------------------- training episodes (no key)
     @router.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body, tags=["episodes"])
@@ -184,6 +203,14 @@ def build_router() -> APIRouter:
     @router.post("/episodes/{episode_id}/v1/completions", openapi_extra=completion_body, tags=["episodes"])
     async def episode_completions(episode_id: str, request: Request) -> Response:
         return await handle_call(request, "completions", episode_id)
+
+    @router.post("/episodes/{episode_id}/v1/responses", openapi_extra=responses_body, tags=["episodes"])
+    async def episode_responses(episode_id: str, request: Request) -> Response:
+        return await handle_call(request, "responses", episode_id)
+
+    @router.post("/episodes/{episode_id}/v1/messages", openapi_extra=messages_body, tags=["episodes"])
+    async def episode_messages(episode_id: str, request: Request) -> Response:
+        return await handle_call(request, "messages", episode_id)
 
     @router.get("/episodes/{episode_id}/v1/models", tags=["episodes"])
     async def episode_models(episode_id: str, request: Request) -> Response:
@@ -210,6 +237,14 @@ def build_router() -> APIRouter:
     @router.post("/v1/completions", openapi_extra=completion_body, tags=["production"])
     async def completions(request: Request) -> Response:
         return await handle_call(request, "completions", None)
+
+    @router.post("/v1/responses", openapi_extra=responses_body, tags=["production"])
+    async def responses(request: Request) -> Response:
+        return await handle_call(request, "responses", None)
+
+    @router.post("/v1/messages", openapi_extra=messages_body, tags=["production"])
+    async def messages(request: Request) -> Response:
+        return await handle_call(request, "messages", None)
 
     @router.get("/v1/models", tags=["production"])
     async def models(request: Request) -> Response:
@@ -272,6 +307,8 @@ def build_router() -> APIRouter:
                 "version": result.version,
                 "waited_ms": result.waited_ms,
                 "timed_out": result.timed_out,
+                "in_flight": result.in_flight,
+                "still_in_flight": result.still_in_flight,
             }
         )
 

@@ -35,6 +35,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
 from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.publishing import Recorder, Spool
+from gateway.response_store import ResponseStore
 from gateway.routing import RoutedPool, build_pool
 from gateway.seqs import SeqJournal
 from gateway.serving import CallService
@@ -116,6 +117,7 @@ class Gateway:
             prompts=self.prompts,
             tokens_in=settings.tokens_in,
         )
+        self.responses = ResponseStore()  # what a Responses API previous_response_id resolves to
         self.sessions = ProductionSessions(
             settings,
             self.episodes,

@@ -3,6 +3,10 @@
 ``CallService.serve(call)`` returns either a complete body (:class:`Answer`) or an async iterator of
 SSE bytes (:class:`StreamAnswer`). The call's ``LLMCallRecorded`` is durable before the body is returned
 (non-streamed) or before the held-back final chunks and ``[DONE]`` are yielded (streamed).
+
+A call in another protocol (the Responses or Messages API, gateway/dialects.py) is served as the chat
+call its :class:`~gateway.dialects.Exchange` translates it into; the exchange writes the answer, or the
+stream's events, in the agent's protocol, and that is what the call's event records as its response.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gateway.capture import (
     strip_response,
 )
 from gateway.control import Admission
+from gateway.dialects import Exchange
 from gateway.episodes import EpisodeRegistry, EpisodeState
 from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
@@ -49,7 +54,12 @@ class Call:
     episode: EpisodeState
     endpoint: Endpoint
     raw: bytes  # the body exactly as the agent sent it
-    data: dict[str, Any]  # the parsed body (validated by protocol.py)
+    data: dict[str, Any]  # the parsed body (validated by protocol.py); an exchange's: the chat body
+    exchange: Exchange | None = None  # set for a call in another protocol (gateway/dialects.py)
+
+    @property
+    def recorded_endpoint(self) -> str:
+        return self.exchange.endpoint if self.exchange is not None else self.endpoint
 
 
 @dataclass(slots=True)
@@ -118,6 +128,8 @@ class CallService:
                 if self.tokens_in:
                     ep = call.episode
                     prefix = prompt_prefix(sent, ep.turn, ep.prev_prompt, ep.prev_responses)
+                    if prefix is None and call.exchange is not None:
+                        prefix = call.exchange.prefix  # vouched for by the protocol itself
                     if prefix is not None:
                         body["prompt_prefix"] = prefix
             seq = call.episode.take_seq()
@@ -154,6 +166,11 @@ class CallService:
                 await self._record_failure(ctx, 502, "upstream returned invalid JSON", stream)
                 raise UpstreamError("upstream returned invalid JSON", upstream=upstream.url) from exc
             captured = capture_response(data, call.endpoint, ctx.layout)
+            if call.exchange is not None:
+                answer = call.exchange.answer(data)
+                await self._record(ctx, captured, streamed=False, answer=answer)
+                call.exchange.recorded(answer, captured)
+                return Answer(orjson.dumps(answer), ctx.call_id)
             await self._record(ctx, captured, streamed=False)
             strip_response(data, call.endpoint, asked)
             return Answer(orjson.dumps(data), ctx.call_id)
@@ -164,6 +181,8 @@ class CallService:
     async def _stream(self, ctx: _Ctx, response: UpstreamResponse) -> AsyncIterator[bytes]:
         endpoint = ctx.call.endpoint
         asm = StreamAssembler(endpoint, ctx.layout)
+        exchange = ctx.call.exchange
+        events = exchange.stream() if exchange is not None else None
         held: list[bytes] = []
         try:
             try:
@@ -181,25 +200,37 @@ class CallService:
                             f"upstream stream error: {str(chunk['error'])[:500]}", upstream=ctx.upstream.url
                         )
                     asm.feed(chunk)
-                    strip_response(chunk, endpoint, ctx.asked)
-                    out = b"data: " + orjson.dumps(chunk) + b"\n\n"
-                    if asm.is_final(chunk):
-                        held.append(out)
+                    if events is not None:
+                        outs = events.feed(chunk)
                     else:
-                        yield out
+                        strip_response(chunk, endpoint, ctx.asked)
+                        outs = [b"data: " + orjson.dumps(chunk) + b"\n\n"]
+                    if asm.is_final(chunk):
+                        held.extend(outs)
+                    else:
+                        for out in outs:
+                            yield out
             except (httpx.HTTPError, orjson.JSONDecodeError, UpstreamError) as exc:
                 err = exc if isinstance(exc, UpstreamError) else None
                 message = err.message if err else f"upstream stream broke: {type(exc).__name__}"
                 await self._record_failure(ctx, 502, message, True)
-                yield _sse_error(UpstreamError(message, upstream=ctx.upstream.url))
+                broke = UpstreamError(message, upstream=ctx.upstream.url)
+                yield events.error(broke) if events is not None else _sse_error(broke)
                 return
+            captured = asm.result()
+            answer = exchange.answer(captured.response) if exchange is not None else None
             try:
-                await self._record(ctx, asm.result(), streamed=True)
+                await self._record(ctx, captured, streamed=True, answer=answer)
             except RecordingError as exc:
-                yield _sse_error(exc)
+                yield events.error(exc) if events is not None else _sse_error(exc)
                 return
             for out in held:
                 yield out
+            if exchange is not None and events is not None and answer is not None:
+                exchange.recorded(answer, captured)
+                for out in events.finish(answer):
+                    yield out
+                return
             yield b"data: [DONE]\n\n"
         finally:
             await response.aclose()
@@ -217,7 +248,7 @@ class CallService:
             call_id=ctx.call_id,
             source=ep.source,
             tenant=ep.tenant,
-            endpoint=ctx.call.endpoint,
+            endpoint=ctx.call.recorded_endpoint,
             model=str(ctx.call.data.get("model") or ""),
             request=ctx.call.raw.decode("utf-8", "replace"),
             upstream=ctx.upstream.kind,
@@ -229,7 +260,10 @@ class CallService:
             **fields,
         )
 
-    async def _record(self, ctx: _Ctx, captured: Captured, *, streamed: bool) -> None:
+    async def _record(
+        self, ctx: _Ctx, captured: Captured, *, streamed: bool, answer: dict[str, Any] | None = None
+    ) -> None:
+        """Record a call; ``answer``: the body the agent gets when it is not the engine's (an exchange's)."""
         ep = ctx.call.episode
         faithful = ctx.upstream.token_faithful and captured.token_faithful
         prompt = captured.prompt_token_ids if faithful else None
@@ -238,7 +272,7 @@ class CallService:
         n_prompt, n_completion = count_tokens(captured)
         event = self._event(
             ctx,
-            response=orjson.dumps(captured.response).decode(),
+            response=orjson.dumps(answer if answer is not None else captured.response).decode(),
             streamed=streamed,
             token_faithful=faithful,
             prompt_token_ids=captured.prompt_token_ids,
@@ -247,11 +281,16 @@ class CallService:
             prefix_mismatch=mismatch,
             prompt_tokens=n_prompt,
             completion_tokens=n_completion,
+            weight_version_source=(
+                "engine"
+                if captured.choices and all(c.weight_versions for c in captured.choices)
+                else "gateway"
+            ),
         )
         try:
             await self.recorder.record(event)
         except RecordingError:
-            self.metrics.calls.labels(ctx.call.endpoint, ep.source.value, "unrecorded").inc()
+            self.metrics.calls.labels(ctx.call.recorded_endpoint, ep.source.value, "unrecorded").inc()
             raise
         ep.remember(prompt, [c.token_ids for c in captured.choices], mismatch)
         if self.tokens_in and ctx.call.endpoint == "chat.completions" and ep.prev_prompt is not None:
@@ -265,7 +304,7 @@ class CallService:
             self.episodes.prefix_mismatches += 1
             self.metrics.prefix_mismatches.inc()
         m = self.metrics
-        calls, latency = m.ok_call(ctx.call.endpoint, ep.source.value)
+        calls, latency = m.ok_call(ctx.call.recorded_endpoint, ep.source.value)
         calls.inc()
         latency.observe(time.perf_counter() - ctx.t0)
         m.prompt_tokens.inc(n_prompt)
@@ -273,7 +312,9 @@ class CallService:
 
     async def _record_failure(self, ctx: _Ctx, status: int, message: str, streamed: bool) -> None:
         """Failed calls are recorded too (best effort: the agent gets an error either way)."""
-        self.metrics.calls.labels(ctx.call.endpoint, ctx.call.episode.source.value, str(status)).inc()
+        self.metrics.calls.labels(
+            ctx.call.recorded_endpoint, ctx.call.episode.source.value, str(status)
+        ).inc()
         try:
             await self.recorder.record(
                 self._event(ctx, status_code=status, error=message[:4000], streamed=streamed)

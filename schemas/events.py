@@ -172,7 +172,12 @@ class LLMCallRecorded(EventBase):
     call_id: str = Field(min_length=1, max_length=64)
     source: EpisodeSource = EpisodeSource.live
     tenant: str | None = None
-    endpoint: Literal["chat.completions", "completions"] = "chat.completions"
+    endpoint: Literal["chat.completions", "completions", "responses", "messages"] = Field(
+        default="chat.completions",
+        description="the protocol the agent spoke: the OpenAI Responses API and Anthropic's Messages API are "
+        "served as one chat call each, whose ids these are; request and response as the agent sent and got "
+        "them (added: responses, messages)",
+    )
     model: str = ""
     request: str = Field(description="the request body as the agent sent it (JSON text)")
     response: str | None = Field(default=None, description="the response body (assembled if streamed)")
@@ -193,6 +198,13 @@ class LLMCallRecorded(EventBase):
     )
     choices: list[CallChoice] = Field(default_factory=list)
     weight_version: int = Field(default=0, ge=0)
+    weight_version_source: Literal["engine", "gateway"] | None = Field(
+        default=None,
+        description="'engine': every choice carries the engine's per-token weight_versions; 'gateway': "
+        "the engine reported none (vLLM < 0.33 on /v1), and weight_version is the version the gateway "
+        "admitted the call under, which a drained weight update keeps exact; None: not known (added, "
+        "optional)",
+    )
     extends_previous: bool | None = Field(
         default=None, description="prompt = previous prompt + previous response (None: first call/unknown)"
     )
