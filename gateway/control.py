@@ -2,7 +2,8 @@
 
 ``Admission`` gates every call: while paused a new call waits (up to ``hold_s``, then
 :class:`PausedError` → 503 + Retry-After); calls already admitted finish. ``pause()`` returns once no
-call is in flight (or ``drain_timeout_s`` passed: reported, not waited on forever). ``resume()`` stamps
+call is in flight (or ``drain_timeout_s`` passed: reported, not waited on forever), with what it waited
+for: the calls in flight when it began and those still in flight when it returned. ``resume()`` stamps
 the version that serves from then on.
 """
 
@@ -20,6 +21,8 @@ class DrainResult:
     version: int
     waited_ms: float
     timed_out: bool
+    in_flight: int  # calls in flight when the pause began: what it waited for
+    still_in_flight: int  # those not finished when it returned (past its deadline)
 
 
 class Admission:
@@ -61,6 +64,7 @@ class Admission:
         self.pending_version = version
         self._resumed.clear()
         start = time.perf_counter()
+        in_flight = self.in_flight
         timed_out = False
         try:
             await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
@@ -70,6 +74,8 @@ class Admission:
             version if version is not None else self.weight_version,
             (time.perf_counter() - start) * 1000,
             timed_out,
+            in_flight,
+            self.in_flight,
         )
 
     def resume(self, version: int | None = None) -> int:

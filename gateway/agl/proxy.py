@@ -2,17 +2,21 @@
 gateway's :class:`gateway.serving.CallService`: the same capture, durable recording and streaming as
 every Flywheel call, with AGL's conventions on top.
 
-- Forced parameters (AGL's): train → ``model``, the train temperature, ``return_token_ids`` and
-  ``logprobs``; val → ``model``, the val temperature, ``return_token_ids``. The agent gets vLLM's ids
-  back (``prompt_token_ids``, ``choices[].token_ids``); the recorded call also has logprobs in val mode.
+- Forced parameters (AGL's ``ProxyRouter.prepare_body``): train → ``model``, the train temperature,
+  ``return_token_ids`` and ``logprobs: true``; val → ``model``, the val temperature,
+  ``return_token_ids`` (no logprobs). The upstream gets exactly that body: the two fields the gateway
+  adds for its own capture (``logprobs``, ``return_token_ids``) are put back to AGL's values, so a val
+  call asks no logprobs and a completions call asks ``logprobs: true`` as AGL's does. The agent gets
+  vLLM's ids back (``prompt_token_ids``, ``choices[].token_ids``).
 - Upstream: among the tenant's registered endpoints for the model, by sha256(rollout id), as AGL picks
   (one rollout, one server: its prefix cache is reused); else the server's own upstream (the embedded
   engine or ``--upstream``); else 503. An endpoint behind ``HTTP(S)_PROXY`` is reached through it.
 - Errors: an upstream 4xx/5xx answer is relayed as it came (status and body) and recorded with
   ``status: "error"``; unreachable → 502, timed out → 504, AGL's texts.
-- Pause: a paused tenant's calls are held (up to ``hold_s``) and admitted on resume; past that, AGL's
-  answer: 429, ``Retry-After``, ``X-Agl-Paused: true``, ``{"error": "gateway paused", "reason": …}``.
-  A Flywheel weight update holds calls the same way (and answers the same 429 past the hold).
+- Pause (``/proxy/pause``): AGL's answer at once, 429, ``Retry-After``, ``X-Agl-Paused: true``,
+  ``{"error": "gateway paused", "reason": …}``, checked before anything is sent. ``hold_s`` (default
+  0, AGL's) lets a paused call wait that long for resume first. A Flywheel weight update holds calls
+  for the gateway's ``pause_hold_s`` and answers the same 429 past it.
 - Better than AGL: streaming works (AGL: 400), every choice is recorded, the call's weight version
   is the one that served it.
 """
@@ -56,7 +60,7 @@ class ProxyConfig:
     train_temperature: float = 1.0
     val_temperature: float = 0.7
     include_logprobs: bool = True
-    hold_s: float = 30.0
+    hold_s: float = 0.0  # how long a call made while /proxy/pause is in effect waits for resume
 
 
 @dataclass(slots=True)
@@ -73,20 +77,35 @@ class _Call:
     error_status: int | None = None
     error_body: bytes = b""
 
+    def as_agl(self, body: bytes) -> bytes:
+        """The gateway's upstream body with AGL's own values for the fields the gateway adds."""
+        data = orjson.loads(body)
+        for key in CAPTURE_FIELDS:
+            if key in self.prepared:
+                data[key] = self.prepared[key]
+            else:
+                data.pop(key, None)
+        return orjson.dumps(data)
+
 
 _CALL: ContextVar[_Call] = ContextVar("agl_call")
+# What gateway.capture.prepare_body adds to every call to a token-faithful upstream so it can record
+# ids and logprobs; AGL decides these per mode (``prepared``), and its upstream gets AGL's choice.
+CAPTURE_FIELDS = ("logprobs", "return_token_ids")
 
 
 class AglUpstream(Upstream):
-    """An upstream that keeps an error answer's body, so the proxy can relay it as AGL does."""
+    """An upstream that sends AGL's body (:meth:`_Call.as_agl`) and keeps an error answer's body, so
+    the proxy can relay it as AGL does."""
 
     async def post(self, path: str, body: bytes, *, stream: bool) -> UpstreamResponse:
+        call = _CALL.get(None)
+        if call is not None:
+            body = call.as_agl(body)
         response = await super().post(path, body, stream=stream)
-        if response.status_code != 200:
-            call = _CALL.get(None)
-            if call is not None:
-                call.error_status = response.status_code
-                call.error_body = await response.aread()
+        if response.status_code != 200 and call is not None:
+            call.error_status = response.status_code
+            call.error_body = await response.aread()
         return response
 
 
@@ -229,12 +248,13 @@ class AglProxy:
                 self._leave(tenant)
 
     async def _admit(self, tenant: str) -> None:
-        """Hold a paused tenant's call until resume (at most ``hold_s``), then count it in flight."""
+        """A paused tenant's call gets AGL's 429 (after waiting up to ``hold_s`` for resume, when set);
+        an admitted call is counted in flight."""
         pause = self.service.tenant(tenant).pause
         if pause.paused:
-            resumed = self.service.resumed(tenant)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(resumed.wait(), self.config.hold_s)
+            if self.config.hold_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.service.resumed(tenant).wait(), self.config.hold_s)
             pause = self.service.tenant(tenant).pause
             if pause.paused:
                 raise _paused(pause.retry_after_seconds, pause.reason)

@@ -13,8 +13,8 @@ it to be called), ``test_cancelled_handler_joins_forwarding_and_disconnect_watch
 function with a hand-made ``Request`` and reads ``app.state``), ``tests/controller`` (AGL's controller
 against a mocked client: no server involved) and ``tests/test_client.py`` (AGL's client only).
 
-The server runs with ``--pause-hold-s 0``: a paused call is answered 429 at once, as AGL does (the
-default holds it up to 30 s and admits it on resume; ``test_proxy_disconnect`` asserts the 429).
+The server runs with its defaults for the pause: a paused call is answered 429 at once, as AGL does
+(``test_proxy_disconnect`` asserts the 429 while a call is in flight).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_agl_server_tests_pass_against_flywheel(tmp_path: Path) -> None:
     )
     log = tmp_path / "server.log"
     argv = [FLYWHEEL, "agl-server", "--port", str(port), "--key", "main-key", "--model", "test-model"]
-    argv += ["--val-temperature", "0", "--pause-hold-s", "0", "--upstream", "http://127.0.0.1:9/v1"]
+    argv += ["--val-temperature", "0", "--upstream", "http://127.0.0.1:9/v1"]
     with open(log, "wb") as out:
         server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -3,7 +3,10 @@ through its proxy, AGL's HTTP API, then a SIGKILL and a restart on the same data
 
 What AGL itself runs against it is in ``tests/compat/test_agl_server_suite.py``; here, what AGL does
 not have: nothing acknowledged is lost across a killed process, every change is in the event log,
-streaming works, paused calls are held and admitted, tenants are apart, bad input is a 4xx.
+streaming works, paused calls can be held and admitted (``--pause-hold-s``), tenants are apart, bad
+input is a 4xx. And what AGL 1.0.2 has, read from its ``server/proxy.py`` and ``routes/proxy.py``: the
+pause answers at once and a paused call gets its 429 at once; the upstream gets exactly the body AGL's
+proxy sends in train and val mode.
 """
 
 from __future__ import annotations
@@ -380,3 +383,128 @@ async def test_on_kafka_every_change_is_on_the_bus_and_a_restart_keeps_the_state
             assert (await c.get("/api/rollouts/k1/events")).json() == before
     finally:
         assert again.stop() == 0
+
+
+def _timed(send: Any) -> tuple[httpx.Response, float]:
+    t0 = time.monotonic()
+    r = send()
+    return r, time.monotonic() - t0
+
+
+def test_pause_answers_at_once_and_paused_calls_get_agls_429_until_resume(
+    tmp_path: Path, upstream: BackgroundUpstream
+) -> None:
+    """AGL's ``/proxy/pause`` contract with the server's defaults: the pause is answered at once with the
+    in-flight count, whatever is in flight; while paused every proxied call gets 429 at once (before
+    anything is sent upstream, streamed or not, either mode); ``/proxy/resume`` lets calls through."""
+    server = Server(tmp_path / "data", upstream.url).start()
+    c = httpx.Client(base_url=server.url, headers=H, timeout=60)
+    msgs = [{"role": "user", "content": "hi"}]
+    paused = {"error": "gateway paused", "reason": "weight sync"}
+    try:
+        c.post("/api/rollouts", json=[{"rollout_id": "p1", "input": {"q": 1}}]).raise_for_status()
+        r, took = _timed(
+            lambda: c.post("/proxy/pause", json={"retry_after_seconds": 3, "reason": "weight sync"})
+        )
+        assert r.status_code == 200 and took < 2, (r.status_code, took)
+        assert r.json() == {"paused": True, "retry_after_seconds": 3, "reason": "weight sync", "inflight": 0}
+        sent = len(upstream.config.requests)
+        calls = [("chat/completions", {"messages": msgs}), ("completions", {"prompt": "1+1="}),
+                 ("chat/completions", {"messages": msgs, "stream": True})]  # fmt: skip
+        for mode in ("train", "val"):
+            for path, body in calls:
+                url = f"/proxy/rollout/p1/attempt/0/mode/{mode}/openai/v1/{path}"
+                r, took = _timed(lambda url=url, body=body: c.post(url, json=body))
+                assert r.status_code == 429 and took < 2, (mode, path, r.status_code, took)
+                assert r.headers["retry-after"] == "3" and r.headers["x-agl-paused"] == "true"
+                assert r.json() == paused
+        assert len(upstream.config.requests) == sent  # nothing reached the upstream
+        # what AGL's SWE agent retries on (examples/swe_smith: status 429 and "gateway paused" in the text)
+        with pytest.raises(openai.RateLimitError) as refused:
+            _agent(server, "p1").chat.completions.create(model="x", messages=msgs)  # type: ignore[arg-type]
+        assert refused.value.status_code == 429 and "gateway paused" in refused.value.message.lower()
+        r = c.post("/proxy/resume")
+        assert r.json() == {"paused": False, "retry_after_seconds": 3, "reason": None, "inflight": 0}
+        answer = _agent(server, "p1").chat.completions.create(model="x", messages=msgs)  # type: ignore[arg-type]
+        assert answer.choices[0].message.content == "The answer is 42."
+
+        # paused with a call in flight: answered at once with the count; the call finishes, new ones get 429
+        upstream.config.latency_s = 3.0
+        result: dict[str, httpx.Response] = {}
+        proxy = "/proxy/rollout/p1/attempt/0/mode/train/openai/v1/chat/completions"
+        slow = threading.Thread(target=lambda: result.setdefault("r", c.post(proxy, json={"messages": msgs})))
+        slow.start()
+        deadline = time.monotonic() + 10
+        while c.get("/proxy/state").json()["inflight"] != 1:
+            assert time.monotonic() < deadline, "the slow call never counted in flight"
+            time.sleep(0.02)
+        r, took = _timed(lambda: c.post("/proxy/pause", json={"retry_after_seconds": 4}))
+        assert r.status_code == 200 and took < 2, (r.status_code, took)
+        assert r.json() == {"paused": True, "retry_after_seconds": 4, "reason": None, "inflight": 1}
+        r, took = _timed(lambda: c.post(proxy, json={"messages": msgs}))
+        assert r.status_code == 429 and took < 2 and r.headers["retry-after"] == "4"
+        assert r.json() == {"error": "gateway paused", "reason": None}
+        slow.join(20)
+        assert result["r"].status_code == 200, result["r"].text
+        assert c.get("/proxy/state").json()["inflight"] == 0
+        upstream.config.latency_s = 0.0
+        assert c.post("/proxy/resume").json()["paused"] is False
+        assert c.post(proxy, json={"messages": msgs}).status_code == 200
+    finally:
+        c.close()
+        assert server.stop() == 0
+    log = server.log.read_text()
+    assert "Traceback" not in log and "agl.unhandled" not in log, log[-3000:]
+
+
+def _forced(model: str, temperature: float, logprobs: bool) -> dict[str, Any]:
+    """What AGL's ``ProxyRouter.prepare_body`` writes over the agent's body."""
+    forced: dict[str, Any] = {"model": model, "temperature": temperature, "return_token_ids": True}
+    return {**forced, "logprobs": True} if logprobs else forced
+
+
+def test_the_upstream_gets_agls_body_in_train_and_val_mode(
+    tmp_path: Path, upstream: BackgroundUpstream
+) -> None:
+    """The request the upstream receives is the agent's body with AGL's forced fields and nothing else:
+    train → the train temperature, ``return_token_ids`` and ``logprobs: true``; val → the val temperature
+    and ``return_token_ids``, no logprobs (an agent's own ``logprobs`` passes through, as in AGL)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    bodies = {"chat/completions": {"messages": msgs, "max_tokens": 8},
+              "completions": {"prompt": "1+1=", "max_tokens": 8}}  # fmt: skip
+    server = Server(
+        tmp_path / "data", upstream.url, "--train-temperature", "0.8", "--val-temperature", "0"
+    ).start()
+    c = httpx.Client(base_url=server.url, headers=H, timeout=60)
+    try:
+        c.post("/api/rollouts", json=[{"rollout_id": "f1", "input": {"q": 1}}]).raise_for_status()
+        for mode, temperature in (("train", 0.8), ("val", 0.0)):
+            for path, body in bodies.items():
+                agent = {**body, "model": "agent-model", "temperature": 0.9, "top_p": 0.95}
+                r = c.post(f"/proxy/rollout/f1/attempt/0/mode/{mode}/openai/v1/{path}", json=agent)
+                assert r.status_code == 200, r.text
+                sent = upstream.config.requests[-1]
+                assert sent == {**agent, **_forced("policy-7b", temperature, mode == "train")}, (mode, path)
+                choice = r.json()["choices"][0]
+                assert choice["token_ids"]  # AGL still asks for the ids in val mode
+                assert (choice["logprobs"] is not None) == (mode == "train"), (mode, path, choice)
+        # an agent's own logprobs pass through in val mode (AGL's prepared body is {**body, ...})
+        agent = {"messages": msgs, "logprobs": True, "top_logprobs": 2, "temperature": 0.9}
+        r = c.post("/proxy/rollout/f1/attempt/0/mode/val/openai/v1/chat/completions", json=agent)
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is not None
+        assert upstream.config.requests[-1] == {**agent, **_forced("policy-7b", 0.0, False)}
+    finally:
+        c.close()
+        assert server.stop() == 0
+    # AGL's include_log_probs: False → train mode asks none either
+    server = Server(tmp_path / "data2", upstream.url, "--no-logprobs").start()
+    c = httpx.Client(base_url=server.url, headers=H, timeout=60)
+    try:
+        c.post("/api/rollouts", json=[{"rollout_id": "f2", "input": {"q": 1}}]).raise_for_status()
+        for path, body in bodies.items():
+            r = c.post(f"/proxy/rollout/f2/attempt/0/mode/train/openai/v1/{path}", json=body)
+            assert r.status_code == 200, r.text
+            assert upstream.config.requests[-1] == {**body, **_forced("policy-7b", 1.0, False)}, path
+    finally:
+        c.close()
+        assert server.stop() == 0

@@ -46,8 +46,14 @@ def agl_server_command(
     val_temperature: Annotated[float, typer.Option("--val-temperature")] = 0.7,
     no_logprobs: Annotated[bool, typer.Option("--no-logprobs", help="train mode asks no logprobs")] = False,
     hold_s: Annotated[
-        float, typer.Option("--pause-hold-s", min=0, help="how long a paused call is held before 429")
-    ] = 30.0,
+        float,
+        typer.Option(
+            "--pause-hold-s",
+            min=0,
+            help="while /proxy/pause is in effect, hold a call this long for resume before AGL's 429"
+            " (default 0: the 429 at once, as AGL answers)",
+        ),
+    ] = 0.0,
 ) -> None:
     """Serve Agent Lightning 1.0's server API (rollouts, events, models, proxy, pause), durably."""
     from pydantic import ValidationError

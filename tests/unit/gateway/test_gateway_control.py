@@ -92,3 +92,38 @@ async def test_admin_routes_need_the_token(tmp_path):
             assert r.status_code == 401, path
             assert r.json()["error"]["type"] == "authentication_error"
         assert not h.gateway.admission.paused
+
+
+async def test_admin_pause_reports_the_calls_it_waited_for_and_returns_by_its_deadline(tmp_path):
+    cfg = FakeUpstreamConfig(latency_s=0.3)
+    async with GatewayHarness(tmp_path, config=cfg) as h:
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/v1/chat/completions"
+        r = await h.client.post("/admin/pause", json={"drain_timeout_s": 5}, headers=ADMIN)
+        assert r.json()["in_flight"] == 0 and r.json()["still_in_flight"] == 0 and not r.json()["timed_out"]
+        await h.client.post("/admin/resume", json={}, headers=ADMIN)
+        # drained: it waited for the one call in flight, which finished
+        call = asyncio.create_task(h.client.post(url, json={"messages": MSGS}))
+        await wait_until(lambda: h.gateway.admission.in_flight == 1, within_s=5, what="the call in flight")
+        r = await h.client.post("/admin/pause", json={"drain_timeout_s": 5}, headers=ADMIN)
+        assert {k: r.json()[k] for k in ("in_flight", "still_in_flight", "timed_out")} == {
+            "in_flight": 1,
+            "still_in_flight": 0,
+            "timed_out": False,
+        }
+        assert (await call).status_code == 200
+        await h.client.post("/admin/resume", json={}, headers=ADMIN)
+        # past the deadline: it answers then, and says what is still running
+        cfg.latency_s = 3.0
+        slow = asyncio.create_task(h.client.post(url, json={"messages": MSGS}))
+        await wait_until(lambda: h.gateway.admission.in_flight == 1, within_s=5, what="the call in flight")
+        started = asyncio.get_running_loop().time()
+        r = await h.client.post("/admin/pause", json={"drain_timeout_s": 0.2}, headers=ADMIN)
+        assert asyncio.get_running_loop().time() - started < 2.0
+        assert {k: r.json()[k] for k in ("in_flight", "still_in_flight", "timed_out")} == {
+            "in_flight": 1,
+            "still_in_flight": 1,
+            "timed_out": True,
+        }
+        await h.client.post("/admin/resume", json={}, headers=ADMIN)
+        assert (await slow).status_code == 200
