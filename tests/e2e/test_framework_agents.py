@@ -1,7 +1,9 @@
-"""Agents written in four frameworks, unchanged, through the real rollout stack and the embedded engine.
+"""Agents written in six frameworks, unchanged, through the real rollout stack and the embedded engine.
 
 Each example in ``examples/framework_agents/`` runs as the worker runs any command agent (its own
-process, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` pointing at the gateway's episode URL) against the real
+process, ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and ``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY`` pointing
+at the gateway's episode URL), each speaking its framework's default protocol (chat completions, the
+Responses API, Anthropic's Messages API), against the real
 gateway over HTTP, in front of the embedded engine serving a locally built tiny model; the reward
 service scores and assembles. A tiny random model never writes a tool call, so the engine forces the
 replies a trained model would write (``forced_output``, trainer/engine/forcing.py; the script is
@@ -19,6 +21,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,12 +47,16 @@ from tests.unit.worker.collect import Events
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 AGENTS = Path(__file__).resolve().parents[2] / "examples" / "framework_agents"
-# (test id, example file, the module it needs, streamed?)
+# (test id, example file and arguments, the module it needs, streamed?, the protocol it speaks)
 FRAMEWORKS = [
-    ("openai-agents", "openai_agents_sdk.py", "agents", True),
-    ("autogen", "autogen_agent.py", "autogen_agentchat", True),
-    ("crewai", "crewai_agent.py", "crewai", False),
-    ("langgraph", "langgraph_agent.py", "langgraph", False),
+    ("openai-agents", "openai_agents_sdk.py", "agents", True, "responses"),
+    ("openai-agents-no-stream", "openai_agents_sdk.py --no-stream", "agents", False, "responses"),
+    ("openai-agents-chained", "openai_agents_sdk.py --no-stream --chain", "agents", False, "responses"),
+    ("autogen", "autogen_agent.py", "autogen_agentchat", True, "chat.completions"),
+    ("crewai", "crewai_agent.py", "crewai", False, "chat.completions"),
+    ("langgraph", "langgraph_agent.py", "langgraph", False, "chat.completions"),
+    ("anthropic", "anthropic_agent.py", "anthropic", False, "messages"),
+    ("langgraph-anthropic", "langgraph_anthropic_agent.py", "langchain_anthropic", False, "messages"),
 ]
 QUESTIONS = [(3, 4, 5), (6, 7, 2)]
 CORPUS = [
@@ -140,11 +147,30 @@ def merge_stats(calls: list[LLMCallRecorded], scored: EpisodeScored) -> dict[str
     }
 
 
+def check_answer_body(body: dict[str, Any], endpoint: str, tool_call: bool) -> None:
+    """The response as the agent got it, in its own protocol."""
+    if endpoint == "responses":
+        kinds = [item["type"] for item in body["output"]]
+        assert body["object"] == "response" and body["status"] == "completed"
+        assert kinds == (["function_call"] if tool_call else ["message"]), body
+    elif endpoint == "messages":
+        assert body["type"] == "message" and body["stop_reason"] == ("tool_use" if tool_call else "end_turn")
+        assert [b["type"] for b in body["content"]] == (["tool_use"] if tool_call else ["text"]), body
+    else:
+        assert body["choices"][0]["finish_reason"] == ("tool_calls" if tool_call else "stop")
+
+
 @pytest.mark.parametrize(
-    ("framework", "script", "module", "streamed"), FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS]
+    ("framework", "script", "module", "streamed", "endpoint"), FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS]
 )
 async def test_framework_agent_tool_loop_through_the_stack(
-    stack: EmbeddedStack, tiny_dir: Path, framework: str, script: str, module: str, streamed: bool
+    stack: EmbeddedStack,
+    tiny_dir: Path,
+    framework: str,
+    script: str,
+    module: str,
+    streamed: bool,
+    endpoint: str,
 ) -> None:
     tokens_in = stack.settings.tokens_in
     if importlib.util.find_spec(module) is None:
@@ -193,19 +219,24 @@ async def test_framework_agent_tool_loop_through_the_stack(
             assert (
                 call.token_faithful and call.upstream is UpstreamKind.embedded and call.streamed is streamed
             )
+            assert call.endpoint == endpoint
             [choice] = call.choices
             ids, lps = choice.token_ids or [], choice.logprobs or []
             assert len(ids) == len(lps) > 0 and all(-1e4 < lp <= 0.0 for lp in lps)
             assert ids[:-1] == tokenizer.encode(expected, add_special_tokens=False)  # what the model emitted
-            body = json.loads(call.response or "{}")
-            message = body["choices"][0]["message"]
+            check_answer_body(json.loads(call.response or "{}"), endpoint, expected.startswith("<tool_call>"))
+            message = choice.message  # the engine's reply as a chat message, whatever the protocol
+            assert isinstance(message, dict)
             if expected.startswith("<tool_call>"):
-                assert body["choices"][0]["finish_reason"] == "tool_calls"
+                assert choice.finish_reason == "tool_calls"
                 assert [t["function"]["name"] for t in message["tool_calls"]] == ["multiply"]
             else:
                 assert message["content"] == expected
             tok_eos = ids[-1] if tok_eos is None else tok_eos
             assert ids[-1] == tok_eos  # each reply ends with the end-of-turn token the engine emitted
+        if "--chain" in script:  # the SDK sent only the new items, naming the response they follow
+            chained = [json.loads(c.request).get("previous_response_id") for c in calls]
+            assert chained[0] is None and chained[1:] == [json.loads(c.response)["id"] for c in calls[:-1]]
         stats = merge_stats(calls, s)
         assert stats["kept"] + stats["broke"] == len(calls) - 1
         # Every framework resends the history as messages, re-rendered by the template: canonical tool
@@ -221,5 +252,6 @@ async def test_framework_agent_tool_loop_through_the_stack(
         for t in s.transitions:
             assert len(t.response_ids) == len(t.response_mask) == len(t.behaviour_logprobs)
         table.append(stats)
-    print(f"\nFRAMEWORK-MERGE {framework} {'tokens-in' if tokens_in else 'rendered'} {json.dumps(table)}")
+    mode = "tokens-in" if tokens_in else "rendered"
+    print(f"\nFRAMEWORK-MERGE {framework} {endpoint} {mode} {json.dumps(table)}")
     await events.stop()

@@ -168,7 +168,8 @@ def record_command(
 ) -> None:
     """Run CMD ARGS… as an agent in a new episode and print what was recorded.
 
-    CMD gets OPENAI_BASE_URL, OPENAI_API_BASE and OPENAI_API_KEY pointing at the episode.
+    CMD gets OPENAI_BASE_URL, OPENAI_API_BASE and OPENAI_API_KEY pointing at the episode (and
+    ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY for agents on Anthropic's Messages API).
     Without --gateway an in-process gateway is started against --upstream (or FLYWHEEL_UPSTREAM_URLS).
     """
     import asyncio
@@ -203,6 +204,8 @@ def _agent_env(base_url: str) -> dict[str, str]:
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_BASE": base_url,
         "OPENAI_API_KEY": "flywheel",
+        "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),  # the anthropic SDK adds /v1 itself
+        "ANTHROPIC_API_KEY": "flywheel",
     }
 
 
