@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from gateway.anthropic_stream import MessagesStream
 from gateway.capture import Captured
 from gateway.dialects import JSON, DialectEndpoint, StreamConverter, bad, obj, tool_arguments, unsupported
-from gateway.protocol import validate
+from gateway.protocol import MAX_INT, validate
 
 UNSUPPORTED = {
     "mcp_servers": "MCP connectors run on Anthropic's platform",
@@ -51,14 +51,14 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(default="", max_length=512)
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=MAX_INT)
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, JsonValue]] | None = None
     stop_sequences: list[str] | None = Field(default=None, max_length=16)
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_INT)
     tools: list[dict[str, JsonValue]] | None = None
     tool_choice: dict[str, JsonValue] | None = None
     metadata: dict[str, JsonValue] | None = None

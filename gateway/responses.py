@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from gateway.capture import Captured
 from gateway.dialects import JSON, DialectEndpoint, StreamConverter, bad, obj, unsupported
 from gateway.episodes import EpisodeState
-from gateway.protocol import validate
+from gateway.protocol import MAX_INT, validate
 from gateway.response_store import Kept, ResponseStore
 from gateway.responses_stream import ResponsesStream
 
@@ -61,7 +61,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, JsonValue]] | None = None
     tool_choice: str | dict[str, JsonValue] | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     text: dict[str, JsonValue] | None = None

@@ -82,6 +82,7 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
         for t in threads:
             t.start()
         fuzzed: list[int] = []
+        fuzzed_paths: set[str] = set()
         started = time.monotonic()
         try:
             schema = schemathesis.openapi.from_url(f"{gw.url}/openapi.json")
@@ -89,6 +90,7 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
             auth: dict[str, str] = {}
             for result in schema.get_all_operations():
                 op = result.ok()
+                fuzzed_paths.add(op.path)
                 auth.clear()
                 auth.update(ADMIN if op.path.startswith("/admin") else {"Authorization": f"Bearer {key}"})
 
@@ -147,3 +149,6 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
     assert not errors, errors[:3]
     assert figures.server_errors == 0 and not lost and figures.duplicates == 0, figures
     assert len(fuzzed) >= 40 and answered
+    # every agent protocol's routes, the Responses and Messages APIs' included
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        assert {path, f"/episodes/{{episode_id}}{path}"} <= fuzzed_paths, sorted(fuzzed_paths)
