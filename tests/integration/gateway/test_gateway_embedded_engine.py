@@ -133,3 +133,37 @@ async def test_batched_completion_prompts_train_on_their_own_prompt_ids(tiny_dir
                 await scored.stop()
     finally:
         await engine.close()
+
+
+async def test_a_previous_response_id_branch_starts_from_the_named_responses_ids(tiny_dir, tmp_path):
+    """The Responses API through the embedded engine: a call naming an earlier response (not the
+    episode's last call) is served from that response's recorded prompt and reply ids."""
+    from trainer.engine import InferenceEngine
+    from trainer.engine.app import create_engine_app
+
+    engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
+    try:
+        async with GatewayHarness(
+            tmp_path, upstream_app=create_engine_app(engine), kind=UpstreamKind.embedded
+        ) as h:
+            ep = await h.open_episode()
+            url = f"/episodes/{ep}/v1/responses"
+            ask = {"instructions": "Add.", "max_output_tokens": 40, "temperature": 0}
+            r1 = await h.client.post(url, json={**ask, "input": "What is 3+7?"})
+            assert r1.status_code == 200, r1.text
+            first = r1.json()
+            assert first["object"] == "response" and first["output"][0]["type"] == "message"
+            for question in ("What is 6+7?", "What is 9+7?"):  # two branches off the first response
+                r = await h.client.post(
+                    url, json={**ask, "input": question, "previous_response_id": first["id"]}
+                )
+                assert r.status_code == 200, r.text
+            calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), within_s=60, count=3)
+            one, two, three = sorted(calls, key=lambda c: c.call_seq)
+            assert all(c.endpoint == "responses" and c.token_faithful for c in (one, two, three))
+            head = [*(one.prompt_token_ids or []), *(one.choices[0].token_ids or [])]
+            assert (two.prompt_token_ids or [])[: len(head)] == head
+            assert (three.prompt_token_ids or [])[: len(head)] == head  # the branch, not the last call
+            assert two.extends_previous is True and three.extends_previous is False
+    finally:
+        await engine.close()
