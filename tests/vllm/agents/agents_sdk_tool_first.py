@@ -35,7 +35,8 @@ def multiply(a: int, b: int) -> int:
 
 agent = Agent(
     name="calculator",
-    instructions="Use the multiply tool, then state the result.",
+    # one example of the call in the chat template's own format: a 135 M model copies it faithfully
+    instructions='To multiply, call the tool like this: <tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
     tools=[multiply],
     model=OpenAIChatCompletionsModel(os.environ.get("OPENAI_MODEL", "policy"), AsyncOpenAI(max_retries=1)),
     model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=48),

@@ -19,6 +19,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 TOOL_CALLS: list[dict[str, int]] = []
+# one example of the call in the chat template's own format: a 135 M model copies it faithfully
+SYSTEM = 'To multiply, call the tool like this: <tool_call>\n{"name": "multiply", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
 @tool
@@ -48,7 +50,7 @@ def build_graph() -> Any:
 
 def main() -> None:
     task = json.loads(sys.stdin.read())
-    state = build_graph().invoke({"messages": [("user", task["input"]["question"])]})
+    state = build_graph().invoke({"messages": [("system", SYSTEM), ("user", task["input"]["question"])]})
     print(json.dumps({"output": {"answer": str(state["messages"][-1].content), "tool_calls": TOOL_CALLS}}))
 
 
