@@ -156,12 +156,18 @@ class WireResponse:
         the wire: it is read if it is there within ``_DRAIN_S``, so streamed calls keep their
         connection instead of paying a new one (a connect on the next call's critical path).
         """
-        if self._conn is not None and self._chunked and self._reusable:
-            with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                async with asyncio.timeout(_DRAIN_S):
-                    async for _ in self._pieces(timed=False):
-                        pass
-        self._discard()
+        try:
+            if self._conn is not None and self._chunked and self._reusable:
+                with contextlib.suppress(httpx.HTTPError, TimeoutError):
+                    async with asyncio.timeout(_DRAIN_S):
+                        async for _ in self._pieces(timed=False):
+                            pass
+        finally:
+            # also when the drain is cancelled: an agent that hangs up mid-stream cancels the gateway's
+            # handler, and under anyio every await in its cleanup is cancelled again; without this the
+            # connection stayed open, out of the pool, until garbage collection found it (measured
+            # against a live vLLM: "unclosed <StreamWriter ...>" with the stream's last 5 bytes unread)
+            self._discard()
 
 
 class WirePool:

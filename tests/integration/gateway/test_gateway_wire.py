@@ -198,6 +198,35 @@ async def test_chunked_with_trailers_and_read_to_close_bodies() -> None:
         await pool.aclose()
 
 
+async def test_a_stream_closed_under_cancellation_still_closes_its_connection() -> None:
+    """An agent hanging up mid-stream cancels the gateway's handler; ``aclose`` in its cleanup is cancelled
+    too, and must still close the connection rather than leave it open and out of the pool."""
+    release = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: a\n\r\n")
+        await writer.drain()
+        await release.wait()  # the terminator comes late: aclose() is waiting in its drain
+
+    async with _raw_server(serve) as url:
+        pool = WirePool(url)
+        r = await pool.post("x", b"{}", stream=True)
+        async for line in r.aiter_lines():
+            assert line == "data: a"
+            break
+        conn = r._conn
+        assert conn is not None
+        closing = asyncio.create_task(r.aclose())
+        await asyncio.sleep(0.01)  # inside the drain
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        release.set()
+        assert conn[1].is_closing() and pool._idle == []
+        await pool.aclose()
+
+
 async def test_reused_connection_closed_by_the_server_is_replaced() -> None:
     connections = 0
 
