@@ -11,6 +11,7 @@ stream's events, in the agent's protocol, and that is what the call's event reco
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from gateway.capture import (
     count_tokens,
     prepare_body,
     prompt_layout,
+    sampling_temperature,
     strip_response,
 )
 from gateway.control import Admission
@@ -39,7 +41,7 @@ from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore, Substituted
 from gateway.publishing import Recorder
-from gateway.tokens_in import prompt_prefix, turn_of
+from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
 from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from infra.logging import get_logger
 from schemas import LLMCallRecorded, LogprobsMode, UpstreamKind, new_event_id
@@ -86,6 +88,7 @@ class _Ctx:
     started_at: datetime
     t0: float
     prompt: Substituted | None = None
+    temperature: float | None = None  # what the engine's logprobs are of
 
 
 class CallService:
@@ -112,6 +115,16 @@ class CallService:
         self.prompts = prompts
         self.tokens_in = tokens_in
 
+    def _prefix(self, call: Call, sent: dict[str, Any]) -> dict[str, Any] | None:
+        """Tokens-in: the previous call's ids when this chat call extends it exactly (gateway/tokens_in.py)."""
+        if not self.tokens_in:
+            return None
+        ep = call.episode
+        prefix = prompt_prefix(sent, ep.turn, ep.prev_prompt, ep.prev_responses)
+        if prefix is None and call.exchange is not None:
+            prefix = call.exchange.prefix  # vouched for by the protocol itself
+        return prefix
+
     async def serve(self, call: Call) -> Answer | StreamAnswer:
         version = await self.admission.enter()
         handed_off = False
@@ -125,13 +138,17 @@ class CallService:
             )
             if upstream.kind is UpstreamKind.embedded and call.endpoint == "chat.completions":
                 body.pop("prompt_prefix", None)  # the gateway's to set, never the agent's
-                if self.tokens_in:
-                    ep = call.episode
-                    prefix = prompt_prefix(sent, ep.turn, ep.prev_prompt, ep.prev_responses)
-                    if prefix is None and call.exchange is not None:
-                        prefix = call.exchange.prefix  # vouched for by the protocol itself
-                    if prefix is not None:
-                        body["prompt_prefix"] = prefix
+                prefix = self._prefix(call, sent)
+                if prefix is not None:
+                    body["prompt_prefix"] = prefix
+            elif upstream.kind is UpstreamKind.vllm and call.endpoint == "chat.completions":
+                prefix = self._prefix(call, sent)
+                ids = await _vllm_prompt_ids(upstream, body, prefix) if prefix is not None else None
+                if ids is not None:
+                    body["kv_transfer_params"] = {
+                        **(body.get("kv_transfer_params") or {}),
+                        "prompt_token_ids": ids,
+                    }
             seq = call.episode.take_seq()
             self.episodes.reserve(call.episode, seq)
             ctx = _Ctx(
@@ -146,6 +163,7 @@ class CallService:
                 time.perf_counter(),
             )
             ctx.prompt = prompt
+            ctx.temperature = sampling_temperature(body, upstream.kind)
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
             try:
@@ -255,6 +273,7 @@ class CallService:
             upstream_url=ctx.upstream.url,
             logprobs_mode=ctx.upstream.logprobs_mode if ctx.upstream.token_faithful else LogprobsMode.none,
             weight_version=ctx.version,
+            temperature=ctx.temperature,
             latency_ms=(time.perf_counter() - ctx.t0) * 1000,
             started_at=ctx.started_at,
             **fields,
@@ -321,6 +340,31 @@ class CallService:
             )
         except RecordingError:
             log.warning("failed call not recorded", episode_id=ctx.call.episode.episode_id, call_seq=ctx.seq)
+
+
+async def _vllm_prompt_ids(
+    upstream: Upstream, body: dict[str, Any], prefix: dict[str, Any]
+) -> list[int] | None:
+    """The prompt ids vLLM is to start this call from (tokens-in), or None to let it render as usual."""
+    messages = body.get("messages")
+    if (
+        not isinstance(messages, list)
+        or body.get("continue_final_message")
+        or body.get("add_generation_prompt") is False
+        or body.get("echo")
+    ):
+        return None
+    common: dict[str, Any] = {
+        key: body[key] for key in ("model", "tools", "chat_template", "chat_template_kwargs") if body.get(key)
+    }
+    k = prefix["messages"]
+    turn, full = await asyncio.gather(
+        upstream.tokenize_chat({**common, "messages": messages[:k], "add_generation_prompt": False}),
+        upstream.tokenize_chat({**common, "messages": messages, "add_generation_prompt": True}),
+    )
+    if turn is None or full is None:
+        return None
+    return splice_ids(prefix, turn, full)
 
 
 def _sse_error(exc: GatewayError) -> bytes:

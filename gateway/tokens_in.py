@@ -10,8 +10,15 @@ digest of them, and a digest of each choice's reply message as the agent receive
 call's messages are those same messages followed by one of those replies (content and tool calls
 compared as sent back), the gateway adds ``prompt_prefix`` (the previous prompt's ids and that
 choice's ids) to the request for the embedded engine, which then renders only what follows
-(``trainer.engine.serving.EngineServing._extended_prompt``). Anything else, or an upstream that is
-not the embedded engine, is rendered as before. The agent's request as recorded is unchanged.
+(``trainer.engine.serving.EngineServing._extended_prompt``).
+
+vLLM (0.32 and later) takes a chat prompt's ids in ``kv_transfer_params.prompt_token_ids``: it skips
+rendering and tokenising, and still parses tool calls and detokenises the reply. For a vLLM upstream
+the gateway asks vLLM's ``/tokenize`` for the conversation's ids rendered twice (up to and including
+the reply's turn, and whole with the generation prompt) and :func:`splice_ids` builds the same prompt
+the embedded engine would: the previous prompt's ids, the reply's ids as sampled, then only what the
+template adds after the reply's end-of-turn token. Anything else is rendered as before. The agent's
+request as recorded is unchanged.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class Turn:
     messages: int  # how many messages the call had
     history: bytes  # their digest
     replies: tuple[bytes | None, ...]  # per choice: its reply message's key
+    finished: tuple[bool, ...] = ()  # per choice: the reply ended on its own (not cut by max_tokens)
 
 
 def turn_of(data: dict[str, Any], response: dict[str, Any]) -> Turn | None:
@@ -64,7 +72,12 @@ def turn_of(data: dict[str, Any], response: dict[str, Any]) -> Turn | None:
     except TypeError:
         return None
     ordered = sorted((c for c in choices if isinstance(c, dict)), key=lambda c: c.get("index", 0))
-    return Turn(len(messages), history, tuple(_reply_key(c.get("message")) for c in ordered))
+    return Turn(
+        len(messages),
+        history,
+        tuple(_reply_key(c.get("message")) for c in ordered),
+        tuple(c.get("finish_reason") != "length" for c in ordered),
+    )
 
 
 def prompt_prefix(
@@ -80,6 +93,8 @@ def prompt_prefix(
     choice = turn.replies.index(key)
     if choice >= len(responses) or not responses[choice]:
         return None
+    if choice < len(turn.finished) and not turn.finished[choice]:
+        return None  # a reply cut by max_tokens has no end-of-turn token to continue after
     try:
         if _digest(messages[: turn.messages]) != turn.history:
             return None
@@ -90,3 +105,24 @@ def prompt_prefix(
         "prompt_token_ids": list(prompt),
         "response_token_ids": list(responses[choice]),
     }
+
+
+def splice_ids(prefix: dict[str, Any], turn_ids: Sequence[int], full_ids: Sequence[int]) -> list[int] | None:
+    """The extending call's prompt from recorded ids, or None when the renderings do not vouch for it.
+
+    ``turn_ids`` is the conversation rendered up to and including the reply's assistant turn (no
+    generation prompt), ``full_ids`` the whole conversation with it; both by the engine's own template.
+    The reply's last id must be the end-of-turn token the template closes that turn with (found among
+    the turn's last few ids: ChatML adds a newline after it) and ``full_ids`` must start with
+    ``turn_ids``. Then: the previous prompt's ids, the reply's ids, and what the template adds after
+    the end-of-turn token.
+    """
+    reply = prefix["response_token_ids"]
+    if not reply or list(full_ids[: len(turn_ids)]) != list(turn_ids):
+        return None
+    # the end-of-turn token among the turn's last ids (ChatML puts one newline after it)
+    window = range(len(turn_ids) - 1, max(len(turn_ids) - 5, -1), -1)
+    at = next((i for i in window if turn_ids[i] == reply[-1]), -1)
+    if at < 0:
+        return None
+    return [*prefix["prompt_token_ids"], *reply, *turn_ids[at + 1 :], *full_ids[len(turn_ids) :]]

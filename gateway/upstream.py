@@ -11,7 +11,7 @@ import asyncio
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -64,6 +64,24 @@ class Upstream:
             "POST", path, content=body, headers={"Content-Type": "application/json"}
         )
         return await self.client.send(request, stream=stream)
+
+    async def tokenize_chat(self, body: dict[str, Any]) -> list[int] | None:
+        """vLLM's ``/tokenize`` (beside ``/v1``) for a chat body: the ids its template renders; None when
+        it does not answer with them (another server, an older vLLM, a template error)."""
+        root = str(self.client.base_url).rstrip("/").removesuffix("/v1")
+        try:
+            r = await self.client.post(root + "/tokenize", json=body, timeout=min(30.0, self.timeout_s))
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            ids = r.json().get("tokens")
+        except ValueError:
+            return None
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            return None
+        return ids
 
     @property
     def token_faithful(self) -> bool:

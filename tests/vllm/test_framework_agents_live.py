@@ -4,8 +4,9 @@ Each agent runs as the worker runs any command agent (its own process, ``OPENAI_
 gateway's episode URL); its first call forces the tool (a named or ``required`` ``tool_choice``, which
 vLLM turns into constrained decoding), the framework runs the tool and sends the result back, and the
 model answers. The reward service scores each episode. Every call is recorded with vLLM's ids and
-logprobs; the test prints how the episode's calls merged into trajectories (``MERGE-FIGURES``): a call
-whose prompt is the previous prompt + the previous completion extends it, any other breaks it.
+logprobs. Every follow-up call extends the previous one token for token (tokens-in: the gateway sends vLLM
+the recorded ids, gateway/tokens_in.py), so each episode trains as one trajectory; the test prints how the
+calls merged (``MERGE-FIGURES``).
 """
 
 from __future__ import annotations
@@ -82,17 +83,22 @@ async def test_framework_agent_through_worker_gateway_and_vllm(
         assert s.reward is not None and 0.0 <= s.reward <= 1.0
         calls = sorted(events.of(LLMCallRecorded, episode_id=s.episode_id), key=lambda c: c.call_seq)
         assert len(calls) == s.num_calls >= 2
-        for call in calls:
+        for prev, call in zip([None, *calls], calls, strict=False):
             assert call.upstream is UpstreamKind.vllm and call.token_faithful and call.status_code == 200
             [choice] = call.choices
             assert choice.token_ids and choice.logprobs and len(choice.token_ids) == len(choice.logprobs)
             assert call.prompt_token_ids and call.weight_version_source == "gateway"
-            request = json.loads(call.request)
-            rendered = tokenizer.apply_chat_template(
-                request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=True
-            )
-            ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
-            assert call.prompt_token_ids == list(ids)  # what vLLM saw is the agent's request, rendered
+            if prev is None:  # what vLLM saw is the agent's request, rendered
+                request = json.loads(call.request)
+                rendered = tokenizer.apply_chat_template(
+                    request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=True
+                )
+                assert call.prompt_token_ids == list(
+                    rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+                )
+            else:  # tokens-in: the previous prompt and the ids the model wrote, then the framework's additions
+                head = [*(prev.prompt_token_ids or []), *(prev.choices[0].token_ids or [])]
+                assert call.extends_previous is True and call.prompt_token_ids[: len(head)] == head
         assert calls[0].choices[0].message["tool_calls"]  # type: ignore[index]
         figures["calls"] += len(calls)
         figures["extended"] += sum(1 for c in calls if c.extends_previous)

@@ -168,11 +168,55 @@ def test_tool_calls_are_parsed_by_vllm_and_recorded(client, gw, tokenizer, strea
     # what the model wrote, as its ids decode: the tool call the parser read
     written = tokenizer.decode(tool_call.choices[0].token_ids, skip_special_tokens=True)
     assert "<tool_call>" in written and '"multiply"' in written
-    # vLLM renders arguments that are not a JSON object as {} (SmolLM2 sometimes writes a list)
-    as_rendered = args if isinstance(json.loads(args), dict) else "{}"
-    history[1] = assistant(as_rendered)
-    assert answer.prompt_token_ids == rendered(tokenizer, history, tools=[TOOL])
+    # tokens-in: the answer's prompt is the tool call's prompt and the ids the model wrote, then only
+    # what the template adds after that turn (the newline after <|im_end|>, the tool's turn, the
+    # generation prompt), not the template's rendering of the parsed tool call
+    head = [*(tool_call.prompt_token_ids or []), *(tool_call.choices[0].token_ids or [])]
+    assert answer.extends_previous is True and answer.prompt_token_ids is not None
+    assert answer.prompt_token_ids[: len(head)] == head
+    turn = tokenizer.apply_chat_template(
+        history[:2], tools=[TOOL], add_generation_prompt=False, tokenize=True
+    )
+    turn = list(turn["input_ids"] if hasattr(turn, "keys") else turn)
+    full = rendered(tokenizer, history, tools=[TOOL])
+    assert full[: len(turn)] == turn and turn[-2] == tool_call.choices[0].token_ids[-1]  # <|im_end|>, newline
+    assert answer.prompt_token_ids[len(head) :] == full[len(turn) - 1 :]
     assert_faithful(answer, tokenizer, [final.choices[0].message.content or ""])
+
+
+def test_tokens_in_a_call_extends_the_previous_one_by_the_ids_vllm_returned(client, gw, tokenizer) -> None:
+    """A forced tool call is written by the model as bare JSON arguments; vLLM's parser returns it as a
+    tool call, which the template renders as a ``<tool_call>`` block the model never wrote. The gateway
+    sends the next call's prompt as ids (``kv_transfer_params.prompt_token_ids``, from vLLM's own
+    ``/tokenize`` around the recorded ids), so it extends the previous call token for token, where the
+    template's rendering of the same conversation does not."""
+    c, episode = client
+    ask = [
+        {"role": "system", "content": "You call tools."},
+        {"role": "user", "content": "What is 6 times 7?"},
+    ]
+    forced = {"type": "function", "function": {"name": "multiply"}}
+    first = c.chat.completions.create(
+        model=SERVED_NAME,
+        messages=ask,
+        tools=[TOOL],
+        tool_choice=forced,
+        max_tokens=128,
+        temperature=0.5,
+        seed=0,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason != "length", "the forced call must end on its own for tokens-in to apply"
+    [tc] = choice.message.tool_calls or []
+    reply = {"role": "assistant", "content": None, "tool_calls": [tc.model_dump()]}
+    history = [*ask, reply, {"role": "tool", "tool_call_id": tc.id, "content": "42"}]
+    c.chat.completions.create(
+        model=SERVED_NAME, messages=history, tools=[TOOL], max_tokens=8, temperature=0.5
+    )
+    before, after = gw.calls(episode, 2, within_s=30)
+    head = [*(before.prompt_token_ids or []), *(before.choices[0].token_ids or [])]
+    assert after.extends_previous is True and (after.prompt_token_ids or [])[: len(head)] == head
+    assert after.prompt_token_ids != rendered(tokenizer, history, tools=[TOOL])
 
 
 def test_responses_and_messages_apis_are_recorded_with_vllms_ids(gw, tokenizer) -> None:

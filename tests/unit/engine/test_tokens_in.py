@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tokens_in import prompt_prefix, turn_of
+from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
 from schemas import LLMCallRecorded, UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
 from trainer.engine import InferenceEngine
@@ -42,6 +42,21 @@ def test_the_gateway_asks_for_a_prefix_only_for_an_exact_extension() -> None:
         assert prompt_prefix({"messages": messages}, turn, prompt, responses) is None
     assert prompt_prefix({"messages": [*FIRST, REPLY, TOOL]}, None, prompt, responses) is None
     assert prompt_prefix({"messages": [*FIRST, REPLY, TOOL]}, turn, None, responses) is None
+    cut = turn_of(
+        {"messages": FIRST}, {"choices": [{"index": 0, "message": REPLY, "finish_reason": "length"}]}
+    )
+    assert prompt_prefix({"messages": [*FIRST, REPLY, TOOL]}, cut, prompt, responses) is None  # no end of turn
+
+
+def test_the_vllm_prompt_is_the_recorded_ids_then_what_the_template_adds_after_the_turn() -> None:
+    eot, nl = 2, 198
+    prefix = {"messages": 3, "prompt_token_ids": [1, 10, 11], "response_token_ids": [50, 51, eot]}
+    turn = [1, 10, 11, 60, 61, eot, nl]  # the reply re-rendered otherwise (60, 61), closed by eot + newline
+    full = [*turn, 1, 70, 71, eot, nl, 1, 80]  # then the tool's turn and the generation prompt
+    assert splice_ids(prefix, turn, full) == [1, 10, 11, 50, 51, eot, nl, 1, 70, 71, eot, nl, 1, 80]
+    assert splice_ids(prefix, turn, [*turn[:-1], 199, 1, 80]) is None  # the whole does not extend the turn
+    assert splice_ids({**prefix, "response_token_ids": [50, 51]}, turn, full) is None  # reply not ended
+    assert splice_ids({**prefix, "response_token_ids": []}, turn, full) is None
 
 
 async def test_the_engine_starts_from_the_recorded_ids(engine: InferenceEngine) -> None:
