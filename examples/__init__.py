@@ -1,1 +1,1 @@
-"""Real agents trained with Flywheel. Each imports nothing of Flywheel."""
+"""Agents on other frameworks, and the small agents the tests drive; not shipped in the wheel."""

@@ -3,7 +3,7 @@
 The model is the demo's own base model: ``infra.application.demo.warmstart.build_base(WarmStartConfig())`` (its
 sizes, tokenizer and initialisation; untrained, which changes no speed), built once into a cache, so a
 change of the demo's model changes what is measured here too. The prompt is the calculator agent's
-first call (``examples.calc_agent.agent.first_messages``).
+first call (``demo_agents.calc_agent.agent.first_messages``).
 
 Baseline, measured in the same run: Hugging Face ``model.generate`` (sampling, KV cache) on the same
 model, prompt and token count, with the batch padded together as ``generate`` requires. The engine
@@ -91,7 +91,7 @@ def _numel(shape: Sequence[int]) -> int:
 
 def demo_prompt(tokenizer: object, question: str = QUESTION) -> list[int]:
     """The calculator agent's first call, rendered by the model's chat template."""
-    from examples.calc_agent.agent import first_messages
+    from demo_agents.calc_agent.agent import first_messages
 
     ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
         first_messages(question), add_generation_prompt=True, return_dict=False

@@ -1,6 +1,6 @@
 """Training and inference agree: the trainer's logprobs of vLLM's sampled tokens against vLLM's own.
 
-For the same weights, N calculator-agent first calls (``examples.calc_agent.agent.first_messages`` with
+For the same weights, N calculator-agent first calls (``demo_agents.calc_agent.agent.first_messages`` with
 varied questions) go to a live vLLM (``infra.application.vllm_server``: Flywheel's flags, so
 ``--logprobs-mode processed_logprobs``) as the gateway sends them: chat completions with ``logprobs``
 and ``return_token_ids``, the temperature the agent asked for, nothing else. The trainer then scores
@@ -117,7 +117,7 @@ async def sample_calls(
     """Every prompt sent at once, as concurrent agents would; seeded per request."""
     import httpx
 
-    from examples.calc_agent.agent import first_messages
+    from demo_agents.calc_agent.agent import first_messages
 
     async def one(client: httpx.AsyncClient, i: int, question: str) -> Call:
         r = await client.post(

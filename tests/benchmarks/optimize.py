@@ -1,6 +1,6 @@
 """Prompt-optimisation acceptance: ``flywheel optimize`` repairs a deliberately poor system prompt.
 
-The calculator agent (examples/calc_agent, unchanged) runs on the demo's warm-started model
+The calculator agent (demo_agents/calc_agent, unchanged) runs on the demo's warm-started model
 (infra/application/demo/warmstart.py, cached under ~/.cache/flywheel/demo: built on first use, ~7 minutes on a quiet
 2-core machine), starting from a system prompt that never mentions the agent's ``CALC:``/``ANSWER:``
 protocol. ``flywheel optimize`` runs as a user runs it, every evaluation a real rollout through worker,
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from examples.calc_agent import tasks as calc  # noqa: E402
+from demo_agents.calc_agent import tasks as calc  # noqa: E402
 from infra.application.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig, warm_start  # noqa: E402
 from infra.application.optimize.tasks import write_tasks  # noqa: E402
 from tests.fakes.scripted_reflection import ScriptedReflectionLM  # noqa: E402

@@ -59,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.calc_agent.agent import MAX_TOKENS, first_messages
+from demo_agents.calc_agent.agent import MAX_TOKENS, first_messages
 from infra.application.demo.run import DemoConfig, stack_settings
 from tests.benchmarks.engine import QUESTION, demo_model_dir, demo_model_label, demo_prompt
 from trainer.config import AlgorithmConfig
@@ -87,7 +87,7 @@ def _load(model_dir: Path) -> Any:
 
 def _questions(n: int) -> list[str]:
     """The demo's first ``n`` RL tasks' questions (one per group, as the demo's groups)."""
-    from examples.calc_agent import tasks as calc_tasks
+    from demo_agents.calc_agent import tasks as calc_tasks
 
     return [str(t["input"]["question"]) for t in calc_tasks.sample("rl", 0, n)]
 
@@ -232,7 +232,7 @@ async def _pipeline(
     )
     import tempfile
 
-    from examples.calc_agent import tasks as calc_tasks
+    from demo_agents.calc_agent import tasks as calc_tasks
 
     http = httpx.AsyncClient(timeout=120)
     sink: WeightSink = (

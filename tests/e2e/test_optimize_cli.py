@@ -41,8 +41,8 @@ def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
     toy_model: Path, tmp_path: Path
 ) -> None:
-    from examples.calc_agent import tasks as calc
-    from examples.calc_agent.agent import SYSTEM
+    from demo_agents.calc_agent import tasks as calc
+    from demo_agents.calc_agent.agent import SYSTEM
     from infra.application.export import export
     from infra.application.optimize.rollouts import prompt_version_of
     from infra.application.optimize.tasks import write_tasks

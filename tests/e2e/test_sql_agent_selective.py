@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examples.sql_agent.data import generate
+from demo_agents.sql_agent.data import generate
 from gateway.server import GatewayServer
 from gateway.upstream import make_upstream
 from infra.application.stack import EmbeddedStack, StackSettings
@@ -83,7 +83,9 @@ async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
             bus = stack.buses[0]
             events = await Events().attach(bus, EPISODES, TRANSITIONS, group="sql-e2e")
             try:
-                agent = AgentRef(kind=AgentKind.command, spec=f"{sys.executable} -m examples.sql_agent.agent")
+                agent = AgentRef(
+                    kind=AgentKind.command, spec=f"{sys.executable} -m demo_agents.sql_agent.agent"
+                )
                 for i, example in enumerate(bench.examples[:EPISODES_RUN]):
                     await bus.publish(
                         TASKS,

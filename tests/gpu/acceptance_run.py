@@ -77,7 +77,7 @@ def check_conversion(model_dir: Path) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from examples.calc_agent import tasks as calc_tasks
+    from demo_agents.calc_agent import tasks as calc_tasks
     from infra.application.demo.pipeline import TrainingMonitor, evaluate
     from infra.application.demo.run import AGENT, DemoConfig, stack_settings
     from infra.application.stack import EmbeddedStack

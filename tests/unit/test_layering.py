@@ -4,7 +4,8 @@
   ``if TYPE_CHECKING:`` are left out, they never run);
 - the services (gateway, rollout_worker, reward_service, trainer) never import one another: they talk
   over the bus;
-- ``schemas`` imports nothing of ours, and ``examples`` (what users copy) imports nothing of ours;
+- ``schemas`` imports nothing of ours, nor do ``demo_agents`` (the demo's agents) and ``examples`` (what
+  users copy; not shipped, so nothing shipped imports it);
 - the ground (``infra`` but ``infra.application``) imports no service and no application module, and
   no service imports the application: the CLI, the embedded stack and the demo sit on top of all.
 """
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("gateway", "rollout_worker", "reward_service", "trainer")
-PACKAGES = (*SERVICES, "schemas", "infra", "examples")
+PACKAGES = (*SERVICES, "schemas", "infra", "demo_agents", "examples")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,7 +124,7 @@ def _top(module: str) -> str:
 
 
 def _layer(module: str) -> str:
-    """``service``, ``ground``, ``application``, ``schemas`` or ``examples``."""
+    """``service``, ``ground``, ``application``, ``schemas``, ``demo_agents`` or ``examples``."""
     if _top(module) in SERVICES:
         return "service"
     if _top(module) == "infra":
@@ -131,11 +132,11 @@ def _layer(module: str) -> str:
     return _top(module)
 
 
-# what each layer may import besides itself (schemas and examples are checked on their own below)
+# what each layer may import besides itself (schemas and the agents are checked on their own below)
 ALLOWED = {
     "ground": {"schemas"},
     "service": {"schemas", "ground"},
-    "application": {"schemas", "ground", "service", "examples"},
+    "application": {"schemas", "ground", "service", "demo_agents"},
 }
 
 
@@ -185,19 +186,20 @@ def test_services_do_not_import_each_other() -> None:
     assert breaches == []
 
 
-def test_schemas_and_examples_import_nothing_of_ours() -> None:
+def test_schemas_and_agents_import_nothing_of_ours() -> None:
     graph = _graph()
     breaches = [
         f"{name} imports {target}"
         for name, targets in graph.items()
         for target in targets
-        if _top(name) in ("schemas", "examples") and _top(target) != _top(name)
+        if _top(name) in ("schemas", "demo_agents", "examples") and _top(target) != _top(name)
     ]
     assert breaches == []
 
 
 def test_the_wheel_ships_every_package_the_code_imports() -> None:
-    """The demo imports ``examples`` (its agents): an installed ``flywheel`` must carry it."""
+    """The demo imports ``demo_agents``: an installed ``flywheel`` must carry it (and nothing imports
+    ``examples``, which it does not carry)."""
     import tomllib
 
     shipped = set(
@@ -205,5 +207,7 @@ def test_the_wheel_ships_every_package_the_code_imports() -> None:
             "packages"
         ]
     )
-    imported = {_top(target) for targets in _graph().values() for target in targets}
+    imported = {
+        _top(target) for name, targets in _graph().items() if _top(name) in shipped for target in targets
+    }
     assert imported <= shipped, sorted(imported - shipped)

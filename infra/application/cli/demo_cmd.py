@@ -1,7 +1,7 @@
 """``flywheel demo``: the embedded stack trains an agent on the CPU and shows it getting better.
 
-``--agent calc`` (the default) is the calculator agent of ``examples/calc_agent``; ``--agent sql`` the
-LangGraph SQL agent of ``examples/sql_agent`` (writer and rewriter trained, checker recorded as
+``--agent calc`` (the default) is the calculator agent of ``demo_agents/calc_agent``; ``--agent sql`` the
+LangGraph SQL agent of ``demo_agents/sql_agent`` (writer and rewriter trained, checker recorded as
 context). What differs between them is in ``infra/application/demo/agents.py``.
 """
 
@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-
-if TYPE_CHECKING:
-    from infra.application.demo.agents import DemoAgent
 
 
 class AgentChoice(StrEnum):
@@ -264,30 +261,17 @@ def demo(
     report: dict[str, Any] = {
         **{k: v for k, v in _jsonable(runs[0]).items() if k != "steps"},
         "wall_seconds": round(time.perf_counter() - t0, 1) if seeds > 1 else runs[0]["wall_seconds"],
-        "target": _target(source.value, chosen),
     }
     if seeds > 1:  # the top level holds the means over seeds; every seed's full result is kept
-        report = {k: report[k] for k in ("seed", "wall_seconds", "target")}
+        report = {k: report[k] for k in ("seed", "wall_seconds")}
         report.update({k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")})
         report["source"] = source.value
         report["seeds"] = [r["seed"] for r in runs]
         report["per_seed"] = [_jsonable(r) for r in runs]
-        report["met_target"] = all(r["met_target"] for r in runs)
     write_json(out / "report.json", report)
     plot(out / "training.png", runs)
     _summary(console, runs)
     console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
-
-
-def _target(source: str, agent: DemoAgent) -> dict[str, Any]:
-    from infra.application.demo.run import target_points
-
-    points = target_points(source, agent)
-    if source == "rollouts":
-        return {"success_points": points, "transitions_per_episode": "falls"}
-    if source == "replay":
-        return {"success_points": f"> {points}"}
-    return {"success_points": points}
 
 
 def _jsonable(run: dict[str, Any]) -> dict[str, Any]:
@@ -318,7 +302,6 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
         "RL steps",
         *(name for name, _ in extra),
         "wall s",
-        "target",
     ):
         table.add_column(col, justify="right")
 
@@ -342,7 +325,6 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
             str(run["rl_steps"]),
             *(show(run) for _, show in extra),
             f"{run['wall_seconds']:.0f}",
-            "met" if run["met_target"] else "not met",
         )
     console.print(table)
     for run in runs:

@@ -49,7 +49,7 @@ def optimize(
         int, typer.Option(min=0, help="held-out tasks cut from --tasks (ignored with --test-tasks)")
     ] = 0,
     agent: Annotated[str, typer.Option(help="the agent: module:function (callable) or a command line")] = (
-        "examples.calc_agent.agent:run"
+        "demo_agents.calc_agent.agent:run"
     ),
     agent_kind: Annotated[str, typer.Option(help="callable | command")] = "callable",
     component: Annotated[str, typer.Option(help="the component's name")] = "system_prompt",

@@ -12,8 +12,8 @@ is the same for every agent; what differs is listed by :class:`DemoAgent`:
 * ``warm`` / ``gate`` and ``tiny_warm`` / ``tiny_gate``: the warm start's recipe and competence gate, and
   the smoke run's toy ones.
 
-``calc`` is the calculator agent of ``examples/calc_agent`` (the demo's original, unchanged: same tasks,
-same demonstrations, same cache keys). ``sql`` is the LangGraph SQL agent of ``examples/sql_agent``
+``calc`` is the calculator agent of ``demo_agents/calc_agent`` (the demo's original, unchanged: same tasks,
+same demonstrations, same cache keys). ``sql`` is the LangGraph SQL agent of ``demo_agents/sql_agent``
 (:mod:`infra.application.demo.sql_demo`).
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from examples.calc_agent import tasks as calc_tasks
+from demo_agents.calc_agent import tasks as calc_tasks
 from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from schemas import AgentKind, AgentRef, Task
 
@@ -47,8 +47,6 @@ class DemoAgent(Protocol):
     def fixed_models(self) -> tuple[str, ...]: ...  # roles served by a frozen copy of the warm start
     @property
     def eval_tasks(self) -> int: ...  # held-out tasks per evaluation when the command line says none
-    @property
-    def target_points(self) -> float: ...  # its issue's held-out gain for RL from rollouts (points)
     @property
     def learning_rate(self) -> float: ...  # RL's, when the command line gives none
     @property
@@ -78,7 +76,7 @@ class DemoAgent(Protocol):
 
 
 DEFAULT_WARM = WarmStartConfig()
-CALC_REF = AgentRef(kind=AgentKind.callable, spec="examples.calc_agent.agent:run")
+CALC_REF = AgentRef(kind=AgentKind.callable, spec="demo_agents.calc_agent.agent:run")
 CALC_TINY = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
 CALC_GATE = GateConfig()
 CALC_TINY_GATE = GateConfig(  # fails: tops up once, re-initialises once, tops that up once
@@ -88,7 +86,7 @@ CALC_TINY_GATE = GateConfig(  # fails: tops up once, re-initialises once, tops t
 
 @dataclass(frozen=True)
 class CalcDemo:
-    """The calculator agent: arithmetic problems, the teacher of ``examples/calc_agent/tasks.py``."""
+    """The calculator agent: arithmetic problems, the teacher of ``demo_agents/calc_agent/tasks.py``."""
 
     name: str = "calc"
     ref: AgentRef = CALC_REF
@@ -96,7 +94,6 @@ class CalcDemo:
     train_models: str = ""
     fixed_models: tuple[str, ...] = ()
     eval_tasks: int = 512
-    target_points: float = 25.0
     learning_rate: float = 2e-4  # measured: 1e-4 gave +7.0 points in 600 s of RL, 2e-4 gave +19.5
     rl_seconds: float = 420.0  # the RL run's 10 minutes less ~3 for the stack, two evaluations and a margin
     warm: WarmStartConfig = DEFAULT_WARM
@@ -155,7 +152,7 @@ def calc_gate_success(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]
     which always goes through the whole pipeline)."""
     import torch
 
-    from examples.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
+    from demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
 
     torch.manual_seed(seed)
     convs = [first_messages(t["input"]["question"]) for t in tasks]

@@ -3,7 +3,7 @@
 Nothing here is part of Flywheel's services: this module plays the two parties a production deployment
 has around the gateway.
 
-* :class:`CalcService` is the deployed agent: ``examples/calc_agent``'s plain ``openai`` code with its
+* :class:`CalcService` is the deployed agent: ``demo_agents/calc_agent``'s plain ``openai`` code with its
   client pointed at the gateway's production endpoint (``{gateway}/v1``, ``Authorization: Bearer
   <tenant key>``), one ``X-Flywheel-Session`` per conversation. It sees the question only, never the
   answer.
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from openai import AsyncOpenAI, DefaultAioHttpClient
 
-from examples.calc_agent import tasks as calc_tasks
-from examples.calc_agent.agent import solve
+from demo_agents.calc_agent import tasks as calc_tasks
+from demo_agents.calc_agent.agent import solve
 
 if TYPE_CHECKING:
     from infra.application.stack import EmbeddedStack
@@ -60,7 +60,7 @@ class CalcService:
         self._client: AsyncOpenAI | None = None
 
     async def __aenter__(self) -> CalcService:
-        # One connection pool for every conversation (see examples/calc_agent/agent.py's _Pool).
+        # One connection pool for every conversation (see demo_agents/calc_agent/agent.py's _Pool).
         self._http = DefaultAioHttpClient(timeout=120.0)
         self._client = AsyncOpenAI(
             base_url=self.base_url, api_key=self.key, max_retries=2, http_client=self._http

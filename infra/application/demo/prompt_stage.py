@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.calc_agent import tasks as calc_tasks
+from demo_agents.calc_agent import tasks as calc_tasks
 from infra.application.optimize.rollouts import Rollouts
 from infra.application.optimize.run import OptimizeConfig, optimize_prompt
 from infra.bus.base import Bus

@@ -2,7 +2,7 @@
 
 Everything after the warm start runs through the embedded stack (``infra.application.stack.EmbeddedStack``): the
 demo's agent (``DemoConfig.agent``, :mod:`infra.application.demo.agents`: the calculator agent of
-``examples/calc_agent``, plain ``openai`` code, or the LangGraph SQL agent of ``examples/sql_agent``) is
+``demo_agents/calc_agent``, plain ``openai`` code, or the LangGraph SQL agent of ``demo_agents/sql_agent``) is
 run by the rollout worker, its calls go through the gateway to the embedded engine and onto the bus, the
 reward service scores the episodes (training only the calls the agent's ``train_models`` selects), the
 trainer consumes the groups it asked for and pushes every new weight version into the engine with the
@@ -50,10 +50,6 @@ from infra.application.vllm_server import VllmServer
 from trainer.config import AlgorithmConfig
 
 AGENT = CALC_REF  # the calculator agent (``DemoConfig.agent`` picks another)
-TARGET_SECONDS = 600.0  # the RL run (evaluations and RL from the warm start) within 10 minutes
-# The targets of issue 15: production traffic alone, and a replayed run alone, each raise held-out success.
-# RL from rollouts: each demo agent's own (DemoAgent.target_points: calc +25, sql +20).
-SOURCE_TARGET_POINTS = {"production": 15.0, "replay": 0.0}
 
 Source = Literal["rollouts", "production", "replay"]
 
@@ -273,7 +269,6 @@ async def run_seed(
         planner = stack.trainer.planner
         if planner is not None and planner.curriculum is not None:
             report["curriculum"] = {"revisit": cfg.curriculum, **planner.curriculum.stats.as_dict()}
-        report["met_target"] = met_target(cfg.source, agent, before, after, rl_run_seconds)
     finally:
         await stack.stop()
         if fixed is not None:
@@ -337,26 +332,6 @@ async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, An
     await stack.stop_training()
     rl_seconds = time.perf_counter() - t_rl
     return {"rl_seconds": rl_seconds, "rollouts_cancelled": stack.cancel_rollouts()}
-
-
-def target_points(source: str, agent: DemoAgent) -> float:
-    """The held-out gain (points) the demo's target asks of ``source`` for ``agent``."""
-    return agent.target_points if source == "rollouts" else SOURCE_TARGET_POINTS[source]
-
-
-def met_target(
-    source: Source, agent: DemoAgent, before: EvalResult, after: EvalResult, rl_run_seconds: float
-) -> bool:
-    points = 100.0 * (after.success - before.success)
-    if rl_run_seconds > TARGET_SECONDS:
-        return False
-    if source == "rollouts":  # fewer calls too: the policy stops needing the agent's retries
-        return (
-            points >= agent.target_points and after.transitions_per_episode < before.transitions_per_episode
-        )
-    if source == "replay":  # the claim: replayed data alone raises held-out success
-        return points > SOURCE_TARGET_POINTS[source]
-    return points >= SOURCE_TARGET_POINTS[source]
 
 
 async def _serve(stack: EmbeddedStack, model_dir: Path) -> None:

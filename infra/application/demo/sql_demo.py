@@ -1,6 +1,6 @@
-"""``flywheel demo --agent sql``: the LangGraph SQL agent of ``examples/sql_agent``, on generated databases.
+"""``flywheel demo --agent sql``: the LangGraph SQL agent of ``demo_agents/sql_agent``, on generated databases.
 
-The data is ``examples/sql_agent/data.py``'s Spider-style benchmark, generated once per recipe under the
+The data is ``demo_agents/sql_agent/data.py``'s Spider-style benchmark, generated once per recipe under the
 demo cache (``<cache>/sql-data/<seed>-<databases>x<questions>/``) and split **by database**: SFT, RL and
 the gate use the train databases only; held-out questions are asked on databases none of them touched.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.sql_agent.data import Benchmark, Split, generate, sloppy_teacher
-from examples.sql_agent.prompts import checker_messages, execute, extract_sql, schema_of, writer_messages
+from demo_agents.sql_agent.data import Benchmark, Split, generate, sloppy_teacher
+from demo_agents.sql_agent.prompts import checker_messages, execute, extract_sql, schema_of, writer_messages
 from infra.application.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from schemas import AgentKind, AgentRef, Task
 
@@ -49,7 +49,7 @@ _BENCHES: dict[Path, Benchmark] = {}
 _LOCK = threading.Lock()  # the warm start runs in a thread while the event loop may ask for tasks
 
 
-SQL_REF = AgentRef(kind=AgentKind.callable, spec="examples.sql_agent.agent:run")
+SQL_REF = AgentRef(kind=AgentKind.callable, spec="demo_agents.sql_agent.agent:run")
 # hidden 128 × 4 layers, vocabulary 1024 (874 used: every table, column and keyword one token).
 # Measured on seed 0 (writer-only gate on train databases → the agent's held-out accuracy, then 420 s of RL):
 # - 400 steps with every checker demonstration, 30% mistakes, one 300-step top-up: gate 33%, held-out
@@ -61,7 +61,7 @@ SQL_REF = AgentRef(kind=AgentKind.callable, spec="examples.sql_agent.agent:run")
 #   ceiling to gain 20 points on every seed. At 85% (a mistake could leave the query as it was, e.g. no
 #   ORDER BY to flip): warm starts at 62.5–78.5% on four builds, +17 to +23.
 # So: the skill from SFT; a teacher whose mistake always changes the query, 80% of the time (the teacher's
-# own agent accuracy 62–64% on seeds 0–2, writer alone 25–26%: examples/sql_agent/data.py); 1,500 steps
+# own agent accuracy 62–64% on seeds 0–2, writer alone 25–26%: demo_agents/sql_agent/data.py); 1,500 steps
 # (a warm start of ~7 minutes, so that the demo's 15 minutes from a fresh clone hold); RL left to drop
 # the mistakes; 240 databases (180 for SFT and RL).
 SQL_WARM = WarmStartConfig(
@@ -121,7 +121,6 @@ class SqlDemo:
     train_models: str = "writer,rewriter"
     fixed_models: tuple[str, ...] = ("checker",)
     eval_tasks: int = 512  # of the 720 held-out questions: 256 measured one warm start at 65.2% and 72.7%
-    target_points: float = 20.0  # issue 17: +20 points on held-out databases
     # Measured on seed 1 of this recipe (300 s of RL): at 3e-4 it reached 94% on its train batches by step
     # 64, then collapsed (44%) and ended at its warm start's accuracy; at 2e-4 it climbed steadily.
     learning_rate: float = 2e-4

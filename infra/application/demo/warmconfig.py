@@ -38,7 +38,7 @@ class WarmStartConfig:
     databases: int = 0  # sql: generated databases (a quarter held out), questions on each, teacher noise
     questions_per_db: int = 0
     mistake_rate: float = 0.0
-    data_format: int = 0  # sql: examples/sql_agent/data.py's version (its benchmark and its teacher)
+    data_format: int = 0  # sql: demo_agents/sql_agent/data.py's version (its benchmark and its teacher)
 
     def key(self) -> str:
         fields = asdict(self)

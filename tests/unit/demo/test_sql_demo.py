@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.sql_agent.prompts import CHECKER_SYSTEM
+from demo_agents.sql_agent.prompts import CHECKER_SYSTEM
 from infra.application.demo.sql_demo import CHECKER_SHARE, RL_DISCOUNT, SQL_TINY, SqlDemo
 from schemas import Task
 from schemas.scorers import ScorerOptions

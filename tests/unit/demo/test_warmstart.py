@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from examples.calc_agent import tasks
+from demo_agents.calc_agent import tasks
 from infra.application.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
 
 

@@ -7,9 +7,9 @@ and lets the model retry, up to ``MAX_CALLS`` model calls per episode.
 
 Two ways to run it:
 
-* callable: ``examples.calc_agent.agent:run`` — ``await run(task, llm)`` with ``llm.base_url``,
+* callable: ``demo_agents.calc_agent.agent:run`` — ``await run(task, llm)`` with ``llm.base_url``,
   ``llm.api_key``, ``llm.model``; returns ``{"output": {"answer": ..., "calls": ...}, "reward": r}``.
-* command: ``python -m examples.calc_agent.agent`` — the task as JSON on stdin (or ``$FLYWHEEL_TASK``),
+* command: ``python -m demo_agents.calc_agent.agent`` — the task as JSON on stdin (or ``$FLYWHEEL_TASK``),
   the endpoint from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``; prints the same object as one JSON line.
 
 A task is ``{"task_id": ..., "input": {"question": "What is 47 * 38?"}, "answer": "1786"}``.

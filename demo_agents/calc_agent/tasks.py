@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from examples.calc_agent.agent import ERROR, MAX_CALLS, calculate, first_messages, react
+from demo_agents.calc_agent.agent import ERROR, MAX_CALLS, calculate, first_messages, react
 
 OPS = ("+", "-", "*")
 SPLITS = ("heldout", "sft", "rl")

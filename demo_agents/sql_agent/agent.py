@@ -15,10 +15,10 @@ in front can route each name to a different model and train some roles and not o
 
 Two ways to run it, one graph:
 
-* callable: ``examples.sql_agent.agent:run`` — ``await run(task, llm)`` builds the three ``ChatOpenAI``
+* callable: ``demo_agents.sql_agent.agent:run`` — ``await run(task, llm)`` builds the three ``ChatOpenAI``
   with ``base_url=llm.base_url, api_key=llm.api_key`` (the role model names as above) and runs the graph
   with ``ainvoke`` on the caller's event loop; the episodes running on one loop share one HTTP pool.
-* command: ``python -m examples.sql_agent.agent`` with the task JSON on stdin (or in ``FLYWHEEL_TASK``),
+* command: ``python -m demo_agents.sql_agent.agent`` with the task JSON on stdin (or in ``FLYWHEEL_TASK``),
   the endpoint from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
 
 A task is ``{"task_id": ..., "input": {"question": "...", "db": "/path/db.sqlite"}}``. Both return (the
@@ -43,7 +43,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 
-from examples.sql_agent.prompts import (
+from demo_agents.sql_agent.prompts import (
     checker_messages,
     execute,
     extract_sql,

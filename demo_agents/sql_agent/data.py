@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from examples.sql_agent.prompts import rewriter_messages, schema_of, writer_messages
+from demo_agents.sql_agent.prompts import rewriter_messages, schema_of, writer_messages
 
 # ------------------------------------------------------------------------------ vocabularies
 

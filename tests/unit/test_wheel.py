@@ -1,0 +1,27 @@
+"""The wheel ships Flywheel's packages and the demo's agents, nothing of the repository around them."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"schemas", "infra", "gateway", "rollout_worker", "reward_service", "trainer", "demo_agents"}
+
+
+@pytest.mark.timeout(120)
+def test_the_wheel_holds_only_flywheels_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hatchling.build
+
+    monkeypatch.chdir(ROOT)  # the PEP 517 hook builds the project in the working directory
+    name = hatchling.build.build_wheel(str(tmp_path))
+    with zipfile.ZipFile(tmp_path / name) as wheel:
+        names = wheel.namelist()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == PACKAGES
+    assert not [n for n in names if n.endswith(".png") or "__pycache__" in n]
+    # the demo runs its agents from the installed wheel
+    assert "demo_agents/calc_agent/agent.py" in names and "demo_agents/sql_agent/data.py" in names
+    assert "infra/application/cli/main.py" in names
