@@ -1,6 +1,6 @@
 """Token-faithful capture: what the gateway adds to a request, reads from a response, strips again.
 
-Pure functions and small accumulators over vLLM's OpenAI-compatible JSON (API-NOTES.md):
+Pure functions and small accumulators over vLLM's OpenAI-compatible JSON (docs/architecture.md, "Token-faithful capture"):
 - chat: ``prompt_token_ids`` top-level, ``choices[i].token_ids``, ``choices[i].logprobs.content[]``;
   streamed: prompt ids in the first chunk, ``token_ids`` deltas per chunk.
 - completions: ``choices[i].prompt_token_ids`` / ``token_ids``, ``logprobs.tokens/token_logprobs``.

@@ -1,4 +1,4 @@
-"""Pause/resume around weight updates (DESIGN.md, "Weight update") and the served weight version.
+"""Pause/resume around weight updates (docs/architecture.md, "The weight-update protocol") and the served weight version.
 
 ``Admission`` gates every call: while paused a new call waits (up to ``hold_s``, then
 :class:`PausedError` → 503 + Retry-After); calls already admitted finish. ``pause()`` returns once no

@@ -12,7 +12,7 @@ spool (calls not on the bus yet), and numbers the next call after the highest it
 with the topic (``Gateway`` waits for a lag of 0 at start), so a restarted gateway continues an
 episode's numbering instead of starting again at 0.
 
-Extension (DESIGN.md, "Token-faithful capture"): a call extends the previous one when its prompt ids
+Extension (docs/architecture.md, "Token-faithful capture"): a call extends the previous one when its prompt ids
 start with the previous prompt ids followed by one of the previous choices' ids. Anything else after a
 first call is a ``prefix_mismatch``; the ids are never spliced.
 """

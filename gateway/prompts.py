@@ -1,7 +1,7 @@
 """Prompt components: the gateway substitutes the active optimised prompt before the engine sees a call.
 
 A *component* (``schemas.PromptComponent``) is a named piece of the agent's prompt Flywheel may
-replace, so an agent's prompts can be optimised with no change to the agent (DESIGN.md, flow 6):
+replace, so an agent's prompts can be optimised with no change to the agent (docs/architecture.md, flow 6):
 
 * ``match="system"`` (the default): a ``system``/``developer`` chat message whose text equals the
   component's ``original`` (compared without surrounding whitespace) — the gateway sees the agent's

@@ -1,12 +1,12 @@
 """Per-episode state, kept durable so the reward service's committed offsets never outrun its work.
 
-Restart safety (DESIGN.md, "Consumers commit offsets only after their work is durable"): the bus
+Restart safety (docs/architecture.md, "Consumers commit offsets only after their work is durable"): the bus
 commits an episode event's offset as soon as the handler returns, long before the episode finishes.
 So every event is journaled before the handler returns — into SQLite (WAL) under the data dir when
 ``journal`` is a path — and the open episodes are rebuilt from the journal on start. Scored episodes
 are removed and remembered (bounded) so a duplicate ``EpisodeFinished`` is not scored twice.
 
-Retention for late feedback (DESIGN.md, "Production traffic"): a scored production session is kept, in
+Retention for late feedback (docs/architecture.md, flow 2, "Production traffic"): a scored production session is kept, in
 compact form, so that feedback arriving after it was scored can re-score it. Kept: its events with the
 request/response text dropped (ids, logprobs, versions, rewards stay: all that assembly and the feedback
 mapping read), as one zlib-compressed blob of JSON lines — a few bytes per token — in the journal's

@@ -1,4 +1,4 @@
-"""Turn an episode's recorded calls into training transitions (DESIGN.md, "Token-faithful capture" and
+"""Turn an episode's recorded calls into training transitions (docs/architecture.md, "Token-faithful capture" and
 "Credit assignment").
 
 - Each call yields one transition per choice: its prompt ids exactly as the engine reported them and

@@ -1,6 +1,6 @@
 """Every event that travels on the bus, one pydantic model each, grouped by topic.
 
-Topic → events (DESIGN.md, "Topics"):
+Topic → events (docs/architecture.md, "Topics and events"):
     flywheel.tasks        RolloutRequested, RolloutCancelled                      key: task_id
     flywheel.episodes     EpisodeStarted, LLMCallRecorded, RewardReported,
                           EpisodeFinished                                         key: episode_id

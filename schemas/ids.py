@@ -1,4 +1,4 @@
-"""Identifier rules (DESIGN.md, "Identifiers").
+"""Identifier rules (docs/architecture.md, "Identifiers").
 
 Episode ids are the capability that lets an agent write into an episode, so they carry 122 random
 bits (UUID4). Event ids are UUIDv7-shaped: time-ordered for ClickHouse locality, random for

@@ -103,7 +103,7 @@ def spec_for(topic: str) -> TopicSpec:
 
 
 def key_for(event: AnyEvent) -> str:
-    """The partition key DESIGN.md fixes for ``event``."""
+    """The partition key docs/architecture.md gives for ``event``."""
     field = _KEY_FIELD.get(type(event))
     if field is not None:  # every publish asks: one dict lookup instead of up to 16 class patterns
         return getattr(event, field)  # type: ignore[no-any-return]

@@ -1,7 +1,7 @@
 """Group-relative advantages: one number per episode, computed from the rewards of its group.
 
 Every transition of an episode inherits the episode's advantage (LightningRL credit assignment,
-DESIGN.md); per-call rewards and the discount add a per-call term on top (:mod:`trainer.credit`). A group whose rewards are all equal carries no signal under any of these estimators; the
+docs/architecture.md, "Credit assignment"); per-call rewards and the discount add a per-call term on top (:mod:`trainer.credit`). A group whose rewards are all equal carries no signal under any of these estimators; the
 caller counts it and skips it rather than training on zeros. See :mod:`trainer.config` for citations.
 """
 

@@ -1,6 +1,6 @@
 """From groups of scored episodes to a training batch: advantages, staleness, per-token weights.
 
-Per-episode normalisation (DESIGN.md, credit assignment): every response token of an episode gets the
+Per-episode normalisation (docs/architecture.md, "Credit assignment"): every response token of an episode gets the
 weight ``1 / (episodes_in_batch × response_tokens_of_episode)``, so the loss is a token mean within an
 episode and a plain mean across episodes — an episode with five calls weighs as much as one with one.
 Stale transitions are dropped or down-weighted here (``AlgorithmConfig.stale_policy``), so the backend

@@ -14,7 +14,7 @@ replaced atomically, so a crash mid-save leaves the previous checkpoint in charg
 
 Why an inbox: the bus commits an offset when the handler returns, and the handler returns as soon as
 the episode is buffered — long before its group is trained. So the handler appends the episode to
-``inbox.jsonl`` first (durable work, then commit, as DESIGN.md's reliability rules ask), each checkpoint
+``inbox.jsonl`` first (durable work, then commit, as the reliability rules of docs/architecture.md ask), each checkpoint
 rewrites the inbox down to what is still pending, and a restarted trainer reloads it. Together with the
 consumed group ids in ``meta.json`` this means: nothing received is lost, and nothing is trained twice.
 """

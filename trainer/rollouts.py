@@ -1,7 +1,7 @@
 """Optional: the trainer asks for its own rollouts, keeping a bounded number of groups in flight.
 
 When the trainer is given tasks, it publishes ``RolloutRequested`` × ``group_size`` per group itself
-(DESIGN.md flow 1) and so controls how far generation may run ahead of training: in sync mode it asks
+(docs/architecture.md, flow 1) and so controls how far generation may run ahead of training: in sync mode it asks
 for ``B`` groups and waits for them; in async mode it keeps up to ``K`` groups in flight while it trains,
 which is what bounds staleness at the source (the staleness rule in :mod:`trainer.batching` is the
 backstop). Without tasks the trainer trains on whatever ``EpisodeScored`` arrives.

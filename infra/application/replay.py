@@ -1,6 +1,6 @@
 """Off-policy replay: past scored episodes from the event log, republished as ``source=replay``.
 
-``flywheel replay`` (DESIGN.md flow 3) selects ``EpisodeScored`` events in ClickHouse by time range,
+``flywheel replay`` (docs/architecture.md, flow 3) selects ``EpisodeScored`` events in ClickHouse by time range,
 tenant, weight version, reward and task, checks each one can still be trained on, and publishes a
 copy on ``flywheel.transitions``. The copy keeps what off-policy correction needs — the transitions
 with their behaviour logprobs and the weight version that generated them — and changes what must

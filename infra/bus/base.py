@@ -1,6 +1,6 @@
 """The bus: one small interface, two implementations (in-process and Kafka).
 
-Semantics both implementations keep (DESIGN.md, "Two runtimes, one code path"):
+Semantics both implementations keep (docs/architecture.md, "Two runtimes, one code path"):
 - ``publish`` returns once the bus has accepted the event durably (Kafka: acks=all) and never runs a
   subscriber's code inline.
 - The key decides the partition; per-key order is preserved; every consumer group sees every event;

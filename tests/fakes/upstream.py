@@ -1,6 +1,6 @@
 """A fake vLLM-compatible model server: instant, deterministic, configurable. The gateway's contract.
 
-It speaks the subset of vLLM's OpenAI API that Flywheel relies on (shared/API-NOTES.md):
+It speaks the subset of vLLM's OpenAI API that Flywheel relies on (docs/architecture.md, "Token-faithful capture"):
 ``return_token_ids`` (chat: top-level ``prompt_token_ids`` + ``choices[i].token_ids``; streamed: prompt
 ids in the first chunk, id deltas per chunk; completions: ``choices[i].prompt_token_ids``), logprobs
 (chat ``logprobs.content[]`` with ``top_logprobs``; completions ``tokens/token_logprobs/top_logprobs``),

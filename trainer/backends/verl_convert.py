@@ -9,7 +9,7 @@ response token: ``response_mask`` (the loss mask), ``old_log_probs``, ``advantag
 How Flywheel's fields map:
 
 - ``response_mask``: the sample's own mask. A merged trajectory (consecutive calls of one episode, see
-  DESIGN.md "Token-faithful capture") carries tool/observation tokens inside its response with mask 0:
+  docs/architecture.md, "Token-faithful capture") carries tool/observation tokens inside its response with mask 0:
   they stay in ``input_ids`` and ``attention_mask`` (the model saw them) and out of the loss.
 - ``old_log_probs`` and ``rollout_log_probs``: the behaviour logprobs the engine recorded (0 where the
   mask is 0). With ``algorithm.rollout_correction.bypass_mode`` verl uses them as π_old; otherwise verl

@@ -1,4 +1,4 @@
-"""The weight-update protocol through the real gateway (DESIGN.md flow 4), on the in-process bus.
+"""The weight-update protocol through the real gateway (docs/architecture.md, flow 4), on the in-process bus.
 
 An in-flight call finishes on the old weights; a call made during the update waits (it is not refused);
 ``WeightsActivated`` arrives after the engine loaded the new weights; calls after it are stamped with

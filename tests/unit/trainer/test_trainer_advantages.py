@@ -11,7 +11,7 @@ from trainer.advantages import group_advantages, has_variance
 
 
 def verl_grpo_reference(rewards: list[float], index: list[str], eps: float = 1e-6) -> list[float]:
-    """verl ``compute_grpo_outcome_advantage`` (API-NOTES): per uid, (score - mean) / (std + eps),
+    """verl 0.9.1's ``core_algos.compute_grpo_outcome_advantage``: per uid, (score - mean) / (std + eps),
     with torch.std (unbiased); a uid with one sample gets mean 0 and std 1."""
     scores = torch.tensor(rewards)
     out = scores.clone()

@@ -1,0 +1,176 @@
+"""The documentation holds: links resolve, generated pages are current, nothing points outside the repo.
+
+- every relative link (and its ``#anchor``) in ``README.md``, ``docs/**/*.md`` and the package READMEs
+  names a file or folder that exists, and an anchor a heading of that page (GitHub's slugs);
+- ``docs/configuration.md`` is what ``python -m infra.config_reference`` renders from the settings
+  models, and every setting has a meaning;
+- ``docs/results.md`` and the README's headline table are what ``tests/benchmarks/results_page.py``
+  renders from ``docs/results/*.json``;
+- no file of the repository cites the design notes that live outside it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from infra import config_reference
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+_LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^(```|~~~)")
+_CODE = re.compile(r"`+[^`]*`+")
+
+
+def markdown_files() -> list[Path]:
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for folder in sorted(p for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if folder.name in ("docs", "tests"):
+            continue
+        files += sorted(folder.rglob("README.md"))
+    return files
+
+
+def _prose_lines(text: str) -> list[tuple[int, str]]:
+    """Lines outside fenced code blocks, with inline code spans blanked."""
+    out, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append((number, _CODE.sub("", line)))
+    return out
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation removed, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link shows its text
+    text = text.replace("`", "").replace("*", "").strip().lower()
+    text = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if fenced or not heading:
+            continue
+        base = slug(heading.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    problems = []
+    for number, line in _prose_lines(path.read_text(encoding="utf-8")):
+        for target in [*_LINK.findall(line), *_IMAGE.findall(line)]:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: — not checked here
+                continue
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            where = f"{path.relative_to(ROOT)}:{number}: {target}"
+            if not dest.exists():
+                problems.append(f"{where} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                problems.append(f"{where} (no heading with that anchor)")
+    return problems
+
+
+def test_the_slugs_are_githubs() -> None:
+    assert slug("The SQL demo (`--agent sql`)") == "the-sql-demo---agent-sql"
+    assert (
+        slug("Prompt optimisation (no change to the agent)") == "prompt-optimisation-no-change-to-the-agent"
+    )
+    assert slug("Framework agents: tokens per episode") == "framework-agents-tokens-per-episode"
+
+
+def test_the_link_check_finds_a_broken_link_and_anchor(tmp_path: Path) -> None:
+    page = ROOT / "docs" / "index.md"
+    fake = page.parent / "_link_check_probe.md"
+    fake.write_text(
+        "# Probe\n\n[a](index.md#no-such-heading) [b](missing.md) [c](#probe) `[d](nowhere.md)`\n"
+    )
+    try:
+        problems = broken_links(fake)
+    finally:
+        fake.unlink()
+    assert len(problems) == 2, problems
+    assert "no heading" in problems[0] and "no such file" in problems[1]
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    files = markdown_files()
+    assert ROOT / "docs" / "architecture.md" in files and ROOT / "gateway" / "README.md" in files
+    problems = [p for f in files for p in broken_links(f)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_configuration_reference_is_current() -> None:
+    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == config_reference.render(), "stale: run python -m infra.config_reference"
+
+
+def test_every_setting_has_a_meaning() -> None:
+    assert config_reference.undocumented() == []
+    assert config_reference.unused_meanings() == []
+
+
+def _results_page() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "results_page", ROOT / "tests" / "benchmarks" / "results_page.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_results_page_and_the_readme_table_are_rendered_from_the_reports() -> None:
+    results_page = _results_page()
+    items = results_page.reports()
+    assert items, "no reports under docs/results/"
+    assert (ROOT / "docs" / "results.md").read_text(encoding="utf-8") == results_page.render_page(items), (
+        "stale: run python tests/benchmarks/results_page.py"
+    )
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme == results_page.with_headline(readme, items), (
+        "stale: run python tests/benchmarks/results_page.py"
+    )
+
+
+def test_the_readme_is_short() -> None:
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_nothing_cites_notes_outside_the_repository() -> None:
+    names = ["DESIGN" + ".md", "API-NOTES", "shared/" + "DESIGN"]
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=30
+    ).stdout.decode()
+    hits = []
+    for name in filter(None, tracked.split("\0")):
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt"} or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits += [f"{name}: {n}" for n in names if n in text]
+    assert not hits, "\n".join(hits)
