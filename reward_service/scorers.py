@@ -34,6 +34,7 @@ from schemas.scorers import (
     RegexOptions,
     ScorerOptions,
     SqlOptions,
+    ToolCallOptions,
 )
 
 OptionsT = TypeVar("OptionsT", bound=ScorerOptions)
@@ -258,6 +259,110 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return [tuple(_value(v) for v in row) for row in rows]
 
 
+# ------------------------------------------------------------------------------------ tool calls
+
+
+def _tool_calls(record: EpisodeRecord) -> list[tuple[str, Any]]:
+    """The tool calls of the episode's last answered call (its first choice): (name, parsed arguments)."""
+    for call in reversed(record.ordered_calls()):
+        if call.status_code != 200 or not call.choices:
+            continue
+        message = call.choices[0].message
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        out: list[tuple[str, Any]] = []
+        for tc in calls if isinstance(calls, list) else []:
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if not isinstance(fn, dict):
+                continue
+            raw = fn.get("arguments")
+            try:
+                args = json.loads(raw) if isinstance(raw, str) and raw else {}
+            except ValueError:
+                args = None  # not JSON: matches nothing
+            out.append((str(fn.get("name") or ""), args))
+        return out
+    return []
+
+
+def _std(text: str) -> str:
+    """BFCL's string comparison: case, spaces and ``,./-_*^`` do not count."""
+    return re.sub(r"[ ,./\-_*^]", "", text).lower()
+
+
+def _same(got: Any, want: Any) -> bool:
+    """``got`` is ``want``: strings as BFCL compares them, an int where a float is wanted, lists item by
+    item; a dict's values are lists of accepted values, as at the top level."""
+    if isinstance(want, bool) or want is None:
+        return got is want
+    if isinstance(want, int | float):
+        return not isinstance(got, bool) and isinstance(got, int | float) and float(got) == float(want)
+    if isinstance(want, str):
+        return isinstance(got, str) and _std(got) == _std(want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_same, got, want))
+    if isinstance(want, dict):
+        return isinstance(got, dict) and _arguments_match(got, want)
+    return False
+
+
+def _arguments_match(got: dict[str, Any], accepted: dict[str, Any]) -> bool:
+    return _arguments_score(got, accepted) == 1.0
+
+
+def _arguments_score(got: dict[str, Any], accepted: dict[str, Any]) -> float:
+    """The share of the function's parameters given as accepted (left out where that is allowed); 0 when
+    a parameter the function does not take is given."""
+    if set(got) - set(accepted):
+        return 0.0
+    if not accepted:
+        return 1.0
+    right = 0
+    for name, values in accepted.items():
+        options = values if isinstance(values, list) else [values]
+        if name not in got:
+            right += "" in options  # optional, left out
+        else:
+            right += any(_same(got[name], v) for v in options if v != "")
+    return right / len(accepted)
+
+
+def _name(name: str) -> str:
+    return name.replace(".", "_")  # tools are offered with "_" for "." (OpenAI's name pattern)
+
+
+async def score_tool_call(record: EpisodeRecord, spec: ScorerSpec) -> Score:
+    options = _options(spec, ToolCallOptions)
+    expected = options.answer if options.answer is not None else _answer(record)
+    if (
+        not isinstance(expected, list)
+        or not expected
+        or not all(
+            isinstance(e, dict) and len(e) == 1 and isinstance(next(iter(e.values())), dict) for e in expected
+        )
+    ):
+        raise ScorerError(
+            "tool_call: the answer must be a list of {function: {parameter: [accepted values]}}"
+        )
+    calls: list[dict[str, Any]] = [e for e in expected if isinstance(e, dict)]
+    got = _tool_calls(record)
+    shown = [{name: args} for name, args in got]
+    credit: list[float] = []
+    for i, want in enumerate(calls):
+        [(fn, accepted)] = want.items()
+        if i >= len(got) or _name(got[i][0]) != _name(fn):
+            credit.append(0.0)
+            continue
+        args = got[i][1]
+        credit.append(0.5 + 0.5 * _arguments_score(args, accepted) if isinstance(args, dict) else 0.5)
+    ok = len(got) == len(calls) and all(c == 1.0 for c in credit)
+    want_text = f"expected {calls}, got {shown}" if shown else f"expected {calls}, got no tool call"
+    note = (f"correct: {shown}" if ok else want_text)[:2000]
+    if options.partial:
+        extra = max(0, len(got) - len(calls))  # calls nobody asked for cost their share
+        return Score(sum(credit) / (len(calls) + extra), "tool_call", note)
+    return Score(1.0 if ok else 0.0, "tool_call", note)
+
+
 # ------------------------------------------------------------------------------- user function
 
 
@@ -328,5 +433,6 @@ BUILTIN: dict[str, ScorerFn] = {
     "numeric": score_numeric,
     "regex": score_regex,
     "sql": score_sql,
+    "tool_call": score_tool_call,
     "function": score_function,
 }

