@@ -1,4 +1,4 @@
-"""``flywheel status``, ``doctor``, ``topics create|ls``, ``healthcheck`` and ``up``.
+"""``flywheel status``, ``doctor``, ``topics create|ls|asyncapi``, ``healthcheck`` and ``up``.
 
 Exit codes (every command): 0 done; 1 something it depends on is wrong (unreachable, refused,
 unhealthy); 2 the command line is wrong. Errors are one line on stderr; ``--json`` prints one object.
@@ -8,6 +8,7 @@ Shell completion: ``flywheel --install-completion`` (typer's, for bash/zsh/fish/
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -81,6 +82,30 @@ def topics_create(
         print_json({"created_or_present": names, "topics": existing})
     else:
         typer.echo(f"topics ready: {', '.join(names)}")
+
+
+@topics_app.command("asyncapi")
+def topics_asyncapi(
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the document here instead of stdout.", show_default=False),
+    ] = None,
+) -> None:
+    """Print the AsyncAPI 3.0 document of Flywheel's topics and events (JSON; docs/asyncapi.json)."""
+    from importlib.metadata import version
+
+    from infra.bus.asyncapi import render
+
+    text = render(version("flywheel"))
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    if out.is_dir():
+        usage(f"--out is a directory: {out}")
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
 
 
 async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
