@@ -121,7 +121,7 @@ def render_page(items: list[Report]) -> str:
         if r.machine:
             lines[-1] += f" Machine: {r.machine}."
         if r.test:
-            lines[-1] += f" The same path at toy size, in every test run: `{r.test}`."
+            lines[-1] += f" Checked at toy size in every test run by `{r.test}`."
         if r.provenance:
             lines += ["", f"Provenance: {r.provenance} ([results/{r.slug}.json](results/{r.slug}.json))."]
         else:

@@ -2,6 +2,7 @@
 
 - every relative link (and its ``#anchor``) in ``README.md``, ``docs/**/*.md`` and the package READMEs
   names a file or folder that exists, and an anchor a heading of that page (GitHub's slugs);
+- every test those pages cite as proof exists;
 - ``docs/configuration.md`` is what ``python -m infra.config_reference`` renders from the settings
   models, and every setting has a meaning;
 - ``docs/results.md`` and the README's headline table are what ``tests/benchmarks/results_page.py``
@@ -120,6 +121,31 @@ def test_every_relative_link_and_anchor_resolves() -> None:
     files = markdown_files()
     assert ROOT / "docs" / "architecture.md" in files and ROOT / "gateway" / "README.md" in files
     problems = [p for f in files for p in broken_links(f)]
+    assert not problems, "\n".join(problems)
+
+
+# Agent Lightning's own tests, which docs/agent-lightning.md cites by their path in AGL's repository.
+_FOREIGN_TESTS = {"tests/server/test_endpoints.py", "tests/test_client.py"}
+_CITED_TEST = re.compile(r"\btests/[\w/]+\.(?:py|sh)(?:::(\w+))?")
+
+
+def test_every_cited_test_exists() -> None:
+    """A test a page cites as proof (``tests/x.py`` or ``tests/x.py::name``) is there, and so is ``name``."""
+    problems = []
+    for path in markdown_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in _CITED_TEST.finditer(line):
+                file_part = match.group(0).partition("::")[0]
+                if file_part in _FOREIGN_TESTS:
+                    continue
+                target = ROOT / file_part
+                where = f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+                if not target.is_file():
+                    problems.append(f"{where} (no such file)")
+                elif match.group(1) and not re.search(
+                    rf"^\s*(?:async )?def {match.group(1)}\b", target.read_text(encoding="utf-8"), re.M
+                ):
+                    problems.append(f"{where} (no such test)")
     assert not problems, "\n".join(problems)
 
 
