@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import threading
 from pathlib import Path
 
 from gateway.errors import RecordingError
 from infra.bus.base import Bus, BusError
+from infra.journal import Journal
 from infra.logging import get_logger
 from schemas import AnyEvent, decode_any, encode, key_for, topic_for
 
@@ -23,71 +23,48 @@ log = get_logger("gateway.publishing")
 
 
 DRAIN_BATCH = 500  # spooled rows read, sent and deleted at a time
+SPOOL_VERSION = 1  # the spool table's schema (infra/journal.py)
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
+    " key TEXT NOT NULL, data BLOB NOT NULL)",
+)
 
 
 class Spool:
-    """An append-only SQLite queue (``synchronous=FULL``: each append is fsync'd before it returns)."""
+    """An append-only SQLite queue (``durability="full"``: each append is fsync'd before it returns)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
-            " key TEXT NOT NULL, data BLOB NOT NULL)"
-        )
+        self._journal = Journal(path, tables=_TABLES, version=SPOOL_VERSION, durability="full")
         self.depth = self.count()
 
     def count(self) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT count(*) FROM spool").fetchone()
-        return int(row[0])
+        return int(self._journal.query("SELECT count(*) FROM spool")[0][0])
 
     def append(self, topic: str, key: str, data: bytes) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO spool (topic, key, data) VALUES (?, ?, ?)", (topic, key, data))
+        with self._journal.lock:
+            self._journal.execute("INSERT INTO spool (topic, key, data) VALUES (?, ?, ?)", (topic, key, data))
             self.depth += 1
 
     def peek(self, limit: int = 100) -> list[tuple[int, str, str, bytes]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, topic, key, data FROM spool ORDER BY seq LIMIT ?", (limit,)
-            ).fetchall()
+        rows = self._journal.query("SELECT seq, topic, key, data FROM spool ORDER BY seq LIMIT ?", (limit,))
         return [(int(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in rows]
 
     def all_rows(self) -> list[tuple[str, bytes]]:
         """Every spooled (topic, data), oldest first (read once at start)."""
-        with self._lock:
-            rows = self._db.execute("SELECT topic, data FROM spool ORDER BY seq").fetchall()
+        rows = self._journal.query("SELECT topic, data FROM spool ORDER BY seq")
         return [(str(r[0]), bytes(r[1])) for r in rows]
 
     def remove(self, seq: int) -> None:
-        with self._lock:
-            cur = self._db.execute("DELETE FROM spool WHERE seq = ?", (seq,))
-            self.depth -= cur.rowcount
+        self.remove_many([seq])
 
     def remove_many(self, seqs: list[int]) -> None:
         """Delete ``seqs`` in one transaction (one fsync, not one per row)."""
-        if not seqs:
-            return
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                removed = sum(
-                    self._db.execute("DELETE FROM spool WHERE seq = ?", (q,)).rowcount for q in seqs
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            self.depth -= removed
+        with self._journal.lock:
+            self.depth -= self._journal.delete_many("spool", "seq", seqs)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._journal.close()
 
 
 class Recorder:

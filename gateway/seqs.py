@@ -5,7 +5,7 @@ one numbers an episode's next call after the highest it saw. A gateway admitting
 URL (infra/tickets.py) reads nothing, so it keeps its own record instead: before it serves call
 ``seq`` of an episode and ``seq`` is not below the block it reserved, it reserves the next block of
 :data:`BLOCK` numbers in a local SQLite file (one row per episode, written once per ``BLOCK`` calls;
-WAL with ``synchronous=NORMAL``, so a row survives the process being killed). A restarted gateway
+the shared journal of ``infra/journal.py``, durability ``normal``: a row survives the process being killed). A restarted gateway
 starts every episode it meets again at the end of its reserved block: numbers stay unique and in the
 calls' order, with a gap of at most ``BLOCK`` at the restart (the reward service orders by
 ``call_seq`` and does not need them dense).
@@ -16,43 +16,36 @@ calls must reach one gateway (the URL's host, or a load balancer sticky on the `
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 import time
 from pathlib import Path
 
+from infra.journal import Journal
+
 BLOCK = 64
 KEEP_S = 7 * 24 * 3600.0  # rows of episodes not seen for this long are dropped at start
+VERSION = 1  # the reserved table's schema (infra/journal.py)
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS reserved (episode_id TEXT PRIMARY KEY, upto INTEGER NOT NULL, at REAL NOT NULL)",
+)
 
 
 class SeqJournal:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS reserved (episode_id TEXT PRIMARY KEY, upto INTEGER NOT NULL,"
-            " at REAL NOT NULL)"
-        )
+        self._journal = Journal(path, tables=_TABLES, version=VERSION, durability="normal")
 
     def load(self) -> dict[str, int]:
         """Every remembered episode's first free number (after its reserved block); prunes old rows."""
-        with self._lock:
-            self._db.execute("DELETE FROM reserved WHERE at < ?", (time.time() - KEEP_S,))
-            rows = self._db.execute("SELECT episode_id, upto FROM reserved").fetchall()
+        self._journal.execute("DELETE FROM reserved WHERE at < ?", (time.time() - KEEP_S,))
+        rows = self._journal.query("SELECT episode_id, upto FROM reserved")
         return {str(r[0]): int(r[1]) for r in rows}
 
     def reserve(self, episode_id: str, upto: int) -> None:
         """Numbers below ``upto`` may be in use for ``episode_id``."""
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO reserved (episode_id, upto, at) VALUES (?, ?, ?) ON CONFLICT (episode_id) "
-                "DO UPDATE SET upto = max(upto, excluded.upto), at = excluded.at",
-                (episode_id, upto, time.time()),
-            )
+        self._journal.execute(
+            "INSERT INTO reserved (episode_id, upto, at) VALUES (?, ?, ?) ON CONFLICT (episode_id) "
+            "DO UPDATE SET upto = max(upto, excluded.upto), at = excluded.at",
+            (episode_id, upto, time.time()),
+        )
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._journal.close()

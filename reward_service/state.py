@@ -2,7 +2,7 @@
 
 Restart safety (docs/architecture.md, "Consumers commit offsets only after their work is durable"): the bus
 commits an episode event's offset as soon as the handler returns, long before the episode finishes.
-So every event is journaled before the handler returns — into SQLite (WAL) under the data dir when
+So every event is journaled before the handler returns — into SQLite (``infra/journal.py``) under the data dir when
 ``journal`` is a path — and the open episodes are rebuilt from the journal on start. Scored episodes
 are removed and remembered (bounded) so a duplicate ``EpisodeFinished`` is not scored twice.
 
@@ -22,13 +22,13 @@ nothing was seen). Run one instance per journal, or keep partitions sticky.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.journal import Journal
 from schemas import (
     EPISODES,
     EpisodeFinished,
@@ -41,6 +41,13 @@ from schemas import (
 )
 
 EpisodeEvent = EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished
+VERSION = 1  # the journal's tables (infra/journal.py)
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS events (n INTEGER PRIMARY KEY, episode_id TEXT, body BLOB)",
+    "CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id)",
+    "CREATE TABLE IF NOT EXISTS done (episode_id TEXT PRIMARY KEY, at REAL)",
+    "CREATE TABLE IF NOT EXISTS retained (episode_id TEXT PRIMARY KEY, at REAL, revision INTEGER, body BLOB)",
+)
 
 
 @dataclass(slots=True)
@@ -144,33 +151,21 @@ class EpisodeStore:
         self.retain_s = retain_s
         self.retained: OrderedDict[str, Retained] = OrderedDict()  # oldest (re-)score first
         self._blobs: dict[str, bytes] = {}  # without a journal: the retained sessions themselves
-        self._db: sqlite3.Connection | None = None
+        self._db: Journal | None = None
         if journal is not None:
-            journal.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(journal), isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS events (n INTEGER PRIMARY KEY, episode_id TEXT, body BLOB)"
-            )
-            self._db.execute("CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id)")
-            self._db.execute("CREATE TABLE IF NOT EXISTS done (episode_id TEXT PRIMARY KEY, at REAL)")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS retained"
-                " (episode_id TEXT PRIMARY KEY, at REAL, revision INTEGER, body BLOB)"
-            )
+            self._db = Journal(journal, tables=_TABLES, version=VERSION, durability="normal")
             self._load()
-            self._db.execute("BEGIN")
+            self._db.begin()  # every event up to the next flush() commits as one
 
     def _load(self) -> None:
         assert self._db is not None
-        for (episode_id,) in self._db.execute("SELECT episode_id FROM done ORDER BY at"):
+        for (episode_id,) in self._db.query("SELECT episode_id FROM done ORDER BY at"):
             self.done[episode_id] = None
-        for episode_id, at, revision in self._db.execute(
+        for episode_id, at, revision in self._db.query(
             "SELECT episode_id, at, revision FROM retained ORDER BY at"
         ):
             self.retained[episode_id] = Retained(int(revision), float(at))
-        for episode_id, body in self._db.execute("SELECT episode_id, body FROM events ORDER BY n"):
+        for episode_id, body in self._db.query("SELECT episode_id, body FROM events ORDER BY n"):
             event = decode(EPISODES, body)
             assert isinstance(event, EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished)
             self.open.setdefault(episode_id, EpisodeRecord(episode_id)).add(event)
@@ -236,8 +231,8 @@ class EpisodeStore:
         if kept is None:
             return None
         if self._db is not None:
-            row = self._db.execute("SELECT body FROM retained WHERE episode_id = ?", (episode_id,)).fetchone()
-            blob = bytes(row[0]) if row is not None else None
+            rows = self._db.query("SELECT body FROM retained WHERE episode_id = ?", (episode_id,))
+            blob = bytes(rows[0][0]) if rows else None
         else:
             blob = self._blobs.get(episode_id)
         if blob is None:
@@ -247,12 +242,11 @@ class EpisodeStore:
     def flush(self) -> None:
         """Make everything recorded so far durable (called before the bus commits)."""
         if self._db is not None:
-            self._db.execute("COMMIT")
-            self._db.execute("BEGIN")
+            self._db.commit()
+            self._db.begin()
 
     def shutdown(self) -> None:
         if self._db is not None:
-            self.flush()
-            self._db.execute("COMMIT")
+            self._db.commit()
             self._db.close()
             self._db = None

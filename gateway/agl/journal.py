@@ -1,6 +1,6 @@
 """The durable store ``flywheel agl-server`` rebuilds its state from on start: records in SQLite.
 
-One table, append-only, in WAL mode with ``synchronous=NORMAL``: a committed append survives the
+One table, append-only, on the shared journal (``infra/journal.py``, durability ``normal``): a committed append survives the
 process being killed (SIGKILL included; only a power loss may lose the last appends). Each record
 keeps the bus events it was published as (its outbox: ``AglRecorded`` and Flywheel's own events), so
 what the in-process bus still held when the process died (its queue dies with it, before the
@@ -15,55 +15,45 @@ absorbed there by ``event_id``).
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 
 from gateway.agl.state import Record
+from infra.journal import Journal as SqliteJournal
+
+VERSION = 1  # the records table's schema (infra/journal.py)
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,"
+    " kind TEXT NOT NULL, rollout_id TEXT, attempt_id TEXT, data BLOB NOT NULL,"
+    " outbox BLOB NOT NULL DEFAULT '[]')",
+)
 
 
 class Journal:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,"
-            " kind TEXT NOT NULL, rollout_id TEXT, attempt_id TEXT, data BLOB NOT NULL,"
-            " outbox BLOB NOT NULL DEFAULT '[]')"
-        )
+        self._journal = SqliteJournal(path, tables=_TABLES, version=VERSION, durability="normal")
 
     def append(self, record: Record, outbox: list[str]) -> None:
         """Commit ``record`` with the JSON of the bus events it was published as."""
         data, box = orjson.dumps(record.data), orjson.dumps(outbox)
-        row = (record.tenant, record.kind, record.rollout_id, record.attempt_id, data, box)
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO records (tenant, kind, rollout_id, attempt_id, data, outbox)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                row,
-            )
+        self._journal.execute(
+            "INSERT INTO records (tenant, kind, rollout_id, attempt_id, data, outbox) VALUES (?, ?, ?, ?, ?, ?)",
+            (record.tenant, record.kind, record.rollout_id, record.attempt_id, data, box),
+        )
 
     def outbox(self) -> Iterator[str]:
-        with self._lock:
-            rows = self._db.execute("SELECT outbox FROM records ORDER BY seq").fetchall()
-        for (box,) in rows:
+        for (box,) in self._journal.query("SELECT outbox FROM records ORDER BY seq"):
             yield from orjson.loads(box)
 
     def replay(self) -> Iterator[Record]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT tenant, kind, rollout_id, attempt_id, data FROM records ORDER BY seq"
-            ).fetchall()
+        rows = self._journal.query(
+            "SELECT tenant, kind, rollout_id, attempt_id, data FROM records ORDER BY seq"
+        )
         for tenant, kind, rollout_id, attempt_id, data in rows:
             yield Record(str(tenant), str(kind), orjson.loads(data), rollout_id, attempt_id)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._journal.close()
