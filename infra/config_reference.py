@@ -27,6 +27,7 @@ import textwrap
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
@@ -41,8 +42,8 @@ _VAR = re.compile(r"\bFLYWHEEL_[A-Z0-9_]*[A-Z0-9]\b")
 # neither, and no entry here, fails ``undocumented()`` (and so the docs test); an entry here for a field
 # that no longer exists fails ``unused_meanings()``.
 MEANINGS: dict[str, str] = {
-    "FLYWHEEL_ENV": "development, or production: then placeholder secrets (the admin token) are refused",
-    "FLYWHEEL_BUS": "the bus: memory (in-process, one process) or kafka",
+    "FLYWHEEL_ENV": "production refuses placeholder secrets (the admin token)",
+    "FLYWHEEL_BUS": "memory: the in-process bus (one process); kafka: Apache Kafka at FLYWHEEL_KAFKA_BOOTSTRAP",
     "FLYWHEEL_KAFKA_BOOTSTRAP": "Kafka bootstrap servers (host:port, comma-separated)",
     "FLYWHEEL_TOPIC_PREFIX": "prefix of every topic name (and of consumer-group journals): stacks sharing a broker never meet",
     "FLYWHEEL_DATA_DIR": "where local state lives: chdb, the gateway's spool and keys, journals, checkpoints",
@@ -53,7 +54,7 @@ MEANINGS: dict[str, str] = {
     "FLYWHEEL_GATEWAY_PORT": "port the gateway listens on",
     "FLYWHEEL_GATEWAY_ID": "this gateway's id in InferenceDrained / InferenceResumed (default gw-<host>-<pid>)",
     "FLYWHEEL_MAX_BODY_BYTES": "largest request body accepted (413 beyond, chunked bodies too)",
-    "FLYWHEEL_UPSTREAM_KIND": "vllm (token ids and logprobs asked for) or openai (a hosted API, recorded text-only)",
+    "FLYWHEEL_UPSTREAM_KIND": "vllm or embedded (token ids and logprobs asked for), or openai (a hosted API, recorded text-only)",
     "FLYWHEEL_UPSTREAM_API_KEY": "bearer key sent to the upstream",
     "FLYWHEEL_LOGPROBS_MODE": "the logprobs mode the upstream serves, recorded on every call",
     "FLYWHEEL_UPSTREAM_TIMEOUT_S": "timeout of one upstream request",
@@ -238,6 +239,15 @@ def _algo_meanings() -> dict[str, str]:
     return meanings
 
 
+def _type(annotation: object, written: str) -> str:
+    """The values a closed type admits (an enum, a ``Literal``), else the annotation as written."""
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return " | ".join(str(member.value) for member in annotation)
+    if get_origin(annotation) is Literal:
+        return " | ".join(str(value) for value in get_args(annotation))
+    return written
+
+
 def _section(
     title: str,
     model: type[BaseModel],
@@ -257,7 +267,7 @@ def _section(
         rows.append(
             Setting(
                 variable=variable,
-                type=annotation,
+                type=_type(field.annotation, annotation),
                 default=_default(model, name),
                 meaning=_clean(meaning) or "—",
             )
