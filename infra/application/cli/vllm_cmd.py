@@ -44,6 +44,15 @@ def serve_command(
     enable_lora: Annotated[
         bool, typer.Option("--enable-lora", help="Serve LoRA adapters, loadable at runtime.")
     ] = False,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(
+            "--gpu-memory-utilization",
+            min=0.05,
+            max=1.0,
+            help="GPU only: vLLM's share of GPU memory (a trainer beside it needs the rest).",
+        ),
+    ] = None,
     log: Annotated[Path | None, typer.Option("--log", help="vLLM's log (default: next to its env).")] = None,
     ready_timeout_s: Annotated[float, typer.Option("--ready-timeout", min=1.0)] = 600.0,
 ) -> None:
@@ -65,7 +74,12 @@ def serve_command(
         max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib,
         enable_lora=enable_lora,
+        extra_args=("--gpu-memory-utilization", str(gpu_memory_utilization))
+        if gpu_memory_utilization
+        else (),
     )
+    if gpu_memory_utilization and launch.resolved_device() == "cpu":
+        usage("--gpu-memory-utilization is for a GPU; this environment has vLLM's CPU build")
     log_path = log or python.parent.parent / "scratch" / f"vllm-{port}.log"
     typer.echo(f"starting vLLM ({launch.resolved_device()}) on {model}; log: {log_path}", err=True)
     signal.signal(signal.SIGTERM, _interrupt)  # start() and stop() below end vLLM's process group

@@ -23,7 +23,8 @@ def main() -> None:
         model=os.environ.get("FLYWHEEL_MODEL", "policy"),
         messages=spec["messages"],
         tools=spec["tools"],
-        max_tokens=int(os.environ.get("BFCL_MAX_TOKENS", "128")),
+        tool_choice=os.environ.get("BFCL_TOOL_CHOICE", "required"),  # every simple question needs a call
+        max_tokens=int(os.environ.get("BFCL_MAX_TOKENS", "256")),
     )
     calls = [
         {"name": tc.function.name, "arguments": tc.function.arguments}
