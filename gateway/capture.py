@@ -90,6 +90,24 @@ def prepare_body(
     return body, asked
 
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS and the embedded engine's GREEDY_EPS
+
+
+def sampling_temperature(body: dict[str, Any], kind: UpstreamKind) -> float | None:
+    """The temperature the engine's processed logprobs are of, from the body sent upstream.
+
+    The request's ``temperature``; absent, the engine's default: 1.0 for the embedded engine
+    (trainer/engine/protocol.py) and for vLLM as Flywheel starts it (``--generation-config vllm``, so
+    no model's ``generation_config.json`` sets another); a text-only upstream's is not known (None).
+    A greedy request (below ``GREEDY_BELOW``) records 1.0: vLLM (``Sampler.sample``, all-greedy or
+    mixed batches) and the embedded engine (``processed_logprobs``) both report its logprobs unscaled.
+    """
+    value = body.get("temperature")
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None if kind is UpstreamKind.openai else 1.0
+    return 1.0 if value < GREEDY_BELOW else float(value)
+
+
 def _token_id(token: Any) -> int | None:
     if isinstance(token, str) and token.startswith("token_id:"):
         try:

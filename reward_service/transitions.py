@@ -9,6 +9,10 @@
   prompt ids start with the trajectory's prompt + response ids. The tokens between (tool results, the
   next user turn, template glue) become observation tokens: mask 0, logprob 0.0. Anything else starts a
   new transition and counts a ``prefix_mismatch``; ids are never spliced.
+- Temperature: a transition's behaviour logprobs are of one sampling distribution, softmax(logits / T),
+  and it carries that ``T`` (the call's recorded ``temperature``; 1.0 when not recorded) for the trainer
+  to divide its logits by. A call sampled at another temperature than the trajectory's never extends
+  it: it starts a new transition (not a ``prefix_mismatch``: its prompt may well extend the other).
 - Rewards: the episode reward lands on the last call; per-call rewards (``RewardReported`` with a
   ``call_seq``) land on their call. A transition ending at call ``b`` gets its own calls' per-call
   rewards plus the discounted return from ``b`` on: ``Σ_{c ≥ b} γ^(c−b) r[c]``. With ``γ = 1`` and no
@@ -40,6 +44,7 @@ class _Trajectory:
     weight_version: int = 0
     logprobs_mode: LogprobsMode = LogprobsMode.processed
     prompt_version: str | None = None  # one per episode: the gateway pins it per group (gateway/prompts.py)
+    temperature: float = 1.0  # every call merged into it was sampled at this temperature
 
     def full(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -87,6 +92,13 @@ def _prompt(call: LLMCallRecorded, choice: CallChoice) -> list[int] | None:
     return choice.prompt_token_ids if choice.prompt_token_ids is not None else call.prompt_token_ids
 
 
+def _temperature(call: LLMCallRecorded) -> float:
+    """What the call's behaviour logprobs are of: unrecorded (older events), 1.0, as the trainer assumed;
+    a greedy 0 (the gateway records 1.0 for it), 1.0, as engines report greedy logprobs unscaled."""
+    t = call.temperature
+    return t if t is not None and t >= 1e-5 else 1.0
+
+
 def _problem(call: LLMCallRecorded, choice: CallChoice) -> str | None:
     if _prompt(call, choice) is None or choice.token_ids is None:
         return "no_token_ids"
@@ -101,6 +113,7 @@ def _start(call: LLMCallRecorded, choice: CallChoice) -> _Trajectory:
         weight_version=_version(call, choice),
         logprobs_mode=call.logprobs_mode,
         prompt_version=call.prompt_version,
+        temperature=_temperature(call),
     )
     traj.add_choice(call, choice)
     return traj
@@ -136,7 +149,8 @@ def assemble(
         if len(choices) == 1:
             for traj in open_:
                 full = traj.full()
-                if len(prompt) >= len(full) and prompt[: len(full)] == full:
+                same_distribution = traj.temperature == _temperature(call)
+                if same_distribution and len(prompt) >= len(full) and prompt[: len(full)] == full:
                     extended = traj
                     break
         if open_ and extended is None and not _extends_any(prompt, open_):
@@ -170,6 +184,7 @@ def assemble(
                 reward=returns[traj.call_seqs[-1]] + own,
                 logprobs_mode=traj.logprobs_mode,
                 prompt_version=traj.prompt_version,
+                temperature=traj.temperature,
                 segment_starts=traj.starts,
                 segment_returns=[returns[seq] for seq in traj.call_seqs],
             )

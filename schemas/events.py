@@ -224,6 +224,16 @@ class LLMCallRecorded(EventBase):
         description="every change the gateway made to the prompt, original and substituted text; the "
         "prompt ids are those of the substituted prompt, what the model saw (added, optional)",
     )
+    temperature: float | None = Field(
+        default=None,
+        ge=0,
+        description="the temperature the behaviour logprobs are of: the engine divided the logits by it "
+        "before the softmax (processed logprobs). The request's temperature, else the engine's default "
+        "(1.0: the embedded engine's, and vLLM's as Flywheel starts it, ``--generation-config vllm``); "
+        "1.0 for a greedy request (temperature 0), whose logprobs engines report unscaled. None: not "
+        "known (events before this field; a text-only upstream whose default is not known) (added, "
+        "optional)",
+    )
 
 
 class RewardOrigin(StrEnum):
@@ -304,6 +314,13 @@ class Transition(BaseModel):
         default=None,
         description="per call in call_seqs: the discounted return from that call on, per-call rewards "
         "included (added, optional)",
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        description="the sampling temperature its behaviour logprobs are of; the trainer divides the "
+        "logits by it before the softmax, so its ratios compare like with like. Calls at different "
+        "temperatures are never merged into one transition (added, optional)",
     )
 
 

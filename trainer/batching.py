@@ -38,6 +38,8 @@ class Sample:
     token_advantages: list[float] | None = None
     # PPO: per response token, the reward GAE reads (on each call's last generated token; trainer.credit)
     token_rewards: list[float] | None = None
+    # the temperature its behaviour logprobs were sampled at: the backend divides the logits by it
+    temperature: float = 1.0
 
     @property
     def response_tokens(self) -> int:
@@ -223,6 +225,7 @@ def build_batch(
                     source=episode.source.value,
                     token_advantages=None if ppo else token_advantages(t, adv, reward, scale),
                     token_rewards=token_rewards(t) if ppo else None,
+                    temperature=t.temperature,
                 )
             )
             stats.samples_by_source[episode.source.value] += 1

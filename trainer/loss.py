@@ -10,6 +10,11 @@ Policy loss per token (see :mod:`trainer.config` for the citations)::
 
 ``weights`` carries the per-episode normalisation and staleness factors computed in
 :mod:`trainer.batching`, so the sum is already the batch mean over episodes.
+
+Every logprob here (``logp``, ``old_logp``, ``ref``) is of the sample's sampling distribution,
+softmax(logits / T) at the temperature its calls were sampled at (``Sample.temperature``), as the
+behaviour logprobs are: the ratios then compare like with like, and the KL penalty is between the
+policy's and the reference's distributions at that same temperature.
 """
 
 from __future__ import annotations
@@ -22,9 +27,20 @@ import torch.nn.functional as F
 from trainer.config import AlgorithmConfig
 
 
-def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax of ``logits`` ``[B, T, V]`` at ``targets`` ``[B, T]`` (fp32)."""
-    logp = F.log_softmax(logits.float(), dim=-1)
+def gather_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log softmax of ``logits`` ``[B, T, V]`` / ``temperature`` ``[B]`` at ``targets`` ``[B, T]`` (fp32).
+
+    ``temperature``: each row's sampling temperature. Engines report the logprobs of the distribution
+    they sampled from, softmax(logits / T) (vLLM's ``processed_logprobs``, trainer/engine/sampling.py),
+    so the policy's must be of the same distribution for ``exp(logp - behaviour_logp)`` to be the
+    importance ratio; None: 1 for every row.
+    """
+    logits = logits.float()
+    if temperature is not None:
+        logits = logits / temperature.to(logits.device, torch.float32).view(-1, 1, 1)
+    logp = F.log_softmax(logits, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 

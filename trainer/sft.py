@@ -73,6 +73,7 @@ def episode_samples(episodes: Sequence[EpisodeScored]) -> list[Sample]:
                     episode_id=e.episode_id,
                     weight_version=t.weight_version,
                     source=e.source.value,
+                    temperature=t.temperature,  # the likelihood of the distribution the agent samples
                 )
             )
     return out

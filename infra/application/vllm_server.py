@@ -10,6 +10,10 @@ and runs it:
   :class:`trainer.vllm_sink.VllmSink` loads each new version through;
 - ``--logprobs-mode processed_logprobs``: behaviour logprobs of the distribution actually sampled from
   (after temperature/top-p), which the trainer's importance ratios need;
+- ``--generation-config vllm``: vLLM's neutral sampling defaults (temperature 1, no top-p/top-k), not the
+  model's ``generation_config.json`` (vLLM's default ``auto``; Qwen's sets temperature 0.7, top-p 0.8): a
+  request without a temperature is sampled at 1.0, which is what the gateway records for it and what the
+  trainer divides the logits by;
 - ``--enable-auto-tool-choice --tool-call-parser hermes``: tool calls parsed for agents;
 - runtime LoRA loading allowed (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) when ``--enable-lora`` is asked;
 - offline (``HF_HUB_OFFLINE=1``, no usage stats), compile caches in a scratch directory of its own.
@@ -103,6 +107,8 @@ class VllmLaunch:
             "hermes",
             "--logprobs-mode",
             "processed_logprobs",
+            "--generation-config",
+            "vllm",
         ]
         if cpu:
             cmd.append("--enforce-eager")

@@ -1,31 +1,36 @@
-"""Gateway overhead: added latency, throughput and streaming TTFT against an instant fake upstream.
+"""Gateway overhead: added latency, throughput and streaming TTFT, against the real floor.
 
-    python tests/benchmarks/gateway.py [--json] [--requests 1600] [--concurrency 32]
+    python tests/benchmarks/gateway.py [--json] [--rounds 3] [--requests 1600] [--concurrency 32]
 
-Every server runs in its own process on loopback (the fake vLLM-compatible upstream from
-tests/fakes/upstream.py; a bare httpx pass-through proxy written here, the floor; the Flywheel gateway
-via `flywheel gateway` on the in-process bus and on real Kafka with acks=all; LiteLLM's proxy, if it can
-be found, as the peer a user would otherwise pick; and the same do-nothing proxy on the gateway's own
-stack, uvicorn + gateway/wire.py, the floor any Python proxy here starts from). One proxy runs at a
-time: each is started, measured and stopped before the next, so no idle proxy (an idle Kafka consumer
-polls its broker; LiteLLM runs background loops) takes CPU from the one measured. ``FLYWHEEL_BIN`` runs
-the gateway with another ``flywheel`` executable (e.g. a CLI change under test); the default is the
-venv's own. The load generator is
-this process; it drives `--concurrency` clients over gateway/wire.py's keep-alive client (~0.1 ms of
-CPU a request, where httpx took ~1.5 ms and so queued its own requests) and measures each request.
+Every server runs in its own process on loopback, on the gateway's own stack (uvicorn + httptools on
+uvloop):
+- the upstream, as fast as it can be: the fake vLLM of tests/fakes/upstream.py behind a memo of its
+  answers (FAKE). Calling it directly is the "direct" path;
+- the floor: the fastest forwarder on the same stack, the gateway's server and its upstream client
+  (gateway/wire.py), forwarding and recording nothing (FLOOR);
+- the Flywheel gateway via `flywheel gateway`, on the in-process bus, on real Kafka with acks=all, and
+  with httpx as its upstream client; LiteLLM's proxy and Agent Lightning's `agl-server` when they are
+  installed (the peers a user would otherwise pick), and `flywheel agl-server` on AGL's route.
+Two differences come out of it: added = target − direct (what an agent sees), and recording = gateway
+− floor (what the gateway's own work costs, over the least any forwarder here costs). Both are ≥ 0 up
+to noise: a proxy cannot beat the path it proxies.
 
-Three regimes, each against the upstream called directly in this run (added = proxy − direct):
-- open loop (the goals' added-latency figures): `--concurrency` pooled client connections, Poisson
-  arrivals at a fixed rate, `--offered` × the direct path's closed-loop capacity, the same rate for
-  every target; latency counts from each request's scheduled arrival. This is the proxy's own added
-  latency at a load the machine can carry.
+Against the noise of shared CPUs: serial and open-loop figures take turns with the direct path in one
+window (each request goes to the target or to direct in turn), so a difference is never between two
+moments; the whole pass over every target runs ``--rounds`` times and each figure is the median of its
+per-round values; one proxy runs at a time (no idle proxy's background work in another's figures).
+``FLYWHEEL_BIN`` runs the gateway with another ``flywheel`` executable (default: the venv's own). The
+load generator is this process, on gateway/wire.py's keep-alive client (~0.1 ms of CPU a request, where
+httpx took ~1.5 ms and so queued its own requests).
+
+Three regimes:
+- open loop (the goals' added latency): `--concurrency` pooled client connections, Poisson arrivals at
+  `--offered` × the direct path's closed-loop capacity, the same rate for every target; latency counts
+  from each request's scheduled arrival. The proxy's own added latency at a load the machine carries.
 - closed loop: `--concurrency` clients back to back. The load generator, the upstream and the proxy
   share the CPUs and saturate them, so its +p50/+p99 are mostly queueing; its req/s gives the
-  throughput ratios (vs the bare pass-through and vs LiteLLM).
+  throughput ratios (vs the floor, LiteLLM and AGL).
 - serial: 1 client, the overhead without any queueing; the streaming TTFT overhead is serial too.
-Both do-nothing pass-throughs' own added latency is printed under the goals: the httpx one is the
-issue's throughput floor; the wire one is what any Python proxy on this stack (uvicorn + httptools or h11) adds at
-the least, so it bounds the added-latency goals from below.
 LiteLLM runs from its own venv (`FLYWHEEL_LITELLM`, default
 ~/.cache/flywheel/litellm-venv/bin/litellm) because its pins conflict with Flywheel's.
 Agent Lightning 1.0.2's `agl-server` (target `agl`) runs from its own Python 3.12 venv
@@ -43,6 +48,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,63 +80,86 @@ ADMIN = "bench-admin"
 MASTER_KEY = "sk-" + uuid.uuid4().hex + uuid.uuid4().hex  # LiteLLM refuses weak keys; others ignore it
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 16}
 
+# The upstream, as fast as it can be: the fake vLLM of tests/fakes/upstream.py behind a memo of its
+# answers (it is deterministic: a request it has answered gets the same bytes again, without FastAPI
+# or pydantic), on the gateway's own stack (uvicorn + httptools on uvloop). Calling it directly is the
+# "direct" path every target is measured against.
 FAKE = textwrap.dedent(
     """
-    import sys, uvicorn
+    import asyncio, sys
+    from infra.service import HttpServer, run
     from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
-    app = create_fake_upstream(FakeUpstreamConfig(keep_requests=False, reply="4"))
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+    slow = create_fake_upstream(FakeUpstreamConfig(keep_requests=False, reply="4"))
+    memo = {}
+    async def app(scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await slow(scope, receive, send)
+        body, more = b"", True
+        while more:
+            m = await receive()
+            body, more = body + m.get("body", b""), m.get("more_body", False)
+        key = (scope["path"], body)
+        sent = memo.get(key)
+        if sent is None:
+            sent = []
+            given = []
+            async def once():  # the body, then nothing (no disconnect) until the answer is sent
+                if given:
+                    await asyncio.Event().wait()
+                given.append(1)
+                return {"type": "http.request", "body": body, "more_body": False}
+            async def keep(message):
+                sent.append(message)
+            await slow(scope, once, keep)
+            if len(memo) < 4096:
+                memo[key] = sent
+        for message in sent:
+            await send(message)
+    async def main():
+        await HttpServer(app, port=int(sys.argv[1])).start()
+        await asyncio.Event().wait()
+    run(main())
     """
 )
 
-PASSTHROUGH = textwrap.dedent(
+# The floor: the fastest forwarder on the gateway's stack. The gateway's own server (GatewayServer:
+# uvicorn with its protocol, httptools, on uvloop via infra.service.run) and its own upstream client
+# (make_upstream's keep-alive pool, gateway/wire.py), forwarding each request and its answer as they
+# are and recording nothing. The gateway minus this is what recording costs.
+FLOOR = textwrap.dedent(
     """
-    import sys, httpx, uvicorn
-    UP = sys.argv[2]
-    client = httpx.AsyncClient(base_url=UP, limits=httpx.Limits(max_connections=512, max_keepalive_connections=256))
+    import asyncio, sys
+    from gateway.server import GatewayServer
+    from gateway.upstream import make_upstream
+    from infra.service import run
+    wire = make_upstream(sys.argv[2]).wire
+    JSON = [(b"content-type", b"application/json")]
+    SSE = [(b"content-type", b"text/event-stream")]
     async def app(scope, receive, send):
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            return await send({"type": "lifespan.shutdown.complete"})
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 404, "headers": JSON})
+            return await send({"type": "http.response.body", "body": b"{}"})
+        body, more = b"", True
+        while more:
             m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        r = await client.post(scope["path"].removeprefix("/v1/"), content=body,
-                              headers={"content-type": "application/json"})
-        await send({"type": "http.response.start", "status": r.status_code,
-                    "headers": [(b"content-type", b"application/json")]})
+            body, more = body + m.get("body", b""), m.get("more_body", False)
+        stream = b'"stream":true' in body or b'"stream": true' in body
+        r = await wire.post(scope["path"].removeprefix("/v1/"), body, stream=stream)
+        await send({"type": "http.response.start", "status": r.status_code, "headers": SSE if stream else JSON})
+        if stream:
+            async for line in r.aiter_lines():
+                await send({"type": "http.response.body", "body": line.encode() + b"\\n", "more_body": True})
+            await r.aclose()
+            return await send({"type": "http.response.body", "body": b""})
         await send({"type": "http.response.body", "body": r.content})
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
-                lifespan="off")
-    """
-)
-
-
-# The same do-nothing proxy on the gateway's own stack (uvicorn + gateway/wire.py instead of httpx): what
-# any Python proxy here adds at the least, so what bounds the gateway's added latency from below.
-PASSTHROUGH_WIRE = textwrap.dedent(
-    """
-    import asyncio, sys, uvicorn
-    from gateway.wire import WirePool
-    pool = WirePool(sys.argv[2])
-    async def app(scope, receive, send):
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        async with asyncio.timeout(60):
-            r = await pool.post(scope["path"].removeprefix("/v1/"), body, stream=False)
-        await send({"type": "http.response.start", "status": r.status_code,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": r.content})
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
-                lifespan="off")
+    async def main():
+        await GatewayServer(app, port=int(sys.argv[1])).start()
+        await asyncio.Event().wait()
+    run(main())
     """
 )
 
@@ -256,76 +285,105 @@ async def load(url: str, n: int, concurrency: int, headers: dict[str, str]) -> d
 
 
 async def open_loop(
-    url: str, rate: float, duration_s: float, concurrency: int, headers: dict[str, str], seed: int = 7
-) -> dict[str, float]:
-    """Poisson arrivals at ``rate`` req/s, at most ``concurrency`` in flight (open loop).
+    urls: list[str], rate: float, duration_s: float, concurrency: int, headers: dict[str, str], seed: int = 7
+) -> list[dict[str, float]]:
+    """Poisson arrivals at ``rate`` req/s per url, taking turns, at most ``concurrency`` in flight per url.
 
-    Latency runs from each request's scheduled arrival, not from when a client was free, so a stalled
-    target is charged for the requests that queue behind it (no coordinated omission).
+    Interleaved, a target and the direct path share every moment of the window (the other work on
+    these CPUs included), so their difference is the target's and not the noise's. Latency runs from
+    each request's scheduled arrival, not from when a client was free, so a stalled target is charged
+    for the requests that queue behind it (no coordinated omission).
     """
     rng = random.Random(seed)
-    lat: list[float] = []
-    failures = 0
+    lat: list[list[float]] = [[] for _ in urls]
+    failures = [0 for _ in urls]
     loop = asyncio.get_running_loop()
-    pool, path = _client(url, headers)
+    clients = [_client(url, headers) for url in urls]
     body = orjson.dumps(BODY)
-    clients = asyncio.Semaphore(concurrency)
+    slots = [asyncio.Semaphore(concurrency) for _ in urls]
 
-    async def one(at: float) -> None:
-        nonlocal failures
-        async with clients:
+    async def one(i: int, at: float) -> None:
+        pool, path = clients[i]
+        async with slots[i]:
             ok = await _post(pool, path, body)
         if ok:
-            lat.append((loop.time() - at) * 1000)
+            lat[i].append((loop.time() - at) * 1000)
         else:
-            failures += 1
+            failures[i] += 1
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        await asyncio.gather(*(one(loop.time()) for _ in range(concurrency)))  # warm-up: connections
-        lat.clear()
-        failures = 0
+        await asyncio.gather(*(one(i, loop.time()) for i in range(len(urls)) for _ in range(concurrency)))
+        for i in range(len(urls)):  # the warm-up's connections stay; its figures do not
+            lat[i].clear()
+            failures[i] = 0
         start = at = loop.time()
         while at - start < duration_s:
-            at += rng.expovariate(rate)
+            at += rng.expovariate(rate * len(urls))
             delay = at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(at)))
+            tasks.append(asyncio.create_task(one(len(tasks) % len(urls), at)))
         await asyncio.gather(*tasks)
     finally:
-        await pool.aclose()
-    if len(lat) < len(tasks) * 0.9:
-        raise RuntimeError(f"{failures} of {len(tasks)} requests failed against {url}")
-    q = quantiles(lat, n=100)
-    return {"p50": q[49], "p99": q[98], "rate": len(tasks) / duration_s, "failed": failures}
+        for pool, _ in clients:
+            await pool.aclose()
+    out = []
+    for i, url in enumerate(urls):
+        sent = len(tasks[i :: len(urls)])
+        if len(lat[i]) < sent * 0.9:
+            raise RuntimeError(f"{failures[i]} of {sent} requests failed against {url}")
+        q = quantiles(lat[i], n=100)
+        out.append({"p50": q[49], "p99": q[98], "rate": sent / duration_s, "failed": failures[i]})
+    return out
 
 
-async def ttft(url: str, n: int, headers: dict[str, str]) -> float:
-    """p50 time to the first chunk that carries content, one streamed request at a time."""
-    body = orjson.dumps({**BODY, "stream": True, "max_tokens": 64})
-    firsts: list[float] = []
-    pool, path = _client(url, headers)
+async def serial_pair(urls: list[str], n: int, headers: dict[str, str]) -> list[float]:
+    """p50 of ``n`` requests per url, one at a time, taking turns (no queueing: the bare overhead)."""
+    lat: list[list[float]] = [[] for _ in urls]
+    clients = [_client(url, headers) for url in urls]
+    body = orjson.dumps(BODY)
     try:
-        for i in range(n + 10):
-            t = time.perf_counter()
-            async with asyncio.timeout(60):
-                r = await pool.post(path, body, stream=True)
-                first = None
-                async for line in r.aiter_lines():
-                    if (
-                        first is None
-                        and line.startswith("data: {")
-                        and '"content":"' in line
-                        and '"content":""' not in line
-                    ):
-                        first = (time.perf_counter() - t) * 1000
-                await r.aclose()
-            if i >= 10 and first is not None:
-                firsts.append(first)
+        for k in range(n + 10):  # 10 warm-up turns
+            for i, (pool, path) in enumerate(clients):
+                t = time.perf_counter()
+                if not await _post(pool, path, body):
+                    raise RuntimeError(f"a serial request failed against {urls[i]}")
+                if k >= 10:
+                    lat[i].append((time.perf_counter() - t) * 1000)
     finally:
-        await pool.aclose()
-    return quantiles(firsts, n=100)[49]
+        for pool, _ in clients:
+            await pool.aclose()
+    return [statistics.median(v) for v in lat]
+
+
+async def ttft(urls: list[str], n: int, headers: dict[str, str]) -> list[float]:
+    """p50 time to the first chunk that carries content, one streamed request at a time, taking turns."""
+    body = orjson.dumps({**BODY, "stream": True, "max_tokens": 64})
+    firsts: list[list[float]] = [[] for _ in urls]
+    clients = [_client(url, headers) for url in urls]
+    try:
+        for k in range(n + 10):
+            for i, (pool, path) in enumerate(clients):
+                t = time.perf_counter()
+                async with asyncio.timeout(60):
+                    r = await pool.post(path, body, stream=True)
+                    first = None
+                    async for line in r.aiter_lines():
+                        if (
+                            first is None
+                            and line.startswith("data: {")
+                            and '"content":"' in line
+                            and '"content":""' not in line
+                        ):
+                            first = (time.perf_counter() - t) * 1000
+                    await r.aclose()
+                if k >= 10 and first is not None:
+                    firsts[i].append(first)
+    finally:
+        for pool, _ in clients:
+            await pool.aclose()
+    return [statistics.median(v) for v in firsts]
 
 
 async def start_gateway(
@@ -456,10 +514,9 @@ async def start_agl(name: str, upstream: str, data_dir: Path) -> tuple[Proc, str
 
 async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc, str]:
     """Start one proxy under test; raises RuntimeError (with why) when it cannot run here."""
-    if name in ("passthrough", "passthrough_wire"):
+    if name == "floor":
         port = free_port()
-        script = PASSTHROUGH if name == "passthrough" else PASSTHROUGH_WIRE
-        proc = Proc([PY, "-c", script, str(port), upstream + "/"])
+        proc = Proc([PY, "-c", FLOOR, str(port), upstream])
         await wait_http(f"http://127.0.0.1:{port}/", proc)
         return proc, f"http://127.0.0.1:{port}/v1/chat/completions"
     if name in ("gateway_memory", "gateway_kafka", "gateway_memory_httpx"):
@@ -480,19 +537,23 @@ async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc,
 async def _measure(
     name: str,
     url: str,
+    direct: str,
     proc: Proc,
     args: argparse.Namespace,
     rates: dict[float, float],
 ) -> tuple[dict[str, float], dict[str, float], dict[float, dict[str, float]], list[str]]:
     """One target's serial, closed-loop and open-loop figures (open loop at every rate it can carry).
 
-    ``rates``: offered rate (req/s) per fraction of the direct path's capacity; empty for the direct
-    path itself, which is measured first and fills it from its own closed loop.
+    Serial and open loop take turns with the direct path (``direct_p50`` / ``direct_p99``: its figures
+    of the same window). ``rates``: offered rate (req/s) per fraction of the direct path's capacity;
+    empty for the direct path itself, which is measured first and fills it from its own closed loop.
     """
     headers = {"Authorization": f"Bearer {MASTER_KEY}"}
     n, c = args.requests, args.concurrency
     notes: list[str] = []
-    serial = await load(url, args.serial, 1, headers)
+    urls = [url] if url == direct else [url, direct]
+    s = await serial_pair(urls, args.serial, headers)
+    serial = {"p50": s[0], "direct_p50": s[-1]}
     cpu0 = proc.cpu_s()
     row = await load(url, n, c, headers)
     # CPU the proxy process spent per call: its share of the added latency that does not depend on how
@@ -511,7 +572,8 @@ async def _measure(
             continue
         cpu0 = proc.cpu_s()
         broker0 = proc_cpu_s(broker) if broker is not None else 0.0
-        opened[frac] = o = await open_loop(url, rate, args.duration, c, headers)
+        both = await open_loop(urls, rate, args.duration, c, headers)
+        opened[frac] = o = {**both[0], "direct_p50": both[-1]["p50"], "direct_p99": both[-1]["p99"]}
         calls = o["rate"] * args.duration + c  # + the warm-up round
         # CPU a call at this offered rate (small produce batches, one fetch per call or so): the proxy's
         # own, and the broker's, which shares these CPUs and so queues the proxy's work
@@ -522,8 +584,7 @@ async def _measure(
 
 
 TARGETS = (
-    "passthrough",
-    "passthrough_wire",
+    "floor",  # the fastest forwarder on the gateway's stack, recording nothing (FLOOR)
     "gateway_memory",
     "gateway_kafka",
     "gateway_memory_httpx",  # the same gateway with httpx to the upstream: what gateway/wire.py buys
@@ -534,48 +595,66 @@ TARGETS = (
 )
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Each proxy runs alone with the fake upstream: started, measured, stopped before the next.
+Round = dict[str, Any]  # one pass over every target: rows, serial, sweep, ttfts
 
+
+async def _round(
+    upstream: str, fake: Proc, data_dir: Path, args: argparse.Namespace, rates: dict[float, float]
+) -> Round:
+    """Direct, then every target, each started, measured and stopped before the next."""
+    rows: dict[str, dict[str, float]] = {}
+    serial: dict[str, dict[str, float]] = {}
+    sweep: dict[float, dict[str, dict[str, float]]] = {}
+    ttfts: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    direct = f"{upstream}/chat/completions"
+    for name in ("direct", *(t for t in TARGETS if t in args.targets and t != "idle_gateway")):
+        proc: Proc | None = None
+        try:
+            if name == "direct":
+                proc, url = fake, direct
+            else:
+                proc, url = await _start_target(name, upstream, data_dir)
+            serial[name], rows[name], runs, more = await _measure(name, url, direct, proc, args, rates)
+            notes.extend(more)
+            for frac, o in runs.items():
+                sweep.setdefault(frac, {})[name] = o
+            if name in ("direct", "floor", "gateway_memory"):
+                t = await ttft([url] if url == direct else [url, direct], args.stream, headers)
+                ttfts[name] = {"p50": t[0], "direct_p50": t[-1]}
+        except RuntimeError as exc:
+            if name in ("direct", "floor", "gateway_memory"):
+                raise
+            notes.append(f"{name}: {str(exc)[-200:]}")
+            rows.pop(name, None)
+            serial.pop(name, None)
+        finally:
+            if proc is not None and proc is not fake:
+                proc.stop()
+    return {"rows": rows, "serial": serial, "sweep": sweep, "ttfts": ttfts, "notes": notes}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    """``args.rounds`` passes over every target; each figure is the median of its per-round values.
+
+    Within a round each proxy runs alone with the upstream: started, measured, stopped before the next.
     An idle proxy beside the one measured is not part of that proxy's latency; an idle Kafka consumer
     alone polls its broker (both on these CPUs), and LiteLLM runs background loops.
     """
     data_dir = Path(tempfile.mkdtemp(prefix="fw-bench-"))
-    rows: dict[str, dict[str, float]] = {}
-    serial: dict[str, dict[str, float]] = {}
-    sweep: dict[float, dict[str, dict[str, float]]] = {}
-    notes: list[str] = []
-    rates: dict[float, float] = {}
-    ttfts: dict[str, float] = {}
-    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    rates: dict[float, float] = {}  # fixed by the first round's direct capacity, the same in every round
+    rounds: list[Round] = []
     up_port = free_port()
     fake = Proc([PY, "-c", FAKE, str(up_port)])
+    idle: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
     try:
         upstream = f"http://127.0.0.1:{up_port}/v1"
         await wait_http(f"{upstream}/models", fake)
-        for name in ("direct", *(t for t in TARGETS if t in args.targets and t != "idle_gateway")):
-            proc: Proc | None = None
-            try:
-                if name == "direct":
-                    proc, url = fake, f"{upstream}/chat/completions"
-                else:
-                    proc, url = await _start_target(name, upstream, data_dir)
-                serial[name], rows[name], runs, more = await _measure(name, url, proc, args, rates)
-                notes.extend(more)
-                for frac, o in runs.items():
-                    sweep.setdefault(frac, {})[name] = o
-                if name in ("direct", "gateway_memory"):
-                    ttfts[name] = await ttft(url, args.stream, headers)
-            except RuntimeError as exc:
-                if name in ("direct", "gateway_memory"):
-                    raise
-                notes.append(f"{name}: {str(exc)[-200:]}")
-                rows.pop(name, None)
-                serial.pop(name, None)
-            finally:
-                if proc is not None and proc is not fake:
-                    proc.stop()
-        idle: dict[str, dict[str, float]] = {}
+        for i in range(args.rounds):
+            rounds.append(await _round(upstream, fake, data_dir, args, rates))
+            notes.extend(f"round {i + 1}: {n}" for n in rounds[-1]["notes"])
         if "idle_gateway" in args.targets:
             if kafka_reachable():
                 idle = await idle_gateway(upstream, data_dir, args)
@@ -583,89 +662,114 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 notes.append(f"idle_gateway: skipped, no broker at {KAFKA}")
     finally:
         fake.stop()
-    opened = sweep[args.offered]
-
-    d, od = rows["direct"], opened["direct"]
-    figures: dict[str, float] = {"offered_rate_rps": od["rate"]}
-    for name in TARGETS:
-        if name in opened:  # the goals' figures: 32 clients, open loop below saturation
-            figures[f"{name}_added_p50_ms"] = opened[name]["p50"] - od["p50"]
-            figures[f"{name}_added_p99_ms"] = opened[name]["p99"] - od["p99"]
-        if name in rows:  # 32 clients, closed loop: saturates the machine, so mostly queueing
-            figures[f"{name}_closed_added_p50_ms"] = rows[name]["p50"] - d["p50"]
-            figures[f"{name}_closed_added_p99_ms"] = rows[name]["p99"] - d["p99"]
-            figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial["direct"]["p50"]
-    if "gateway_memory" in rows:  # the throughput and streaming goals are the embedded-bus gateway's
-        g = rows["gateway_memory"]["rps"]
-        for name, key in (
-            ("passthrough", "throughput_vs_passthrough"),
-            ("passthrough_wire", "throughput_vs_passthrough_wire"),  # not a goal: same stack, no work
-            ("litellm", "throughput_vs_litellm"),
-        ):
-            if name in rows:
-                figures[key] = g / rows[name]["rps"]
-        if "gateway_memory_httpx" in rows:  # not a goal: what the hand-written upstream client buys
-            figures["throughput_wire_vs_httpx_upstream"] = g / rows["gateway_memory_httpx"]["rps"]
-            figures["throughput_httpx_upstream_vs_passthrough"] = (
-                rows["gateway_memory_httpx"]["rps"] / rows["passthrough"]["rps"]
-                if "passthrough" in rows
-                else 0.0
-            )
-        figures["stream_ttft_overhead_p50_ms"] = ttfts["gateway_memory"] - ttfts["direct"]
-        if "agl" in rows:  # side by side with Agent Lightning 1.0.2's proxy, same upstream and load
-            figures["throughput_vs_agl"] = g / rows["agl"]["rps"]
-            # open loop at the goals' rate, else at the highest rate AGL's proxy could carry
-            both = [f for f, runs in res_sweep(sweep) if "agl" in runs and "gateway_memory" in runs]
-            if both:
-                frac = max(both)
-                runs, base = sweep[frac], sweep[frac]["direct"]["p50"]
-                figures["added_p50_vs_agl"] = (runs["gateway_memory"]["p50"] - base) / (
-                    runs["agl"]["p50"] - base
-                )
-                figures["agl_compared_at_rps"] = runs["direct"]["rate"]
-            ours = serial["gateway_memory"]["p50"] - serial["direct"]["p50"]
-            figures["serial_added_p50_vs_agl"] = ours / (serial["agl"]["p50"] - serial["direct"]["p50"])
-    for name in ("gateway_memory", "gateway_kafka"):
-        if name in rows and "passthrough" in rows:  # CPU the gateway adds over the bare proxy per call
-            figures[f"{name}_cpu_over_passthrough_ms"] = rows[name]["cpu_ms"] - rows["passthrough"]["cpu_ms"]
-    for name in ("direct", "gateway_memory", "gateway_kafka"):
-        if name in opened:  # CPU a call at the goals' open-loop rate (what bounds the Kafka goal)
-            figures[f"{name}_open_cpu_ms_per_call"] = opened[name]["cpu_ms"]
-    if "broker_cpu_ms" in opened.get("gateway_kafka", {}):  # vs direct: the broker's idle work subtracted
-        figures["gateway_kafka_open_broker_cpu_ms_per_call"] = (
-            opened["gateway_kafka"]["broker_cpu_ms"] - opened["direct"]["broker_cpu_ms"]
-        )
-    for name, r in rows.items():
-        figures[f"{name}_rps"] = r["rps"]
-        figures[f"{name}_cpu_ms_per_call"] = r["cpu_ms"]
-    for mode, r in idle.items():  # the idle gateway beside a loaded one (issue 16, item 5)
+    figures = median_figures([_figures(r, args.offered) for r in rounds])
+    for mode, r in idle.items():  # the idle gateway beside a loaded one (measured once, not a ratio)
         for key, value in r.items():
             figures[f"idle_gateway_{mode}_{key}"] = value
     if len(idle) == 2 and idle["topic"]["added_cpu_ms_per_call"] > 0:
         figures["idle_gateway_added_cpu_ticket_vs_topic"] = (
             idle["ticket"]["added_cpu_ms_per_call"] / idle["topic"]["added_cpu_ms_per_call"]
         )
-    goals = {
-        "gateway_memory_added_p50_ms": "≤ 1",
-        "gateway_memory_added_p99_ms": "≤ 5",
-        "gateway_kafka_added_p50_ms": "≤ 5",
-        "throughput_vs_passthrough": "≥ 0.7",
-        "throughput_vs_litellm": "≥ 2",
-        "stream_ttft_overhead_p50_ms": "≤ 2",
-        "added_p50_vs_agl": "≤ 0.3",
-        "throughput_vs_agl": "≥ 3",
-        "idle_gateway_ticket_added_cpu_ms_per_call": "≤ 0.01",
-        "idle_gateway_added_cpu_ticket_vs_topic": "≤ 0.05",
-    }
+    figures["rounds"] = float(len(rounds))
+    last = rounds[-1]
     return {
         "figures": figures,
-        "goals": goals,
-        "rows": rows,
-        "serial": serial,
-        "opened": opened,
-        "sweep": sweep,
+        "goals": GOALS,
+        "rows": last["rows"],
+        "serial": last["serial"],
+        "opened": last["sweep"][args.offered],
+        "sweep": last["sweep"],
         "notes": notes,
     }
+
+
+# Added latency is against the direct path (what an agent sees); recording is against the floor (what
+# the gateway's own work costs, over the least any forwarder on its stack costs).
+GOALS = {
+    "gateway_memory_added_p50_ms": "≤ 1",
+    "gateway_memory_added_p99_ms": "≤ 5",
+    "gateway_memory_recording_p50_ms": "≤ 0.5",
+    "gateway_memory_serial_recording_p50_ms": "≤ 0.5",
+    "gateway_kafka_added_p50_ms": "≤ 5",
+    "throughput_vs_floor": "≥ 0.5",
+    "throughput_vs_litellm": "≥ 2",
+    "stream_ttft_overhead_p50_ms": "≤ 2",
+    "added_p50_vs_agl": "≤ 0.3",
+    "throughput_vs_agl": "≥ 3",
+    "idle_gateway_ticket_added_cpu_ms_per_call": "≤ 0.01",
+    "idle_gateway_added_cpu_ticket_vs_topic": "≤ 0.05",
+}
+
+
+def median_figures(per_round: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds that have it (a target that could not run in one has none)."""
+    keys = dict.fromkeys(k for f in per_round for k in f)
+    return {key: statistics.median([f[key] for f in per_round if key in f]) for key in keys}
+
+
+def _figures(r: Round, offered: float) -> dict[str, float]:
+    """One round's figures; every difference is against the direct path measured in the same window
+    (taking turns with the target), every ratio against a baseline of the same round."""
+    rows, serial, sweep, ttfts = r["rows"], r["serial"], r["sweep"], r["ttfts"]
+    opened = sweep[offered]
+    d = rows["direct"]
+    figures: dict[str, float] = {"offered_rate_rps": opened["direct"]["rate"]}
+    for name in TARGETS:
+        if name in opened:  # the goals' figures: open loop below saturation
+            o = opened[name]
+            figures[f"{name}_added_p50_ms"] = o["p50"] - o["direct_p50"]
+            figures[f"{name}_added_p99_ms"] = o["p99"] - o["direct_p99"]
+        if name in rows:  # closed loop: saturates the machine, so mostly queueing
+            figures[f"{name}_closed_added_p50_ms"] = rows[name]["p50"] - d["p50"]
+            figures[f"{name}_closed_added_p99_ms"] = rows[name]["p99"] - d["p99"]
+            figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial[name]["direct_p50"]
+    for name in ("gateway_memory", "gateway_kafka"):  # what recording costs: the gateway over the floor
+        for kind in ("added_p50", "added_p99", "serial_added_p50"):
+            if f"{name}_{kind}_ms" in figures and f"floor_{kind}_ms" in figures:
+                what = kind.replace("added", "recording")
+                figures[f"{name}_{what}_ms"] = figures[f"{name}_{kind}_ms"] - figures[f"floor_{kind}_ms"]
+    if "gateway_memory" in rows:  # the throughput and streaming goals are the embedded-bus gateway's
+        g = rows["gateway_memory"]["rps"]
+        for name, key in (("floor", "throughput_vs_floor"), ("litellm", "throughput_vs_litellm")):
+            if name in rows:
+                figures[key] = g / rows[name]["rps"]
+        if "gateway_memory_httpx" in rows:  # not a goal: what the hand-written upstream client buys
+            figures["throughput_wire_vs_httpx_upstream"] = g / rows["gateway_memory_httpx"]["rps"]
+        over = {k: t["p50"] - t["direct_p50"] for k, t in ttfts.items()}
+        figures["stream_ttft_overhead_p50_ms"] = over["gateway_memory"]
+        if "floor" in over:
+            figures["floor_stream_ttft_overhead_p50_ms"] = over["floor"]
+            figures["stream_ttft_recording_p50_ms"] = over["gateway_memory"] - over["floor"]
+        if "agl" in rows:  # side by side with Agent Lightning 1.0.2's proxy, same upstream and load
+            figures["throughput_vs_agl"] = g / rows["agl"]["rps"]
+            # open loop at the goals' rate, else at the highest rate AGL's proxy could carry
+            both = [f for f, runs in res_sweep(sweep) if "agl" in runs and "gateway_memory" in runs]
+            if both:
+                frac = max(both)
+                runs = sweep[frac]
+                ours, theirs = (runs[k]["p50"] - runs[k]["direct_p50"] for k in ("gateway_memory", "agl"))
+                figures["added_p50_vs_agl"] = ours / theirs
+                figures["agl_compared_at_rps"] = runs["direct"]["rate"]
+            ours, theirs = (serial[k]["p50"] - serial[k]["direct_p50"] for k in ("gateway_memory", "agl"))
+            figures["serial_added_p50_vs_agl"] = ours / theirs
+    for name in ("gateway_memory", "gateway_kafka"):
+        if name in rows and "floor" in rows:  # CPU the gateway adds over the floor per call
+            figures[f"{name}_cpu_over_floor_ms"] = rows[name]["cpu_ms"] - rows["floor"]["cpu_ms"]
+    for name in ("direct", "floor", "gateway_memory", "gateway_kafka"):
+        if name in opened:  # CPU a call at the goals' open-loop rate (what bounds the Kafka goal)
+            figures[f"{name}_open_cpu_ms_per_call"] = opened[name]["cpu_ms"]
+    if "broker_cpu_ms" in opened.get("gateway_kafka", {}):  # vs direct: the broker's idle work subtracted
+        figures["gateway_kafka_open_broker_cpu_ms_per_call"] = (
+            opened["gateway_kafka"]["broker_cpu_ms"] - opened["direct"]["broker_cpu_ms"]
+        )
+    for name, row in rows.items():
+        figures[f"{name}_rps"] = row["rps"]
+        figures[f"{name}_cpu_ms_per_call"] = row["cpu_ms"]
+    return figures
+
+
+def figures_rounds(res: dict[str, Any]) -> int:
+    return int(res["figures"]["rounds"])
 
 
 def res_sweep(
@@ -695,7 +799,7 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
         print(
             f"{name:<16}{r['p50']:>9.2f}{r['p99']:>9.2f}{r['p50'] - d['p50']:>8.2f}{r['p99'] - d['p99']:>8.2f}"
             f"{r['rps']:>9.0f}{r['rps'] / d['rps']:>9.2f}x{s['p50']:>11.2f}"
-            f"{s['p50'] - serial['direct']['p50']:>9.2f}{r['cpu_ms']:>12.2f}"
+            f"{s['p50'] - s['direct_p50']:>9.2f}{r['cpu_ms']:>12.2f}"
         )
     od = opened["direct"]
     print()
@@ -707,8 +811,8 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{'target':<16}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'+p99':>8}{'load':>8}")
     for name, o in opened.items():
         print(
-            f"{name:<16}{o['p50']:>9.2f}{o['p99']:>9.2f}{o['p50'] - od['p50']:>8.2f}"
-            f"{o['p99'] - od['p99']:>8.2f}{o['rate'] / rows[name]['rps']:>7.0%}"
+            f"{name:<16}{o['p50']:>9.2f}{o['p99']:>9.2f}{o['p50'] - o['direct_p50']:>8.2f}"
+            f"{o['p99'] - o['direct_p99']:>8.2f}{o['rate'] / rows[name]['rps']:>7.0%}"
         )
     print("(load: offered rate / the target's own closed-loop capacity)")
     print()
@@ -716,27 +820,31 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
     for frac, runs in sorted(res["sweep"].items()):
         base = runs["direct"]
         cells = [
-            f"{name} {o['p50'] - base['p50']:.2f} / {o['p99'] - base['p99']:.2f} ({o['rate'] / rows[name]['rps']:.0%})"
+            f"{name} {o['p50'] - o['direct_p50']:.2f} / {o['p99'] - o['direct_p99']:.2f} ({o['rate'] / rows[name]['rps']:.0%})"
             for name, o in runs.items()
             if name != "direct"
         ]
         print(f"  {frac:.2f} x direct = {base['rate']:.0f} req/s: " + "; ".join(cells))
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print()
+    print(f"figures: the median over {figures_rounds(res)} rounds (the tables above: the last round)")
     print(f"{'figure':<40}{'value':>10}  goal")
     figures = res["figures"]
     for key, goal in res["goals"].items():
         value = figures.get(key)
         shown = f"{value:>10.2f}" if value is not None else f"{'n/a':>10}"
         print(f"{key:<40}{shown}  {goal}")
-    for name, what in (
-        ("passthrough", "bare httpx pass-through"),
-        ("passthrough_wire", "bare wire pass-through"),
+    for key, what in (
+        ("floor_added_p50_ms", "the floor vs direct: what any forwarder on this stack adds"),
+        ("floor_added_p99_ms", "the floor vs direct, p99"),
+        ("gateway_memory_recording_p99_ms", "the gateway vs the floor, p99"),
+        ("floor_serial_added_p50_ms", "the floor vs direct, 1 client"),
+        ("gateway_kafka_recording_p50_ms", "the gateway on Kafka vs the floor"),
+        ("stream_ttft_recording_p50_ms", "streamed TTFT, the gateway vs the floor"),
+        ("gateway_memory_cpu_over_floor_ms", "CPU a call the gateway adds over the floor, closed loop"),
     ):
-        for kind in ("added_p50", "added_p99", "serial_added_p50"):
-            key = f"{name}_{kind}_ms"
-            if key in figures:  # what bounds the added-latency goals: a proxy that does nothing
-                print(f"{key:<40}{figures[key]:>10.2f}  ({what}: a floor)")
+        if key in figures:
+            print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
     for key, what in (
         ("gateway_memory_open_cpu_ms_per_call", "gateway CPU a call, open loop, in-process bus"),
         ("gateway_kafka_open_cpu_ms_per_call", "gateway CPU a call, open loop, Kafka"),
@@ -753,15 +861,10 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
     ):
         if key in figures:
             print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
-    for key, what in (
-        ("throughput_wire_vs_httpx_upstream", "the gateway with gateway/wire.py vs with httpx upstream"),
-        ("throughput_httpx_upstream_vs_passthrough", "with httpx upstream, vs the bare pass-through"),
-    ):
-        if key in figures:
-            print(f"{key:<40}{figures[key]:>10.2f}  ({what})")
-    if "throughput_vs_passthrough_wire" in figures:
+    if "throughput_wire_vs_httpx_upstream" in figures:
         print(
-            f"{'throughput_vs_passthrough_wire':<40}{figures['throughput_vs_passthrough_wire']:>10.2f}  (not a goal)"
+            f"{'throughput_wire_vs_httpx_upstream':<40}{figures['throughput_wire_vs_httpx_upstream']:>10.2f}"
+            "  (the gateway with gateway/wire.py vs with httpx upstream)"
         )
     for mode in ADMISSIONS:
         key = f"idle_gateway_{mode}_added_cpu_ms_per_call"
@@ -795,6 +898,7 @@ if __name__ == "__main__":
         help="more open-loop rates (fractions of direct capacity), printed for context",
     )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of open loop per target")
+    parser.add_argument("--rounds", type=int, default=3, help="passes over every target; figures are medians")
     parser.add_argument(
         "--targets",
         type=lambda v: [x for x in v.split(",") if x],
@@ -802,6 +906,8 @@ if __name__ == "__main__":
         help=f"proxies to measure besides direct (default: all of {','.join(TARGETS)})",
     )
     a = parser.parse_args()
+    if a.rounds < 1:
+        parser.error("--rounds must be at least 1")
     t_start = time.monotonic()
     result = asyncio.run(main(a))
     result["notes"].append(f"benchmark ran {time.monotonic() - t_start:.0f} s")

@@ -3,10 +3,14 @@
 For the same weights, N calculator-agent first calls (``demo_agents.calc_agent.agent.first_messages`` with
 varied questions) go to a live vLLM (``infra.application.vllm_server``: Flywheel's flags, so
 ``--logprobs-mode processed_logprobs``) as the gateway sends them: chat completions with ``logprobs``
-and ``return_token_ids``, the temperature the agent asked for, nothing else. The trainer then scores
-exactly the ids vLLM returned (``prompt_token_ids`` + ``choices[0].token_ids``) with its own code path:
-``load_backend`` → ``TorchBackend._logprobs`` (the forward pass and ``trainer.loss.gather_logprobs`` that
-``train_step`` reads), one row per sample as ``sequence_logprobs`` builds it.
+and ``return_token_ids``, the temperature the agent asked for, nothing else. Each reply becomes the
+``LLMCallRecorded`` the gateway would record (its ``temperature`` as ``gateway.capture.sampling_temperature``
+reads it from the body sent) and the ``Transition`` the reward service assembles from it
+(``reward_service.transitions.assemble``), whose ``temperature`` the ``Sample`` carries. The trainer then
+scores exactly the ids vLLM returned (``prompt_token_ids`` + ``choices[0].token_ids``) with its own code
+path: ``load_backend`` → ``TorchBackend._logprobs`` (the forward pass and ``trainer.loss.gather_logprobs``
+that ``train_step`` reads, the logits divided by the sample's temperature), one row per sample as
+``sequence_logprobs`` builds it.
 
 Per response token Δ = trainer − vLLM; the importance ratio exp(Δ) is what the loss's truncated
 importance sampling multiplies by (``tis_mean`` in a step's metrics). The N samples are cut into steps
@@ -18,11 +22,10 @@ The ratio's mean is a weak check on its own: for tokens sampled from vLLM's dist
 for *any* trainer distribution p, so a wrong temperature still averages near 1. ``delta_mean`` (an
 estimate of −KL(q‖p)) and the per-token |Δ| and ratio extremes are what tell the two apart.
 
-Temperature. vLLM's processed logprobs are those of the distribution it sampled from, softmax(logits/T).
-The trainer has no temperature: ``gather_logprobs`` is the log-softmax of the raw logits, and no event
-carries the call's temperature to it. So at T = 1 the two must agree; at T ≠ 1 the benchmark reports the
-trainer as it is (``trainer``) and the trainer's logits divided by T (``trainer/T``), the second showing
-that the gap is the temperature and nothing else.
+Temperature. vLLM's processed logprobs are those of the distribution it sampled from, softmax(logits/T),
+and the trainer divides its logits by the call's recorded temperature, so they must agree at every T. At
+T ≠ 1 the benchmark also reports the trainer with the temperature ignored (``noT``: every sample at 1, as
+the trainer was before the temperature was recorded), showing what the division is worth.
 
 Dtype. ``fp32``: vLLM serves fp32 (Flywheel's CPU default) and the trainer computes in fp32 (its only
 mode). ``bf16``: the trainer's model cast to bfloat16 against the same fp32 server (logits still
@@ -59,10 +62,11 @@ from tests.benchmarks.engine import LOGS, demo_model_dir, demo_model_label
 
 if TYPE_CHECKING:
     from trainer.backends.torch_backend import TorchBackend
+    from trainer.batching import Sample
 
 SERVED = "policy"
 TEMPERATURES = (1.0, 0.7)
-RATIO_GOAL = 0.01  # fp32 at T = 1: the mean ratio within 1 ± this
+RATIO_GOAL = 0.01  # fp32, at every temperature: the mean ratio within 1 ± this
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class Call:
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]  # vLLM's processed logprob of each token in token_ids
+    temperature: float  # what the gateway records for the call (gateway.capture.sampling_temperature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,20 +123,20 @@ async def sample_calls(
     import httpx
 
     from demo_agents.calc_agent.agent import first_messages
+    from gateway.capture import sampling_temperature
+    from schemas import UpstreamKind
 
     async def one(client: httpx.AsyncClient, i: int, question: str) -> Call:
-        r = await client.post(
-            url + "/v1/chat/completions",
-            json={
-                "model": SERVED,
-                "messages": first_messages(question),
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "seed": seed + i,
-                "logprobs": True,
-                "return_token_ids": True,
-            },
-        )
+        sent = {
+            "model": SERVED,
+            "messages": first_messages(question),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed + i,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        r = await client.post(url + "/v1/chat/completions", json=sent)
         r.raise_for_status()
         body = r.json()
         choice = body["choices"][0]
@@ -139,7 +144,9 @@ async def sample_calls(
         token_ids = [int(t) for t in choice["token_ids"]]
         if len(logprobs) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        return Call([int(t) for t in body["prompt_token_ids"]], token_ids, logprobs)
+        recorded = sampling_temperature(sent, UpstreamKind.vllm)
+        assert recorded is not None
+        return Call([int(t) for t in body["prompt_token_ids"]], token_ids, logprobs, recorded)
 
     async with httpx.AsyncClient(timeout=600.0) as client:
         return list(await asyncio.gather(*(one(client, i, q) for i, q in enumerate(prompts))))
@@ -164,34 +171,54 @@ def warm_up(url: str) -> float:
     return time.perf_counter() - start
 
 
-def trainer_logprobs(backend: TorchBackend, call: Call, temperature: float | None) -> list[float]:
-    """The trainer's logprob of each of ``call``'s tokens; ``temperature`` divides the logits first
-    (the trainer itself never does: ``None``)."""
-    import torch
-
-    from trainer.backends.torch_backend import _Rows
+def as_sample(call: Call) -> Sample:
+    """The sample the trainer gets for ``call``: its event, the reward service's transition, the sample."""
+    from reward_service.transitions import assemble
+    from schemas import CallChoice, LLMCallRecorded, UpstreamKind
     from trainer.batching import Sample
-    from trainer.loss import gather_logprobs
 
-    n = len(call.token_ids)
-    sample = Sample(
-        prompt_ids=call.prompt_ids,
-        response_ids=call.token_ids,
-        response_mask=[1] * n,
-        behaviour_logprobs=call.logprobs,
+    event = LLMCallRecorded(
+        episode_id="bench",
+        call_seq=0,
+        call_id="bench-0",
+        request="{}",
+        upstream=UpstreamKind.vllm,
+        token_faithful=True,
+        prompt_token_ids=call.prompt_ids,
+        choices=[CallChoice(index=0, token_ids=call.token_ids, logprobs=call.logprobs)],
+        temperature=call.temperature,
+    )
+    [t] = assemble([event], reward=0.0).transitions
+    return Sample(
+        prompt_ids=t.prompt_ids,
+        response_ids=t.response_ids,
+        response_mask=t.response_mask,
+        behaviour_logprobs=t.behaviour_logprobs,
         advantage=0.0,
         token_weight=1.0,
         episode_id="bench",
+        temperature=t.temperature,
     )
+
+
+def trainer_logprobs(backend: TorchBackend, call: Call, *, ignore_temperature: bool = False) -> list[float]:
+    """The trainer's logprob of each of ``call``'s tokens, on its own path (as train_step runs it);
+    ``ignore_temperature``: every sample at 1, as before the call's temperature was recorded."""
+    import dataclasses
+
+    import torch
+
+    from trainer.backends.torch_backend import _Rows
+
+    sample = as_sample(call)
+    if ignore_temperature:
+        sample = dataclasses.replace(sample, temperature=1.0)
     backend.model.eval()
     with torch.no_grad():
         rows = _Rows([sample], backend.pad_id, backend.device)
-        if temperature is None:
-            logp = backend._logprobs(backend.model, rows)  # the trainer's own path, as train_step runs it
-        else:
-            logits = backend.model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
-            logp = gather_logprobs(logits / temperature, rows.targets)
+        logp = backend._logprobs(backend.model, rows)
     start = len(call.prompt_ids) - 1  # position t predicts token t + 1
+    n = len(call.token_ids)
     return [float(x) for x in logp[0, start : start + n]]
 
 
@@ -222,7 +249,7 @@ def agreement(trainer: Sequence[Sequence[float]], calls: Sequence[Call], batch: 
 def score(
     model_dir: Path, calls: dict[float, list[Call]], trainer_dtype: str, batch: int, threads: int
 ) -> dict[str, Agreement]:
-    """``{"t1.0": ..., "t0.7": ..., "t0.7_scaled": ...}`` for one trainer dtype."""
+    """``{"t1.0": ..., "t0.7": ..., "t0.7_noT": ...}`` for one trainer dtype."""
     import torch
 
     from trainer.backends.torch_backend import load_backend
@@ -233,11 +260,11 @@ def score(
         backend.model.to(torch.bfloat16)
     out: dict[str, Agreement] = {}
     for temperature, sampled in calls.items():
-        plain = [trainer_logprobs(backend, c, None) for c in sampled]
-        out[f"t{temperature}"] = agreement(plain, sampled, batch)
+        trained = [trainer_logprobs(backend, c) for c in sampled]
+        out[f"t{temperature}"] = agreement(trained, sampled, batch)
         if temperature != 1.0:
-            scaled = [trainer_logprobs(backend, c, temperature) for c in sampled]
-            out[f"t{temperature}_scaled"] = agreement(scaled, sampled, batch)
+            ignored = [trainer_logprobs(backend, c, ignore_temperature=True) for c in sampled]
+            out[f"t{temperature}_noT"] = agreement(ignored, sampled, batch)
     return out
 
 
@@ -312,8 +339,11 @@ def main() -> None:
     for key, value in results.items():
         figures[f"{key}_tokens"] = value.tokens
         figures.update(value.figures(key))
-    base = "vllm_fp32_trainer_fp32_t1.0"
-    goals = {f"{base}_ratio_mean": f"1 ± {RATIO_GOAL}", f"{base}_ratio_mean_worst": f"1 ± {RATIO_GOAL}"}
+    goals = {
+        f"vllm_fp32_trainer_fp32_t{t}_{what}": f"1 ± {RATIO_GOAL}"
+        for t in TEMPERATURES
+        for what in ("ratio_mean", "ratio_mean_worst")
+    }
     if args.json:
         print(json.dumps({"figures": figures, "goals": goals}))
         return
@@ -330,9 +360,9 @@ def main() -> None:
     print(head)
     for key, a in results.items():
         _, vllm_dtype, _, trainer_dtype, t = key.split("_", 4)
-        scaled = t.endswith("_scaled")
-        temperature = t.removesuffix("_scaled").removeprefix("t")
-        who = f"{trainer_dtype}/T" if scaled else trainer_dtype
+        ignored = t.endswith("_noT")
+        temperature = t.removesuffix("_noT").removeprefix("t")
+        who = f"{trainer_dtype} noT" if ignored else trainer_dtype
         print(
             f"{vllm_dtype:>4}  {who:>9}  {temperature:>3}  {a.tokens:>6}  {a.delta_mean:>9.2e}  "
             f"{a.abs_delta_mean:>9.2e}  "

@@ -63,6 +63,7 @@ class SharedRows:
         self.weights = torch.tensor(weights, dtype=torch.float32).to(device)
         self.adv = torch.tensor(adv, dtype=torch.float32).to(device)
         self.behaviour = torch.tensor(behaviour, dtype=torch.float32).to(device)
+        self.temperature = torch.tensor([s.temperature for s in rows], dtype=torch.float32).to(device)
         self.padded_tokens = len(clusters) * prefix_len + len(rows) * width
         self.real_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in rows)
 
@@ -99,7 +100,7 @@ def shared_logprobs(model: Any, rows: SharedRows) -> torch.Tensor:
         use_cache=True,
         **{_cache_kwarg(model): cache},
     ).logits
-    return gather_logprobs(logits, rows.targets)
+    return gather_logprobs(logits, rows.targets, rows.temperature)
 
 
 def split_by_prompt(samples: Sequence[Sample]) -> tuple[list[list[Sample]], list[Sample]]:

@@ -5,7 +5,9 @@ only the response positions, weighted per token by :mod:`trainer.batching`. Rows
 microbatches of at most ``token_budget`` padded tokens (sorted by length so padding stays small) and
 gradients accumulate across them, so one optimiser step sees the whole batch. Samples that share
 their prompt (a GRPO group's first calls) run the prompt once per microbatch instead of once per sample
-(:mod:`trainer.backends.prefix`; ``share_prompts=False`` turns that off).
+(:mod:`trainer.backends.prefix`; ``share_prompts=False`` turns that off). Every row's logits are divided
+by its sample's sampling temperature before the log-softmax (policy, π_old, the PPO critic's pass and the
+reference alike; :func:`trainer.loss.gather_logprobs`), as the engine's were.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class _Rows:
         self.adv = torch.tensor(adv, dtype=torch.float32).to(device)
         self.behaviour = torch.tensor(behaviour, dtype=torch.float32).to(device)
         self.rewards = torch.tensor(rewards, dtype=torch.float32).to(device)  # PPO's per-token rewards
+        # per row: the logits are divided by it, as the engine did before reporting its logprobs
+        self.temperature = torch.tensor([s.temperature for s in samples], dtype=torch.float32).to(device)
         self.padded_tokens = len(samples) * width
         self.real_tokens = sum(lengths)
 
@@ -156,13 +160,13 @@ class TorchBackend:
         assert isinstance(rows, _Rows) and self.value_head is not None
         out = self.model(input_ids=rows.ids, attention_mask=rows.attn, output_hidden_states=True)
         values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
-        return gather_logprobs(out.logits[:, :-1], rows.targets), values
+        return gather_logprobs(out.logits[:, :-1], rows.targets, rows.temperature), values
 
     def _logprobs(self, model: torch.nn.Module, rows: _Rows | SharedRows) -> torch.Tensor:
         if isinstance(rows, SharedRows):
             return shared_logprobs(model, rows)
         logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
-        return gather_logprobs(logits, rows.targets)
+        return gather_logprobs(logits, rows.targets, rows.temperature)
 
     # ------------------------------------------------------------------ steps
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

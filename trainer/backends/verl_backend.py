@@ -22,7 +22,15 @@ One trainer step, as :meth:`VerlBackend.train_step` runs it:
 Weights: :meth:`export_weights` saves verl's checkpoint with ``hf_model`` and hands the Hugging Face
 directory (``<dir>/huggingface``) to the sinks (vLLM reloads it, :class:`trainer.weights.VllmSink`).
 What is not supported here, and refused with a :class:`BackendError` instead of approximated:
-``kl_coef > 0`` (a reference worker is not wired) and SFT steps.
+``kl_coef > 0`` (a reference worker is not wired), SFT steps, and a batch whose samples were sampled at
+different temperatures (:func:`batch_temperature`).
+
+Temperature: verl's engine divides the logits by ``meta_info["temperature"]`` before the log-softmax;
+it is the batch's sampling temperature (``Sample.temperature``), so π_old and π_θ are of the
+distribution the behaviour logprobs are of. A batch that mixes temperatures is refused rather than split:
+each ``train_batch`` is an optimiser step, so a split would take several steps per trainer step and
+change the loss's normalisation. (verl's FSDP engine also reads a per-sample temperature tensor; that
+path is not wired.)
 
 Runs only where the ``verl`` extra is installed (its own environment) and GPUs are visible; the
 GPU acceptance run is ``tests/gpu/acceptance.sh``.
@@ -54,6 +62,17 @@ def _scalar(value: Any) -> float | None:
         return float(inner)
     except (TypeError, ValueError):
         return None
+
+
+def batch_temperature(samples: Sequence[Sample]) -> float:
+    """The one sampling temperature of ``samples`` (1.0 for none); a mix is a :class:`BackendError`."""
+    temperatures = sorted({s.temperature for s in samples})
+    if len(temperatures) > 1:
+        raise BackendError(
+            f"the verl backend trains one sampling temperature per step, and this batch mixes "
+            f"{temperatures}: sample every trained call at one temperature, or use the torch backend"
+        )
+    return temperatures[0] if temperatures else 1.0
 
 
 class VerlBackend:
@@ -132,13 +151,13 @@ class VerlBackend:
     def vocab_size(self) -> int | None:
         return self._vocab_size
 
-    def _tensordict(self, samples: Sequence[Sample]) -> tuple[Any, Any]:
+    def _tensordict(self, samples: Sequence[Sample], temperature: float) -> tuple[Any, Any]:
         from verl import DataProto
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
         batch = to_verl_batch(samples, self.pad_id)
-        proto = DataProto.from_single_dict(dict(batch.tensors), meta_info={"temperature": 1.0})
+        proto = DataProto.from_single_dict(dict(batch.tensors), meta_info={"temperature": temperature})
         td = left_right_2_no_padding(proto.to_tensordict())
         tu.assign_non_tensor(td, global_batch_size=batch.rows)
         return proto, td
@@ -153,9 +172,10 @@ class VerlBackend:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
+        temperature = batch_temperature(batch.samples)  # a mix is refused before Ray sees the batch
         t0 = time.perf_counter()
         try:
-            proto, td = self._tensordict(batch.samples)
+            proto, td = self._tensordict(batch.samples, temperature)
             out = self._wg.infer_batch(td).get()
             old = no_padding_2_padding(tu.get(out, "log_probs").cpu(), td)
             proto.batch["old_log_probs"] = old

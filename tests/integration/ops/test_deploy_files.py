@@ -126,6 +126,7 @@ def test_compose_inference_profiles() -> None:
     assert vllm["profiles"] == ["gpu"] and engine["profiles"] == ["cpu"]
     command = vllm["command"]
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert command[command.index("--generation-config") + 1] == "vllm"  # absent temperature = 1.0
     assert vllm["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
     assert vllm["image"].startswith("vllm/vllm-openai:")
     assert engine["command"][0] == "engine"
@@ -249,3 +250,13 @@ def test_rollout_job_template_renders_for_the_worker() -> None:
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
     env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert {"OPENAI_BASE_URL", "FLYWHEEL_TASK", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"} <= env
+
+
+def test_flywheels_vllm_samples_at_vllms_neutral_defaults() -> None:
+    """Not the model's generation_config.json: a call without a temperature samples at 1.0, as recorded."""
+    from infra.application.vllm_server import Device, VllmLaunch
+
+    devices: tuple[Device, ...] = ("cpu", "gpu")
+    for device in devices:
+        command = VllmLaunch(model=Path("/models/policy"), device=device).command()
+        assert command[command.index("--generation-config") + 1] == "vllm"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 import pytest
@@ -270,3 +271,41 @@ async def test_readyz_waits_for_the_parts_still_starting(tmp_path):
         assert r.status_code == 503 and "still starting: stack" in r.json()["error"]["message"], r.text
         h.gateway.starting.discard("stack")
         assert (await h.client.get("/readyz")).status_code == 200
+
+
+async def test_the_event_records_the_temperature_the_engine_sampled_at(tmp_path: Path) -> None:
+    """What the trainer divides the logits by: the body's temperature as sent upstream, else the engine's
+    default 1.0; greedy (0) is 1.0, as engines report greedy logprobs unscaled; through every dialect."""
+    async with GatewayHarness(tmp_path) as h:
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/v1/chat/completions"
+        for temperature in (0.7, None, 0.0):
+            extra = {} if temperature is None else {"temperature": temperature}
+            r = await h.client.post(url, json={"messages": MSGS, **extra})
+            assert r.status_code == 200, r.text
+        r = await h.client.post(
+            f"/episodes/{ep}/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 8,
+                "temperature": 0.5,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+        assert r.status_code == 200, r.text
+        r = await h.client.post(f"/episodes/{ep}/v1/responses", json={"input": "hi", "temperature": 1.3})
+        assert r.status_code == 200, r.text
+        calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=5)
+        by_seq = {c.call_seq: c for c in calls}
+        assert [by_seq[i].temperature for i in range(5)] == [0.7, 1.0, 1.0, 0.5, 1.3]
+        assert h.config.requests[0]["temperature"] == 0.7 and "temperature" not in h.config.requests[1]
+
+
+async def test_a_text_only_upstreams_default_temperature_is_not_known(tmp_path: Path) -> None:
+    async with GatewayHarness(tmp_path, kind=UpstreamKind.openai) as h:
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/v1/chat/completions"
+        await h.client.post(url, json={"messages": MSGS})
+        await h.client.post(url, json={"messages": MSGS, "temperature": 0.7})
+        calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=2)
+        assert sorted((c.call_seq, c.temperature) for c in calls) == [(0, None), (1, 0.7)]

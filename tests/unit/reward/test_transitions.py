@@ -60,3 +60,23 @@ def test_unusable_reasons() -> None:
     assert errors.unusable_reason(2) == "upstream_errors"
     mixed = assemble([call(EP, 0, [1], [2], error="x"), call(EP, 1, [1, 5], [3])], reward=1.0)
     assert len(mixed.transitions) == 1 and mixed.upstream_errors == 1
+
+
+def test_a_transition_carries_its_calls_temperature_and_another_temperature_is_never_merged() -> None:
+    """Behaviour logprobs are of softmax(logits / T): a trajectory holds one T, and the trainer reads it."""
+    c0 = call(EP, 0, [1, 2, 3], [10, 11]).model_copy(update={"temperature": 0.7})
+    c1 = call(EP, 1, [1, 2, 3, 10, 11, 50], [12]).model_copy(update={"temperature": 0.7})
+    c2 = call(EP, 2, [1, 2, 3, 10, 11, 50, 12, 60], [13]).model_copy(update={"temperature": 1.0})
+    out = assemble([c0, c1, c2], reward=1.0)
+    assert [t.call_seqs for t in out.transitions] == [[0, 1], [2]]  # c2 extends the ids, not the distribution
+    assert [t.temperature for t in out.transitions] == [0.7, 1.0]
+    assert out.transitions[1].prompt_ids == [1, 2, 3, 10, 11, 50, 12, 60]
+    assert out.prefix_mismatches == 0  # the history was kept: not a mismatch
+
+
+def test_an_unrecorded_or_greedy_temperature_is_one() -> None:
+    """Events written before the field, and greedy calls (engines report their logprobs unscaled)."""
+    old = call(EP, 0, [1, 2], [10])
+    greedy = call(EP, 1, [1, 2, 10, 5], [11]).model_copy(update={"temperature": 0.0})
+    [t] = assemble([old, greedy], reward=1.0).transitions
+    assert old.temperature is None and t.temperature == 1.0 and t.call_seqs == [0, 1]

@@ -118,3 +118,37 @@ def test_zero_variance_group_is_skipped_and_counted() -> None:
     assert batch.stats.groups_zero_variance == 1
     assert {s.episode_id for s in batch.samples} == {"use-e0-a0", "use-e1-a0"}
     assert [s.advantage > 0 for s in batch.samples] == [True, False]
+
+
+@pytest.mark.timeout(10)
+def test_logprobs_are_of_each_rows_sampling_temperature() -> None:
+    """Row i is log_softmax(logits / T_i): the distribution the engine sampled it from."""
+    from trainer.loss import gather_logprobs
+
+    logits = torch.randn(3, 4, 11, generator=torch.Generator().manual_seed(0)) * 4
+    targets = torch.randint(0, 11, (3, 4), generator=torch.Generator().manual_seed(1))
+    temperature = torch.tensor([1.0, 0.7, 1.3])
+    got = gather_logprobs(logits, targets, temperature)
+    for i, t in enumerate(temperature.tolist()):
+        want = torch.log_softmax(logits[i] / t, -1).gather(-1, targets[i].unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(got[i], want)
+    torch.testing.assert_close(
+        gather_logprobs(logits, targets), gather_logprobs(logits, targets, torch.ones(3))
+    )
+    assert not torch.allclose(got[1], gather_logprobs(logits, targets)[1])
+
+
+@pytest.mark.timeout(10)
+def test_a_transitions_temperature_reaches_its_sample_and_verl_refuses_a_mix() -> None:
+    from trainer.backends.base import BackendError
+    from trainer.backends.verl_backend import batch_temperature
+
+    warm = transition().model_copy(update={"temperature": 0.7})
+    g = _group(
+        "g", episode("g", 0, 1.0, transitions=[warm]), episode("g", 1, 0.0, transitions=[transition()])
+    )
+    samples = build_batch([g], AlgorithmConfig(), current_version=0).samples
+    assert sorted(s.temperature for s in samples) == [0.7, 1.0]
+    assert batch_temperature(samples[:1]) == samples[0].temperature and batch_temperature([]) == 1.0
+    with pytest.raises(BackendError, match="mixes"):
+        batch_temperature(samples)
