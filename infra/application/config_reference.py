@@ -8,8 +8,8 @@ algorithm's knobs (``FLYWHEEL_TRAINER_ALGO__<FIELD>``) take their meaning from t
 their entry in ``trainer/config.py``'s docstring. Variables read outside the models (the environment an
 agent is given, helpers of the CLI) are listed with the modules that read them.
 
-    python -m infra.config_reference            # rewrite docs/configuration.md
-    python -m infra.config_reference --check    # exit 1 when the committed page is stale
+    python -m infra.application.config_reference            # rewrite docs/configuration.md
+    python -m infra.application.config_reference --check    # exit 1 when the committed page is stale
 
 ``tests/unit/test_docs.py`` fails when the committed page differs from what this renders.
 """
@@ -32,7 +32,7 @@ from typing import Literal, get_args, get_origin
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
 PACKAGES = ("schemas", "infra", "gateway", "rollout_worker", "reward_service", "trainer")
 _VAR = re.compile(r"\bFLYWHEEL_[A-Z0-9_]*[A-Z0-9]\b")
@@ -355,7 +355,7 @@ def render() -> str:
         "",
         "For operators: every `FLYWHEEL_*` environment variable (a `.env` file in the working directory is read "
         "too), its default and its meaning. **Generated** from the pydantic settings models by "
-        "`python -m infra.config_reference`; do not edit by hand (`tests/unit/test_docs.py` fails when this "
+        "`python -m infra.application.config_reference`; do not edit by hand (`tests/unit/test_docs.py` fails when this "
         "page is stale). How the services use them: [operating.md](operating.md).",
         "",
     ]
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
         if current != text:
-            print(f"{args.out} is stale: run python -m infra.config_reference", file=sys.stderr)
+            print(f"{args.out} is stale: run python -m infra.application.config_reference", file=sys.stderr)
             return 1
         return 0
     args.out.write_text(text, encoding="utf-8")
