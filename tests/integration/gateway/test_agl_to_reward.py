@@ -52,7 +52,8 @@ async def test_a_succeeded_rollout_is_scored_from_its_reward_event(tmp_path: Pat
         model_name="policy-7b",
         salt_path=tmp_path / "agl" / "salt",
     )
-    proxy = AglProxy(service, gateway, ProxyConfig("policy-7b"), upstream)
+    # AGL forces its train temperature on the call: recorded, and carried by the transition to the trainer
+    proxy = AglProxy(service, gateway, ProxyConfig("policy-7b", train_temperature=0.8), upstream)
     app = create_agl_app(service, proxy, tenant_lookup(KEY))
     reward = build(RewardSettings(data_dir=tmp_path, reward_group="reward-test"), bus)
     await reward.start()
@@ -100,3 +101,4 @@ async def test_a_succeeded_rollout_is_scored_from_its_reward_event(tmp_path: Pat
     assert (ep.reward, ep.reward_source, ep.num_calls, ep.task_id) == (0.75, "agent", 2, "r1")
     [t] = ep.transitions  # the second call extends the first: one trajectory, ids from the engine
     assert t.call_seqs == [0, 1] and t.reward == 0.75 and len(t.behaviour_logprobs) == len(t.response_ids)
+    assert t.temperature == 0.8
