@@ -8,6 +8,12 @@ A figure and its command live in one file, so they never drift apart; nobody edi
 
     python tests/benchmarks/results_page.py           # rewrite docs/results.md and the README's table
     python tests/benchmarks/results_page.py --check   # exit 1 when either is stale
+    python tests/benchmarks/gateway.py --json > out.json
+    python tests/benchmarks/results_page.py --add-run docs/results/07-gateway.json out.json --when "2026-12-03, 2 cores"
+
+A benchmark's ``--json`` object (``{"figures": {...}, "goals": {...}}``) goes into its report as it came
+(``runs``), and the page renders a table of every goal's figure per run, then the other figures: a run's
+figures reach the page without being typed by anyone.
 
 ``tests/unit/test_docs.py`` runs the check.
 """
@@ -36,6 +42,15 @@ class Table:
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """One benchmark run: its ``--json`` output, as it came."""
+
+    when: str
+    figures: dict[str, object]
+    goals: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     slug: str  # the file's name without .json: the order on the page
     title: str
@@ -47,9 +62,21 @@ class Report:
     tables: tuple[Table, ...]
     notes: tuple[str, ...]
     headline: tuple[tuple[str, str], ...]
+    runs: tuple[Run, ...] = ()
 
 
-_KEYS = {"title", "command", "produced_by", "provenance", "machine", "test", "tables", "notes", "headline"}
+_KEYS = {
+    "title",
+    "command",
+    "produced_by",
+    "provenance",
+    "machine",
+    "test",
+    "tables",
+    "notes",
+    "headline",
+    "runs",
+}
 
 
 class ReportError(ValueError):
@@ -68,7 +95,11 @@ def _table(raw: dict[str, object], where: str) -> Table:
 def load(path: Path) -> Report:
     raw = json.loads(path.read_text(encoding="utf-8"))
     unknown = set(raw) - _KEYS
-    if unknown or not {"title", "command", "produced_by", "tables"} <= set(raw):
+    if (
+        unknown
+        or not {"title", "command", "produced_by"} <= set(raw)
+        or not (raw.get("tables") or raw.get("runs"))
+    ):
         raise ReportError(
             f"{path.name}: unknown keys {sorted(unknown)} or a missing title/command/produced_by/tables"
         )
@@ -80,9 +111,13 @@ def load(path: Path) -> Report:
         provenance=raw.get("provenance", ""),
         machine=raw.get("machine", ""),
         test=raw.get("test", ""),
-        tables=tuple(_table(t, path.name) for t in raw["tables"]),
+        tables=tuple(_table(t, path.name) for t in raw.get("tables", ())),
         notes=tuple(raw.get("notes", ())),
         headline=tuple((str(a), str(b)) for a, b in raw.get("headline", ())),
+        runs=tuple(
+            Run(str(r.get("when", "")), dict(r["output"]["figures"]), dict(r["output"].get("goals", {})))
+            for r in raw.get("runs", ())
+        ),
     )
 
 
@@ -100,6 +135,36 @@ def _markdown_table(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...])
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return out
+
+
+def _number(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "" if value is None else str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def runs_table(runs: tuple[Run, ...]) -> Table:
+    """Every goal's figure per run (goal first), then every other figure any run reported."""
+    goals: dict[str, str] = {}
+    for run in runs:
+        goals.update(run.goals)
+    others = sorted({k for run in runs for k in run.figures} - set(goals))
+    columns = ("figure", "goal", *(run.when or f"run {i}" for i, run in enumerate(runs, 1)))
+    rows = tuple(
+        (f"`{key}`", goals.get(key, ""), *(_number(run.figures.get(key)) for run in runs))
+        for key in [*goals, *others]
+    )
+    return Table("The benchmark's `--json` output, one column per run", columns, rows)
+
+
+def add_run(path: Path, output: dict[str, object], when: str) -> None:
+    """Append one benchmark run (its ``--json`` object) to the report at ``path``."""
+    if not isinstance(output.get("figures"), dict):
+        raise ReportError(f"not a benchmark's --json output (no figures): {sorted(output)}")
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw.setdefault("runs", []).append({"when": when, "output": output})
+    path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    load(path)
 
 
 def render_page(items: list[Report]) -> str:
@@ -126,7 +191,8 @@ def render_page(items: list[Report]) -> str:
             lines += ["", f"Provenance: {r.provenance} ([results/{r.slug}.json](results/{r.slug}.json))."]
         else:
             lines += ["", f"Report: [results/{r.slug}.json](results/{r.slug}.json)."]
-        for t in r.tables:
+        tables = (*r.tables, runs_table(r.runs)) if r.runs else r.tables
+        for t in tables:
             lines += ["", f"{t.caption}:", "", *_markdown_table(t.columns, t.rows)]
         if r.notes:
             lines += ["", *[f"- {n}" for n in r.notes]]
@@ -154,7 +220,17 @@ def with_headline(readme: str, items: list[Report]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="render docs/results.md and the README's headline table")
     parser.add_argument("--check", action="store_true", help="exit 1 when either is stale, write nothing")
+    parser.add_argument(
+        "--add-run",
+        nargs=2,
+        metavar=("REPORT", "OUTPUT"),
+        help="append a benchmark's --json OUTPUT to REPORT",
+    )
+    parser.add_argument("--when", default="", help="with --add-run: the run's label (date, machine)")
     args = parser.parse_args(argv)
+    if args.add_run:
+        report, output = (Path(p) for p in args.add_run)
+        add_run(report, json.loads(output.read_text(encoding="utf-8")), args.when)
     items = reports()
     page = render_page(items)
     readme = README.read_text(encoding="utf-8")

@@ -181,6 +181,26 @@ def test_the_results_page_and_the_readme_table_are_rendered_from_the_reports() -
     )
 
 
+def test_a_benchmarks_json_output_reaches_the_page_as_it_came(tmp_path: Path) -> None:
+    results_page = _results_page()
+    report = tmp_path / "01-bench.json"
+    report.write_text(
+        '{"title": "Bench", "command": "python tests/benchmarks/bus.py --json", "produced_by": "x"}'
+    )
+    output = {
+        "figures": {"kafka_publish_ratio": 1.2345, "events_per_s": 54321.0},
+        "goals": {"kafka_publish_ratio": "≥ 0.7"},
+    }
+    results_page.add_run(report, output, "run A")
+    results_page.add_run(report, {"figures": {"kafka_publish_ratio": 0.9}, "goals": {}}, "run B")
+    page = results_page.render_page(results_page.reports(tmp_path))
+    assert "| figure | goal | run A | run B |" in page
+    assert "| `kafka_publish_ratio` | ≥ 0.7 | 1.23 | 0.9 |" in page
+    assert "| `events_per_s` |  | 54,321 |  |" in page
+    with pytest.raises(results_page.ReportError):
+        results_page.add_run(report, {"rows": []}, "not a benchmark")
+
+
 def test_the_readme_is_short() -> None:
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
 
