@@ -49,7 +49,7 @@ def start_backend(
     if kind == "verl":
         from trainer.backends.verl_backend import VerlBackend
 
-        return VerlBackend(model_dir, algo, gpus=dp)
+        return VerlBackend(model_dir, algo, gpus=dp, device=device)
     if dp > 1:
         from trainer.backends.ddp import DataParallelProcessBackend
 

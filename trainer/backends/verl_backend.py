@@ -1,8 +1,9 @@
 """``--backend verl``: the policy trained by verl 0.9's FSDP engine on Ray, one update per trainer step.
 
-verl has no "train on this external batch" API and no CPU training path (its FSDP and Megatron
-engines register for CUDA/NPU only). The least-coupled entry is its ``TrainingWorker``
-(``verl/workers/engine_workers.py``) in a ``RayWorkerGroup``, used as verl's own
+verl has no "train on this external batch" API, and ships no CPU platform (its FSDP and Megatron
+engines register for CUDA/NPU only; :mod:`trainer.backends.verl_cpu` adds both for FSDP). The
+least-coupled entry is its ``TrainingWorker`` (``verl/workers/engine_workers.py``) in a
+``RayWorkerGroup``, used as verl's own
 ``tests/models/test_engine.py::test_actor_engine`` uses it: ``reset()`` builds the engine,
 ``set_loss_fn(partial(ppo_loss, config=ActorConfig(...)))`` the loss, and ``train_batch`` takes a
 no-padding ``TensorDict`` (``left_right_2_no_padding(DataProto.to_tensordict())``) and runs forward,
@@ -32,8 +33,11 @@ each ``train_batch`` is an optimiser step, so a split would take several steps p
 change the loss's normalisation. (verl's FSDP engine also reads a per-sample temperature tensor; that
 path is not wired.)
 
-Runs only where the ``verl`` extra is installed (its own environment) and GPUs are visible; the
-GPU acceptance run is ``tests/gpu/acceptance.sh``.
+Runs where the ``verl`` extra is installed (its own environment): on GPUs through Ray
+(``FLYWHEEL_TRAINER_DEVICE=cuda``; the GPU acceptance run is ``tests/gpu/acceptance.sh``), and with
+``device="cpu"`` (the default) as one rank in this process, through the platform plugin in
+:mod:`trainer.backends.verl_cpu` (``tests/verl/test_verl_cpu.py``: two steps of the tiny model equal
+the torch backend's).
 """
 
 from __future__ import annotations
@@ -53,8 +57,16 @@ HF_SUBDIR = "huggingface"  # where verl's checkpoint manager writes the Hugging 
 
 
 def _scalar(value: Any) -> float | None:
-    """A verl metric (a number, a list of them, or a ``Metric``) as one float, None if not numeric."""
+    """A verl metric (a number, a list of them, or a ``Metric``) as one float, None if not numeric.
+
+    A ``Metric`` (``verl.utils.metric``) aggregates its micro-batches as it was told (``actor/pg_loss``:
+    summed, ``actor/pg_clipfrac``: averaged); a list of them, one per data-parallel rank, is averaged
+    over ranks (``Metric.aggregate_dp``, as verl's own trainer reduces them)."""
     inner = getattr(value, "value", value)
+    if isinstance(inner, list | tuple) and inner and hasattr(type(inner[0]), "aggregate_dp"):
+        return float(type(inner[0]).aggregate_dp(list(inner)))
+    if hasattr(inner, "aggregate"):
+        return float(inner.aggregate())
     if isinstance(inner, list | tuple):
         numbers = [v for v in (_scalar(x) for x in inner) if v is not None]
         return sum(numbers) / len(numbers) if numbers else None
@@ -76,17 +88,29 @@ def batch_temperature(samples: Sequence[Sample]) -> float:
 
 
 class VerlBackend:
-    """A :class:`~trainer.backends.base.Backend` whose model lives in verl's FSDP workers on Ray."""
+    """A :class:`~trainer.backends.base.Backend` whose model lives in verl's FSDP workers (Ray, or
+    this process on the CPU)."""
 
     def __init__(
-        self, model_dir: Path, algo: AlgorithmConfig, *, gpus: int = 1, strategy: str = "fsdp2"
+        self,
+        model_dir: Path,
+        algo: AlgorithmConfig,
+        *,
+        gpus: int = 1,
+        strategy: str = "fsdp2",
+        device: str = "cuda",
     ) -> None:
         if algo.kl_coef > 0:
             raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
+        on_cpu = device == "cpu"
+        if on_cpu and (gpus != 1 or strategy != "fsdp2"):
+            raise BackendError("verl on the CPU runs one fsdp2 rank (trainer.backends.verl_cpu)")
         try:
-            import ray
+            if on_cpu:  # before verl's engine is imported: it reads the device at import
+                from trainer.backends import verl_cpu
+
+                verl_cpu.install()
             from transformers import AutoConfig
-            from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
             from verl.trainer.config import CheckpointConfig
             from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
             from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
@@ -100,10 +124,11 @@ class VerlBackend:
         hf = AutoConfig.from_pretrained(str(model_dir))
         self._vocab_size = int(hf.vocab_size)
         self.pad_id = int(getattr(hf, "pad_token_id", None) or 0)
-        ray.init(ignore_reinit_error=True)
+        cpu_model: dict[str, Any] = verl_cpu.MODEL_OVERRIDES if on_cpu else {}
+        cpu_engine: dict[str, Any] = verl_cpu.ENGINE_OVERRIDES if on_cpu else {}
         config = TrainingWorkerConfig(
             model_type="language_model",
-            model_config=HFModelConfig(path=str(model_dir), use_remove_padding=True),
+            model_config=HFModelConfig(path=str(model_dir), use_remove_padding=True, **cpu_model),
             engine_config=FSDPEngineConfig(
                 forward_only=False,
                 strategy=strategy,
@@ -112,6 +137,7 @@ class VerlBackend:
                 use_remove_padding=True,
                 max_token_len_per_gpu=algo.token_budget,
                 infer_max_token_len_per_gpu=algo.token_budget,
+                **cpu_engine,
             ),
             optimizer_config=FSDPOptimizerConfig(
                 lr=algo.learning_rate,
@@ -124,10 +150,19 @@ class VerlBackend:
                 load_contents=["model", "optimizer", "extra"],
             ),
         )
-        self._wg = RayWorkerGroup(
-            resource_pool=RayResourcePool(process_on_nodes=[gpus]),
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=config),
-        )
+        self._local: verl_cpu.LocalWorkerGroup | None = None
+        self._wg: Any
+        if on_cpu:  # one rank, in this process (no Ray)
+            self._local = self._wg = verl_cpu.LocalWorkerGroup(TrainingWorker, config)
+        else:
+            import ray
+            from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+            ray.init(ignore_reinit_error=True)
+            self._wg = RayWorkerGroup(
+                resource_pool=RayResourcePool(process_on_nodes=[gpus]),
+                ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=config),
+            )
         self._wg.reset()
         # Flywheel's loss (trainer.loss): PPO clip with clip-higher, no dual clip (clip_ratio_c → ∞),
         # advantages already weighted per token, summed (see trainer.backends.verl_convert)
@@ -246,6 +281,9 @@ class VerlBackend:
         self._version = version
 
     def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            return
         import ray
 
         ray.shutdown()
