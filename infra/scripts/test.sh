@@ -103,9 +103,8 @@ if [ "$rc" -eq 5 ]; then
 fi
 [ "$rc" -ne 0 ] && failed+=("pytest (exit $rc)")
 if [ "${FLYWHEEL_SKIP_VERL:-}" != "1" ]; then
-    # this repository's tests package first: verl's wheel ships a top-level `tests` package too
-    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" FLYWHEEL_REQUIRE_VERL=1 \
-        "$VERL_ENV/bin/pytest" -p no:cacheprovider -m verl tests/verl || failed+=("pytest verl")
+    # verl's wheel ships a top-level `tests` package too: pyproject's `pythonpath` puts ours first
+    FLYWHEEL_REQUIRE_VERL=1 "$VERL_ENV/bin/pytest" -p no:cacheprovider -m verl tests/verl || failed+=("pytest verl")
 fi
 
 if [ "${#failed[@]}" -ne 0 ]; then
