@@ -563,6 +563,33 @@ def measure_dp(model_dir: Path, repeats: int, steps: int = 5) -> dict[str, float
     }
 
 
+def _report_pretrained(
+    model: Path, demo: Path, repeats: int, as_json: bool, figures: dict[str, float]
+) -> None:
+    """Full fine-tuning tokens/s (one GRPO step on the demo's B × G rows, AdamW, fp32) on ``model`` and on
+    the demo's model, interleaved per repeat; medians."""
+    import statistics
+
+    big: list[float] = []
+    small: list[float] = []
+    for _ in range(repeats):
+        big.append(measure_trainer_tokens(model, steps=1))
+        small.append(measure_trainer_tokens(demo, steps=1))
+    figures["pretrained_trainer_tok_s"] = round(statistics.median(big), 1)
+    figures["demo_trainer_tok_s"] = round(statistics.median(small), 1)
+    figures["pretrained_vs_demo"] = round(
+        figures["pretrained_trainer_tok_s"] / figures["demo_trainer_tok_s"], 4
+    )
+    figures["rows_per_step"] = float(B * G)
+    goals = {"pretrained_trainer_tok_s": "reported (no goal: the first pretrained model in the loop)"}
+    if as_json:
+        print(json.dumps({"figures": figures, "goals": goals}))
+        return
+    for name, value in figures.items():
+        print(f"{name:<32} {value:>12}  {goals.get(name, '')}")
+    print(f"(models: {model} and the demo's; {B} groups × {G} rows of the demo prompt + {NEW_TOKENS} tokens)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -581,6 +608,12 @@ def main() -> None:
     )
     parser.add_argument("--no-extras", action="store_true", help="skip the engine and update-latency figures")
     parser.add_argument("--dp", action="store_true", help="only the data-parallel figures (2 ranks vs 1)")
+    parser.add_argument(
+        "--pretrained",
+        type=Path,
+        default=None,
+        help="only the trainer's tokens/s on this model (e.g. `flywheel model smollm2`), beside the demo model's",
+    )
     args = parser.parse_args()
     import statistics
 
@@ -593,6 +626,9 @@ def main() -> None:
 
     torch.set_num_threads(cores)
     figures: dict[str, float] = {"cores": float(cores)}
+    if args.pretrained is not None:
+        _report_pretrained(args.pretrained, model_dir, args.repeats, args.json, figures)
+        return
     if args.dp:
         figures.update(measure_dp(model_dir, args.repeats))
         dp_goals = {"dp_update_ratio": "≥ 1.5"}
