@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from infra import service
 from infra.bus.base import Bus
@@ -61,13 +62,22 @@ def start_backend(
     return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
 
 
+def engine_sink(kind: Literal["flywheel", "vllm"], url: str, *, token: str | None = None) -> WeightSink:
+    """The sink that loads weights into an engine behind HTTP: ``flywheel`` (``flywheel engine``'s
+    ``/load_weights``) or ``vllm``. The one place an engine's kind picks its sink: ``flywheel trainer``
+    (its settings) and the embedded stack (the engine it started) both ask here."""
+    if kind == "vllm":
+        return VllmSink(url, token=token)
+    if kind == "flywheel":
+        return HttpSink(url, token=token)
+    raise ValueError(f"an engine is flywheel or vllm, not {kind!r}")
+
+
 def sinks_from_settings(settings: TrainerSettings) -> list[WeightSink]:
     if not settings.trainer_engine_url:
         return []
     token = settings.trainer_engine_token.get_secret_value() if settings.trainer_engine_token else None
-    if settings.trainer_engine_kind == "vllm":
-        return [VllmSink(settings.trainer_engine_url, token=token)]
-    return [HttpSink(settings.trainer_engine_url, token=token)]
+    return [engine_sink(settings.trainer_engine_kind, settings.trainer_engine_url, token=token)]
 
 
 def loop_config(settings: TrainerSettings) -> LoopConfig:

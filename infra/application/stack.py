@@ -387,9 +387,9 @@ class EmbeddedStack:
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from trainer.app import build, start_backend
+        from trainer.app import build, engine_sink, start_backend
         from trainer.rollouts import RolloutPlanner
-        from trainer.weights import HttpSink, InProcessSink, WeightSink
+        from trainer.weights import InProcessSink, WeightSink
 
         s = self.settings
         backend = await asyncio.to_thread(
@@ -423,12 +423,10 @@ class EmbeddedStack:
             )
         sink: WeightSink
         if self.vllm_url is not None:
-            from trainer.vllm_sink import VllmSink
-
-            sink = VllmSink(self.vllm_url)
+            sink = engine_sink("vllm", self.vllm_url)
         elif self.engine_process is not None:
-            sink = HttpSink(self.engine_process.url, token=self.engine_process.admin_token)
-        else:
+            sink = engine_sink("flywheel", self.engine_process.url, token=self.engine_process.admin_token)
+        else:  # the engine in this process: no HTTP in between
             sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
         service = build(s, bus, backend, [sink], planner=planner)
         await service.start()
