@@ -71,6 +71,13 @@ class BatchStats:
     staleness_max: int = 0
     replay_episodes: int = 0
     production_episodes: int = 0  # rewarded production sessions in the batch (trained or not)
+    # the weight versions that sampled the trained transitions (a replay's are the recorded run's)
+    behaviour_version_min: int = 0
+    behaviour_version_mean: float = 0.0
+    behaviour_version_max: int = 0
+    # the trained episodes' advantages: mean |A| and the share above zero
+    advantage_abs_mean: float = 0.0
+    advantage_positive: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
     samples_by_source: Counter[str] = field(default_factory=Counter)
 
@@ -89,6 +96,11 @@ class BatchStats:
             "staleness_max": float(self.staleness_max),
             "replay_episodes": float(self.replay_episodes),
             "production_episodes": float(self.production_episodes),
+            "behaviour_version_min": float(self.behaviour_version_min),
+            "behaviour_version_mean": self.behaviour_version_mean,
+            "behaviour_version_max": float(self.behaviour_version_max),
+            "advantage_abs_mean": self.advantage_abs_mean,
+            "advantage_positive": self.advantage_positive,
             **{f"samples_{src.value}": float(self.samples_by_source[src.value]) for src in EpisodeSource},
         }
 
@@ -231,6 +243,13 @@ def build_batch(
             stats.samples_by_source[episode.source.value] += 1
     stats.episodes_trained = n_eps
     stats.transitions = len(samples)
+    if samples:
+        versions = [s.weight_version for s in samples]
+        stats.behaviour_version_min, stats.behaviour_version_max = min(versions), max(versions)
+        stats.behaviour_version_mean = sum(versions) / len(versions)
+    if chosen:
+        stats.advantage_abs_mean = sum(abs(adv) for _, adv, _, _ in chosen) / n_eps
+        stats.advantage_positive = sum(1 for _, adv, _, _ in chosen if adv > 0) / n_eps
     if lags:
         stats.staleness_mean = sum(lags) / len(lags)
         stats.staleness_max = max(lags)

@@ -41,6 +41,8 @@ Loss
     kl_coef: weight of the KL penalty to a frozen reference (the initial policy), estimated per token with
         Schulman's k3 estimator (http://joschu.net/blog/kl-approx.html), as in GRPO. 0 disables it and
         skips the reference forward pass.
+    reference_kl: keep the frozen reference even with ``kl_coef = 0`` and report the same k3 estimate
+        each step as ``reference_kl``, without penalising it (a diagnostic: one more forward pass).
     tis_cap: truncated importance sampling between π_old and the behaviour policy that generated the
         tokens: weight ``min(π_old/μ, tis_cap)`` per token, detached (Yao et al. 2025, *Your Efficient RL
         Framework Secretly Brings You Off-Policy RL Training*; verl ``rollout_is_threshold: 2.0``).
@@ -102,6 +104,7 @@ class AlgorithmConfig(BaseModel):
     clip_high: float = Field(default=0.28, ge=0)
     ppo_epochs: int = Field(default=1, ge=1)
     kl_coef: float = Field(default=0.0, ge=0)
+    reference_kl: bool = False
     tis_cap: float | None = Field(default=2.0, gt=0)
     max_staleness: int = Field(default=4, ge=0)
     stale_policy: Literal["drop", "downweight"] = "drop"

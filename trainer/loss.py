@@ -8,6 +8,12 @@ Policy loss per token (see :mod:`trainer.config` for the citations)::
     kl    = exp(ref - logp) - (ref - logp) - 1              # k3 estimator, ≥ 0
     loss  = Σ weights · (pg + kl_coef · kl)
 
+Reported besides (diagnostics, no gradient): ``behaviour_kl``, the k3 estimate ``r − 1 − log r`` with
+``r = π_old / μ`` of KL(μ ‖ π_old) on the behaviour policy's own samples — how far the policy being trained
+is from the one that sampled the data, which the truncated weights only see token by token; ``nll``, the
+mean −log π_old of the sampled tokens (the policy's entropy when the data is on-policy, that plus
+KL(μ ‖ π_old) when it is not); ``kl`` to the reference whenever a reference is given, penalised or not.
+
 ``weights`` carries the per-episode normalisation and staleness factors computed in
 :mod:`trainer.batching`, so the sum is already the batch mean over episodes.
 
@@ -53,6 +59,8 @@ class LossParts:
     tis_capped_tokens: float
     ratio_sum: float
     tokens: float
+    behaviour_kl_sum: float = 0.0
+    nll_sum: float = 0.0
 
 
 def policy_loss(
@@ -67,6 +75,8 @@ def policy_loss(
     """The clipped, importance-corrected policy-gradient loss; see the module docstring."""
     mask = (weights > 0).float()
     ratio = torch.exp(logp - old_logp)
+    log_ratio = (old_logp - behaviour_logp).detach().clamp(-20.0, 20.0)  # log π_old / μ
+    behaviour_kl = ((torch.exp(log_ratio) - 1.0 - log_ratio) * mask).sum().item()
     if cfg.tis_cap is not None:
         raw_is = torch.exp((old_logp - behaviour_logp).clamp(max=20.0)).detach()
         tis = raw_is.clamp(max=cfg.tis_cap)
@@ -80,10 +90,11 @@ def policy_loss(
     clipped = ((surr2 < surr1).float() * mask).sum().item()
     per_token = pg
     kl_sum = 0.0
-    if ref_logp is not None and cfg.kl_coef > 0:
+    if ref_logp is not None:
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1.0
-        per_token = per_token + cfg.kl_coef * kl
+        if cfg.kl_coef > 0:
+            per_token = per_token + cfg.kl_coef * kl
         kl_sum = (kl.detach() * mask).sum().item()
     loss = (per_token * weights).sum()
     return LossParts(
@@ -94,6 +105,8 @@ def policy_loss(
         tis_capped_tokens=capped,
         ratio_sum=(ratio.detach() * mask).sum().item(),
         tokens=mask.sum().item(),
+        behaviour_kl_sum=behaviour_kl,
+        nll_sum=-(old_logp.detach() * mask).sum().item(),
     )
 
 

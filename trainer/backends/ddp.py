@@ -60,7 +60,16 @@ from trainer.config import AlgorithmConfig
 
 # metrics that add up over ranks; the token-weighted ones are averaged by response tokens
 _SUMMED = ("loss", "response_tokens", "microbatches", "sft_loss")
-_TOKEN_MEANS = ("clip_fraction", "kl", "tis_mean", "tis_capped_fraction", "ratio_mean")
+_TOKEN_MEANS = (
+    "clip_fraction",
+    "kl",
+    "reference_kl",
+    "tis_mean",
+    "tis_capped_fraction",
+    "ratio_mean",
+    "behaviour_kl",
+    "nll",
+)
 
 
 def shard_samples(samples: Sequence[Sample], world: int) -> list[list[Sample]]:

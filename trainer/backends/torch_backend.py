@@ -117,7 +117,7 @@ class TorchBackend:
         # data-parallel hook (trainer.backends.ddp): sums every rank's gradients before clipping
         self.reduce_grads: Callable[[], None] | None = None
         self.reference: torch.nn.Module | None = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 or cfg.reference_kl:
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
@@ -190,6 +190,7 @@ class TorchBackend:
                 if self.reference is not None:
                     refs[i] = self._logprobs(self.reference, rows)
         totals = {"clipped": 0.0, "kl": 0.0, "tis": 0.0, "tis_capped": 0.0, "ratio": 0.0, "tokens": 0.0}
+        totals.update({"behaviour_kl": 0.0, "nll": 0.0})
         totals.update({"value_loss": 0.0, "value": 0.0, "return": 0.0, "advantage": 0.0})
         loss_sum = 0.0
         grad_norm = 0.0
@@ -225,6 +226,8 @@ class TorchBackend:
                 totals["tis_capped"] += parts.tis_capped_tokens
                 totals["ratio"] += parts.ratio_sum
                 totals["tokens"] += parts.tokens
+                totals["behaviour_kl"] += parts.behaviour_kl_sum
+                totals["nll"] += parts.nll_sum
             if self.reduce_grads is not None:
                 self.reduce_grads()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
@@ -240,6 +243,9 @@ class TorchBackend:
             "tis_mean": totals["tis"] / n,
             "tis_capped_fraction": totals["tis_capped"] / n,
             "ratio_mean": totals["ratio"] / n,
+            "behaviour_kl": totals["behaviour_kl"] / n,
+            "nll": totals["nll"] / n,
+            **({"reference_kl": totals["kl"] / n} if self.reference is not None else {}),
             "grad_norm": grad_norm,
             "response_tokens": totals["tokens"] / self.cfg.ppo_epochs,
             "train_seconds": seconds,

@@ -45,6 +45,39 @@ def _thumbs_up(ax: Any, run: dict[str, Any], points: Sequence[StepPoint]) -> Non
     ax.set_ylim(-0.05, 1.05)
 
 
+def _replay_panel(ax: Any, run: dict[str, Any], points: Sequence[StepPoint]) -> None:
+    """Replay: validation success at the checkpoints, and the per-step drift from μ and from the warm start."""
+    checkpoints = run.get("checkpoints") or []
+    ax.plot(
+        [c["step"] for c in checkpoints],
+        [c["success"] for c in checkpoints],
+        color="tab:green",
+        marker="o",
+        label="validation success (checkpoints)",
+    )
+    chosen = run.get("chosen")
+    if chosen:
+        ax.scatter(
+            [chosen["step"]],
+            [chosen["success"]],
+            s=120,
+            facecolors="none",
+            edgecolors="black",
+            label="served",
+        )
+    for name, color, label in (
+        ("reference_kl", "tab:purple", "KL from the warm start"),
+        ("behaviour_kl", "tab:brown", "KL(μ ‖ π_old), recorded μ"),
+        ("advantage_positive", "tab:gray", "share of episodes with A > 0"),
+    ):
+        xs, ys = _series(points, name)
+        if ys:
+            ax.plot(xs, ys, color=color, alpha=0.6, label=label)
+    ax.set_title(f"seed {run['seed']}: replay, validation and drift")
+    ax.set_xlabel("trainer step")
+    ax.legend(loc="upper left", fontsize=7)
+
+
 def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     """One row per seed: training reward, transitions/episode vs step; held-out bars before/after."""
     import matplotlib
@@ -52,8 +85,15 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(runs), 3, figsize=(14, 3.6 * len(runs)), squeeze=False)
+    columns = 4 if any(r.get("source") == "replay" for r in runs) else 3
+    fig, axes = plt.subplots(
+        len(runs), columns, figsize=(14 + 4.5 * (columns - 3), 3.6 * len(runs)), squeeze=False
+    )
     for row, run in zip(axes, runs, strict=True):
+        if run.get("source") == "replay":
+            _replay_panel(row[3], run, run["points"])
+        elif columns > 3:
+            row[3].axis("off")
         points: list[StepPoint] = run["points"]
         seed = run["seed"]
         if run.get("thumbs_up"):

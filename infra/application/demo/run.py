@@ -84,6 +84,9 @@ class DemoConfig:
         0.0  # share of sessions users rate the wrong way (infra/application/demo/production.py)
     )
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
+    replay: replaying.ReplayOptions = field(default_factory=replaying.ReplayOptions)
+    # replay: the checkpoints' validation tasks (held out, not the report's); None: half of eval_tasks
+    validation_tasks: int | None = None
     agent: str = "calc"  # which demo agent (infra/application/demo/agents.py); ``warm`` is its recipe
     curriculum: float | None = None  # rollouts: the signal curriculum's revisit probability (None: off)
     engine: Literal["embedded", "vllm"] = "embedded"  # vllm: a real vLLM serves the policy (_vllm_server)
@@ -95,7 +98,12 @@ Say = Callable[[str], None]
 def stack_settings(
     cfg: DemoConfig, data_dir: Path, trainer_dir: Path, agent: DemoAgent | None = None
 ) -> StackSettings:
-    algo = AlgorithmConfig(learning_rate=cfg.learning_rate, max_staleness=4, stale_policy="drop")
+    algo = AlgorithmConfig(
+        learning_rate=cfg.learning_rate,
+        max_staleness=4,
+        stale_policy="drop",
+        reference_kl=cfg.source == "replay",  # the replay's per-step KL from the warm start (its report)
+    )
     # A production session is a group of one: a step takes as many sessions as the training demo's
     # step takes episodes (B × G), so both train on batches of the same size.
     per_step = cfg.batch_groups * cfg.group_size if cfg.source == "production" else cfg.batch_groups
@@ -210,6 +218,11 @@ async def run_seed(
                 say=say,
             )
         elif recorded is not None:
+            # validation tasks: the next held-out tasks after the report's (disjoint from them)
+            n_val = cfg.validation_tasks or max(1, cfg.eval_tasks // 2)
+            validation = agent.heldout(warm_cfg, cfg.eval_tasks + n_val)[cfg.eval_tasks :]
+            assert stack.bus is not None
+            bus = stack.bus
             phase = await replaying.replay_phase(
                 stack,
                 recorded,
@@ -218,6 +231,11 @@ async def run_seed(
                 max_steps=cfg.max_steps,
                 say=say,
                 steps_seen=lambda: [p.metrics for p in monitor.points],
+                batch_groups=cfg.batch_groups,
+                validate=lambda: evaluate(bus, validation, agent.ref),
+                warm_weights=warm_dir,
+                work_dir=seed_dir / "replay",
+                options=cfg.replay,
             )
         else:
             phase = await _rollouts_phase(stack, cfg)

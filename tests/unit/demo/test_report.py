@@ -54,8 +54,11 @@ def test_each_demo_agent_is_held_to_its_own_target() -> None:
     assert not met_target("rollouts", "calc", before, gained_21, 500.0)
     assert not met_target("rollouts", "sql", before, (0.61, 3.6), 500.0)  # more calls
     assert not met_target("rollouts", "sql", before, gained_21, 700.0)  # past the 10 minutes
-    assert [target_points(s, "sql") for s in ("rollouts", "production", "replay")] == [20.0, 15.0, 0.0]
+    assert [target_points(s, "sql") for s in ("rollouts", "production", "replay")] == [20.0, 15.0, 15.0]
     assert target_points("rollouts", "calc") == 25.0
+    # replay (docs/replay.md): +15 points on held-out from the recorded run alone, within the 10 minutes
+    assert met_target("replay", "calc", (0.27, 2.6), (0.43, 2.7), 500.0)
+    assert not met_target("replay", "calc", (0.27, 2.6), (0.41, 2.2), 500.0)
 
 
 def test_the_grader_reads_a_demo_report() -> None:
