@@ -92,8 +92,35 @@ def _table(raw: dict[str, object], where: str) -> Table:
     return Table(str(raw["caption"]), columns, rows)
 
 
+def _benchmark_output(path: Path, raw: dict[str, object]) -> Report:
+    """A benchmark's ``--json`` object committed as it came (``figures``, ``goals``, optionally the
+    ``command`` and ``when``): one run, titled after the file."""
+    extra = set(raw) - {"figures", "goals", "command", "when", "machine"}
+    if extra or not isinstance(raw["figures"], dict):
+        raise ReportError(f"{path.name}: a benchmark's --json output with unknown keys {sorted(extra)}")
+    goals = raw.get("goals") or {}
+    assert isinstance(goals, dict)
+    return Report(
+        slug=path.stem,
+        title=f"{path.stem.replace('-', ' ').replace('_', ' ').capitalize()}: a benchmark's --json output",
+        command=str(raw.get("command", "")),
+        produced_by="the benchmark's `--json` output, committed as it came",
+        provenance="",
+        machine=str(raw.get("machine", "")),
+        test="",
+        tables=(),
+        notes=(),
+        headline=(),
+        runs=(
+            Run(str(raw.get("when", "")), dict(raw["figures"]), {str(k): str(v) for k, v in goals.items()}),
+        ),
+    )
+
+
 def load(path: Path) -> Report:
     raw = json.loads(path.read_text(encoding="utf-8"))
+    if "figures" in raw:
+        return _benchmark_output(path, raw)
     unknown = set(raw) - _KEYS
     if (
         unknown

@@ -199,6 +199,12 @@ def test_a_benchmarks_json_output_reaches_the_page_as_it_came(tmp_path: Path) ->
     assert "| `events_per_s` |  | 54,321 |  |" in page
     with pytest.raises(results_page.ReportError):
         results_page.add_run(report, {"rows": []}, "not a benchmark")
+    raw = tmp_path / "bus.json"  # a --json output committed as it came is a report of its own
+    raw.write_text(
+        '{"command": "python tests/benchmarks/bus.py --json", "figures": {"x": 2.0}, "goals": {"x": "≥ 1"}}'
+    )
+    page = results_page.render_page(results_page.reports(tmp_path))
+    assert "## Bus: a benchmark's --json output" in page and "| `x` | ≥ 1 | 2 |" in page
 
 
 def test_the_readme_is_short() -> None:
