@@ -5,6 +5,13 @@ are reachable only at ``/episodes/{id}/v1`` and only while open. Production epis
 gateway, one per (tenant, session). Memory is bounded: at most ``max_episodes`` open episodes are kept
 (least recently used first out) and a bounded set of recently finished ids answers 404 at once.
 
+Abandoned episodes are forgotten (:meth:`EpisodeRegistry.expire`): an agent that crashes never finishes
+its episode, and a gateway admitting episodes by ticket reads no ``EpisodeFinished`` from the topic. One
+admitted by ticket is forgotten once its ticket expired (its calls are refused from then on); any other
+once it has had no call for ``idle_s`` (the reward service closes such an episode after the same
+silence, ``FLYWHEEL_IDLE_TIMEOUT_S``). A forgotten episode counts as finished: a late call is a 404, and
+feedback on a forgotten session still reaches the reward service within the feedback window.
+
 ``call_seq`` survives restarts: a gateway learns every recorded call of an episode from the bus (its
 ``flywheel.episodes`` subscription replays the topic, its own earlier calls included) and from its
 spool (calls not on the bus yet), and numbers the next call after the highest it saw
@@ -45,6 +52,7 @@ class EpisodeState:
     attempt: int = 0
     opened_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
+    expires_at: float | None = None  # unix seconds: the ticket it was admitted on expires (then forgotten)
     next_seq: int = 0
     reserved: int = 0  # numbers below this are reserved in the gateway's SeqJournal (ticket mode)
     calls: int = 0
@@ -192,6 +200,25 @@ class EpisodeRegistry:
     def get(self, episode_id: str) -> EpisodeState | None:
         return self._open.get(episode_id)
 
+    def expire(
+        self, idle_s: float, *, now: float | None = None, wall: float | None = None
+    ) -> list[EpisodeState]:
+        """Forget the abandoned open episodes (module docstring) as finished; returns them."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        gone = [
+            state
+            for state in self._open.values()
+            if (
+                wall >= state.expires_at
+                if state.expires_at is not None
+                else now - state.last_active >= idle_s
+            )
+        ]
+        for state in gone:
+            self.finish(state.episode_id)
+        return gone
+
     def ended_s_ago(self, episode_id: str) -> float | None:
         """Seconds since the episode ended; None when it is open or no longer remembered."""
         ended = self._finished.get(episode_id)
@@ -225,7 +252,7 @@ class EpisodeRegistry:
                     code="episode_not_found",
                     episode_id=ticket.episode_id,
                 )
-            state = EpisodeState(ticket.episode_id, group_id=ticket.group_id)
+            state = EpisodeState(ticket.episode_id, group_id=ticket.group_id, expires_at=ticket.expires_at)
             state.next_seq = self._seq_floor.pop(ticket.episode_id, 0)
             self._insert(state)
         elif state.source is EpisodeSource.production:

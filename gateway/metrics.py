@@ -28,6 +28,12 @@ class GatewayMetrics:
         )
         self.weight_version = Gauge("flywheel_gateway_weight_version", "weight version served", registry=r)
         self.open_episodes = Gauge("flywheel_gateway_open_episodes", "open episodes", registry=r)
+        self.forgotten_episodes = Counter(
+            "flywheel_gateway_forgotten_episodes",
+            "abandoned episodes forgotten (idle, or their ticket expired)",
+            ["source"],
+            registry=r,
+        )
         # labelled children resolved once: ``labels()`` takes a lock and builds a key on every call
         self.prompt_tokens = self.tokens.labels("prompt")
         self.completion_tokens = self.tokens.labels("completion")

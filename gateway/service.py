@@ -169,6 +169,7 @@ class Gateway:
         # (those pauses were the gateway's p99). Reference counting still frees what is dropped.
         gc.collect()
         gc.freeze()
+        self._tasks.append(asyncio.create_task(self._forget_abandoned(), name="gateway-episode-sweeper"))
         self.started = True
         log.info("gateway started", gateway_id=self.id, upstreams=[u.url for u in self.pool.upstreams])
 
@@ -215,6 +216,29 @@ class Gateway:
             raise ServiceUnavailableError(
                 "the gateway is still reading the episodes topic", code="catching_up"
             ) from None
+
+    async def _forget_abandoned(self) -> None:
+        """Forget abandoned episodes (gateway/episodes.py), a tenth of the idle timeout at a time."""
+        every = min(30.0, self.settings.idle_timeout_s / 10)
+        while True:
+            await asyncio.sleep(every)
+            self.forget_abandoned()
+
+    def forget_abandoned(self) -> int:
+        """Forget the open episodes that are abandoned now; logs each and counts them by source."""
+        gone = self.episodes.expire(self.settings.idle_timeout_s)
+        for state in gone:
+            self.metrics.forgotten_episodes.labels(state.source.value).inc()
+            log.info(
+                "episode forgotten",
+                episode_id=state.episode_id,
+                source=state.source.value,
+                calls=state.calls,
+                why="ticket expired" if state.expires_at is not None else "idle",
+            )
+        if gone:
+            self.metrics.open_episodes.set(len(self.episodes))
+        return len(gone)
 
     async def stop(self) -> None:
         self.started = False

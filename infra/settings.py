@@ -38,6 +38,9 @@ class FlywheelSettings(BaseSettings):
     # Production feedback is accepted this long after its session ended (then re-scores the session);
     # later, the gateway answers 409. Shared by the gateway (refuses) and the reward service (retains).
     feedback_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # Production sessions and episodes opened without a deadline end after this much silence (an agent
+    # that crashed never finishes its episode): the reward service closes them, the gateway forgets them.
+    idle_timeout_s: float = Field(default=300.0, gt=0)
     log_level: str = "INFO"
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
 

@@ -16,9 +16,10 @@ longer holds goes to ``flywheel.deadletter`` with the reason (and is counted): t
 feedback past ``feedback_window_s`` with a 409, so this happens only when the count bound evicted the
 session earlier or the service lost its state.
 
-A sweeper closes what no one else will: production sessions idle for ``idle_timeout_s`` and live
+A sweeper closes what no one else will: production sessions idle for ``idle_timeout_s``, live
 episodes abandoned past their deadline + grace (their worker died; the task was redelivered as another
-episode) get an ``EpisodeFinished`` published on their behalf, which then flows through the same path.
+episode), and episodes opened without a deadline (by hand) that have been silent for ``idle_timeout_s``
+get an ``EpisodeFinished`` published on their behalf, which then flows through the same path.
 Judge rankings wait for their whole group, or for ``group_timeout_s``.
 """
 
@@ -349,7 +350,13 @@ class RewardService:
                         "abandoned",
                     )
             elif now - record.last_event_at >= self.idle_timeout_s:
-                await self._close(record, EpisodeStatus.cancelled, "abandoned: no EpisodeStarted", "orphan")
+                if record.started is None:
+                    await self._close(
+                        record, EpisodeStatus.cancelled, "abandoned: no EpisodeStarted", "orphan"
+                    )
+                else:  # opened without a deadline (by hand, through the admin API) and never finished
+                    error = f"abandoned: no event for {self.idle_timeout_s:g}s and no EpisodeFinished"
+                    await self._close(record, EpisodeStatus.cancelled, error, "abandoned_idle")
         async with self._lock:
             await self._rank_ready(force=False)
             self.store.flush()

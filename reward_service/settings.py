@@ -16,7 +16,6 @@ class RewardSettings(FlywheelSettings):
     fill_value: float = 0.0  # agent scorer: the reward of an episode that reported none (marked "filled")
     discount: float = Field(default=1.0, ge=0.0, le=1.0)  # per-call discount (options.discount overrides)
     journal: Path | None = None  # durable episode state; default: <data_dir>/reward/journal.sqlite on Kafka
-    idle_timeout_s: float = Field(default=300.0, gt=0)  # production sessions close after this much silence
     abandon_grace_s: float = Field(default=60.0, ge=0)  # live episodes past deadline + grace: abandoned
     group_timeout_s: float = Field(default=600.0, gt=0)  # judge ranking: rank what arrived after this
     sweep_interval_s: float = Field(default=1.0, gt=0)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -102,14 +102,19 @@ class Intake:
         self.partial = partial
         self.min_partial = min_partial
         self.vocab_size = vocab_size
-        self.consumed: set[str] = set(consumed)
+        self._seen_capacity = seen_capacity
+        # trained or dropped groups, at most ``seen_capacity`` of them (oldest out): a late episode of a
+        # group older than that is taken again, as after a restart from a checkpoint that kept as many
+        self.consumed: set[str] = set()
+        self._consumed_order: deque[str] = deque()
+        for gid in consumed:
+            self._consume(gid)
         self.skipped: Counter[str] = Counter()
         self.dropped_groups: Counter[str] = Counter()
         self._clock = clock
         self._groups: dict[str, Group] = {}
         self._production: dict[str, EpisodeScored] = {}  # episode_id -> latest score, arrival order
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._seen_capacity = seen_capacity
 
     # ------------------------------------------------------------------ intake
     def add(self, event: EpisodeScored) -> str | None:
@@ -219,17 +224,25 @@ class Intake:
         out: list[Group] = []
         for eid in list(self._production)[:limit]:
             event = self._production.pop(eid)
-            self.consumed.add(event.group_id)
+            self._consume(event.group_id)
             out.append(Group(event.group_id, 1, self._clock(), {eid: event}))
         return out
 
-    def _pop(self, gid: str) -> Group:
+    def _consume(self, gid: str) -> None:
+        if gid in self.consumed:
+            return
         self.consumed.add(gid)
+        self._consumed_order.append(gid)
+        while len(self._consumed_order) > self._seen_capacity:
+            self.consumed.discard(self._consumed_order.popleft())
+
+    def _pop(self, gid: str) -> Group:
+        self._consume(gid)
         return self._groups.pop(gid)
 
     def mark_consumed(self, group_ids: Iterable[str]) -> None:
         for gid in group_ids:
-            self.consumed.add(gid)
+            self._consume(gid)
             self._groups.pop(gid, None)
             for eid in [e for e, ev in self._production.items() if ev.group_id == gid]:
                 del self._production[eid]

@@ -1,7 +1,7 @@
 """The garbage-collector policy of a process that runs the in-process bus.
 
-Why: the bus's log keeps up to ``retain`` events per partition (10⁵ and more) after every group has
-handled them, so that a group joining later can read them. A validated ``LLMCallRecorded`` is ~11
+Why: the bus's log keeps up to ``retain`` events per partition (a benchmark's bus 10⁵ and more) after
+every group has handled them, so that a group joining later can read them. A validated ``LLMCallRecorded`` is ~11
 GC-tracked containers (the model, its ``__dict__`` and field set, the token-id and logprob lists, the
 choice model …) holding ~200 references, and they all survive. CPython's generational collector
 walks each of them in every young collection it survives and again in every full collection, and
@@ -36,7 +36,10 @@ from dataclasses import dataclass, field
 
 TENURE_EVERY = 256  # appends (~2,800 tracked objects of call events: ~4 young collections)
 RELEASE_EVERY_S = 30.0
-RELEASE_EVERY_APPENDS = 50_000
+# Frozen cyclic garbage waits for a release: ~1 KB a call in the embedded stack (tracemalloc, the soak
+# benchmark), so 10,000 appends (~4,000 calls) hold a few MB of it at most; 50,000 held ~20 MB and
+# made the process's memory a slow sawtooth.
+RELEASE_EVERY_APPENDS = 10_000
 
 
 @dataclass

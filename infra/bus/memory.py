@@ -18,6 +18,10 @@
 - History is bounded: records every group has committed are trimmed down to ``retain`` per partition,
   and no partition keeps much more than ``max_retained`` records (checked every ``retain`` appends);
   a group further behind resumes at the oldest record kept, like ``auto.offset.reset=earliest``.
+  ``retain`` is small by default (32): Kafka's log is on disk, this one is in memory, and a retained
+  call event is ~10 KB of objects, so 10,000 per partition (the old default) was 16 × 10,000 calls on
+  ``flywheel.episodes`` before the first trim — a process that grew for hours before it levelled off.
+  A group joining later (the ops routes on ``flywheel.control``) needs the latest records, not all.
 
 Events are stored as the frozen, already-validated objects that were published: nothing is
 re-serialised on the way through. While a bus runs, the process's garbage collector follows
@@ -61,7 +65,7 @@ class MemoryBus:
         *,
         prefix: str = "",
         max_backlog: int = 10_000,
-        retain: int = 10_000,
+        retain: int = 32,
         max_retained: int = 200_000,
         retry_backoff_s: float = 0.01,
         stop_grace_s: float = 10.0,

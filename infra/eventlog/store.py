@@ -51,6 +51,23 @@ READ_TIMEOUT_S = 30.0
 # A write waits at most this long for its turn (behind reads, each bounded by READ_TIMEOUT_S) and its
 # insert; past it the recorder's batch fails and the bus retries it (nothing is committed before).
 WRITE_TIMEOUT_S = 120.0
+# The embedded engine's memory, set when it starts (server settings, passed on the first connection).
+# chdb's defaults are a server's: 5 GiB each for the mark, primary-index and index-mark caches, which
+# fill as the log's parts are read and never shrink. An event log on one machine needs a few MiB of
+# each; a read past them is slower, not wrong. The uncompressed cache stays off (its default), and
+# merges run on two background threads (background_pool_size), so no more than two parts' merges hold
+# memory at once. docs/memory.md gives the figures.
+CHDB_LIMITS = {
+    "mark_cache_size": 64 << 20,
+    "primary_index_cache_size": 64 << 20,
+    "index_mark_cache_size": 16 << 20,
+    "vector_similarity_index_cache_size": 16 << 20,
+    "uncompressed_cache_size": 0,
+    "index_uncompressed_cache_size": 0,
+    "compiled_expression_cache_size": 16 << 20,
+    "query_condition_cache_size": 16 << 20,
+    "background_pool_size": 2,
+}
 
 
 class ChdbSession:
@@ -127,7 +144,8 @@ class ChdbStore(SqlStore):
         import chdb
 
         self.path.mkdir(parents=True, exist_ok=True)
-        conn = chdb.connect(str(self.path))
+        limits = "&".join(f"{k}={v}" for k, v in CHDB_LIMITS.items())
+        conn = chdb.connect(f"{self.path}?{limits}")  # the first connection starts the engine
         ro = chdb.connect(str(self.path))
         # Bound what a free-form query may cost, then lock the connection to reads for good
         # (readonly=1 also forbids changing settings back, per query or per session).

@@ -25,7 +25,7 @@ class Request:
     max_tokens: int
     queue: asyncio.Queue[RequestUpdate | BaseException | None]
     forced: list[int] | None = None  # forcing.py: tokens to emit instead of sampling (tests only)
-    seqs: list[Seq] = field(default_factory=list)
+    # sequences not done; no list of them: each Seq points back here, and a cycle waits for the GC
     unfinished: int = 0
     cancelled: bool = False
 
@@ -114,7 +114,7 @@ class BatchStepper:
                     ]
                 )
                 seqs = [Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
-                req.seqs, req.unfinished = seqs, len(seqs)
+                req.unfinished = len(seqs)
                 new_seqs.extend(seqs)
                 rows.extend([row_of[tuple(req.prompt)]] * len(seqs))
             self._take(new_seqs, logits[torch.tensor(rows)], updates)

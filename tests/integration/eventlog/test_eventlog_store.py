@@ -10,7 +10,7 @@ import pytest
 import schemas as s
 from infra.eventlog.errors import EventLogQueryError, ReadOnlyQueryError
 from infra.eventlog.models import CallFilter, EpisodeFilter
-from infra.eventlog.store import ChdbStore
+from infra.eventlog.store import CHDB_LIMITS, ChdbStore
 from tests.fixtures.events import sample_events
 from tests.integration.eventlog.helpers import T0, history
 
@@ -193,6 +193,15 @@ def test_settings_cannot_be_loosened_by_a_query(store: ChdbStore) -> None:
         store.query("SELECT 1 SETTINGS readonly = 0")
     with pytest.raises(EventLogQueryError, match="readonly"):
         store.query("SELECT 1 SETTINGS max_execution_time = 0")
+
+
+def test_the_engine_runs_with_the_embedded_limits(store: ChdbStore) -> None:
+    """chdb's caches default to a server's (5 GiB each for marks and primary indexes, never shrinking):
+    the store starts the engine with CHDB_LIMITS instead."""
+    names = ", ".join(f"'{k}'" for k in CHDB_LIMITS)
+    result = store.query(f"SELECT name, value FROM system.server_settings WHERE name IN ({names})")
+    assert {str(name): int(str(value)) for name, value in result.rows} == CHDB_LIMITS
+    assert CHDB_LIMITS["mark_cache_size"] <= 64 << 20 and CHDB_LIMITS["uncompressed_cache_size"] == 0
 
 
 def test_query_rows_are_json_ready(store: ChdbStore) -> None:

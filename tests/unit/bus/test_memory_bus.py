@@ -197,3 +197,24 @@ def test_message_is_immutable() -> None:
     assert (message.partition, message.offset, message.key, message.raw) == (3, 7, "k", None)
     with pytest.raises(AttributeError):
         message.offset = 8  # type: ignore[misc]
+
+
+async def test_the_default_history_is_small_whatever_was_published() -> None:
+    """A retained call event is kilobytes of objects: by default a partition keeps at most 2 × 32 of
+    those every group has handled, however many were published (memory flat under steady traffic)."""
+    async with MemoryBus() as bus:
+        handled: list[int] = []
+
+        async def handle(message: Message) -> None:
+            handled.append(1)
+
+        await bus.subscribe(s.EPISODES, "reader", handle)
+        key = uuid.uuid4().hex  # one key: one partition
+        published: list[int] = []
+        for seq in range(1_000):
+            await bus.publish(s.EPISODES, _ev(key, seq))
+            published.append(seq)
+            if seq % 10 == 9:  # steady traffic: the reader keeps up
+                await wait_until(lambda: len(handled) == len(published), what="every message handled")
+        kept = sum(len(p.items) for p in bus._topics[s.EPISODES].partitions)
+        assert kept <= 2 * 32

@@ -168,6 +168,26 @@ async def test_abandoned_live_episode_is_closed_as_superseded(env: tuple[MemoryB
 
 
 @pytest.mark.timeout(10)
+async def test_an_episode_opened_by_hand_and_never_finished_is_closed_when_idle(
+    env: tuple[MemoryBus, Events],
+) -> None:
+    """An agent that crashed: opened through the admin API (no deadline), a call, then nothing. The
+    service closes it after the idle timeout, says why, and holds nothing of it any more."""
+    bus, events = env
+    svc = service(bus, idle_timeout_s=0.2)
+    await svc.start()
+    ep = "8" * 32
+    await bus.publish(EPISODES, EpisodeStarted(episode_id=ep, source=EpisodeSource.live))
+    await bus.publish(EPISODES, call(ep, 0, [1], [2]))
+    [scored] = await events.wait_for(EpisodeScored)
+    assert scored.status is EpisodeStatus.cancelled and not scored.superseded
+    [fin] = events.of(EpisodeFinished)
+    assert fin.error is not None and "no EpisodeFinished" in fin.error and "EpisodeStarted" not in fin.error
+    assert ep not in svc.store.open and ep in svc.store.done
+    await svc.stop()
+
+
+@pytest.mark.timeout(10)
 async def test_judge_ranking_waits_for_the_whole_group(env: tuple[MemoryBus, Events]) -> None:
     bus, events = env
     svc = service(bus, judge_reply="RANKING: B > A")

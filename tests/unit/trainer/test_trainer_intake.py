@@ -102,3 +102,15 @@ def test_deadline_trains_partial_or_drops_by_policy() -> None:
     lonely.add(episode("h", 0, 1.0, group_size=4))
     clock.now = 20
     assert lonely.ready() == [] and lonely.dropped_groups["deadline"] == 1
+
+
+@pytest.mark.timeout(10)
+def test_consumed_groups_are_bounded_oldest_out() -> None:
+    """Every trained group's id is kept to skip its late episodes: at most ``seen_capacity`` of them."""
+    intake = Intake(seen_capacity=3, consumed=["old"])
+    for i in range(5):
+        assert intake.add(episode(f"g{i}", 0, 1.0, group_size=1)) is None
+        intake.ready()
+    assert intake.consumed == {"g2", "g3", "g4"}
+    intake.mark_consumed(["g4", "g5"])  # again and new
+    assert intake.consumed == {"g3", "g4", "g5"}

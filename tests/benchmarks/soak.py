@@ -1,0 +1,488 @@
+"""Soak: the embedded stack under steady agent traffic for a long time: is memory flat, is nothing lost?
+
+    python tests/benchmarks/soak.py [--json] [--minutes 30] [--agents 16] [--no-trainer]
+    python tests/benchmarks/soak.py --minutes 4 --agents 4 --trace /tmp/soak-trace   # where memory goes
+
+``flywheel up --tiny`` runs in a child process (every service in one process, the trainer's backend in a
+child of its own, as an operator runs it). ``--agents`` agents call it back to back through the
+``openai`` SDK, each cycling through four kinds of work, three chat calls each (the conversation grows,
+so the gateway's tokens-in path is taken):
+
+- a training episode opened through the admin API and finished with a reward (two of four);
+- a training episode opened and never finished (an agent that crashed): the services must forget it;
+- a production session with a tenant key, rated on ``/v1/feedback``; every other one is ended, the rest
+  are left for the reward service's idle timeout.
+
+The trainer (unless ``--no-trainer``) steps on what is scored, and loads every version into the engine.
+
+Figures: calls answered, failed, recorded in the event log and lost (answered but not recorded); the
+RSS of each process of the tree (``stack``: the ``flywheel up`` process; ``trainer``: its backend child)
+at minute 2, at minute 5 and at the end; the slope of the tree's RSS against calls served, in KB per
+1,000 calls, fitted from minute 2 (from a fifth of the run in a shorter one) to the end; p50 and p99 of
+a chat call per minute, and their drift (last minute over minute 5, or over minute 2 in a run shorter
+than 6 minutes). The slope is what a short run can show: a structure that grows with the calls served
+shows as a slope long before it shows as a ratio.
+
+Goals (a 30-minute run): nothing lost; RSS at the end ≤ 1.05 × RSS at minute 5; p99 in the last minute
+≤ 1.5 × p99 at minute 5; slope ≤ ``SLOPE_BOUND_KB`` KB per 1,000 calls.
+
+``--trace PREFIX``: ``tracemalloc`` (8 frames) starts in the stack process at the start of the fitted
+window and a snapshot is taken at the end; what it holds was allocated in the window and is still
+alive, printed by where it was allocated, with its size per call served in the window (tracing slows
+the stack: use it for a few minutes at low concurrency, and read its RSS figures as tracemalloc's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+FLYWHEEL = str(Path(PY).with_name("flywheel"))
+TOKEN = "soak-admin-token-0123456789abcdef"
+SLOPE_BOUND_KB = 50.0  # KB of RSS per 1,000 calls past warm-up (growing 22 KB a call was 22,000)
+QUESTIONS = [f"What is {a} plus {b}?" for a in range(1, 10) for b in range(1, 10)]
+
+# ``flywheel up`` itself; with SOAK_TRACE, each SIGUSR1 dumps a tracemalloc snapshot (numbered files), the
+# first one starting the trace: what the second holds was allocated after the first and is still alive.
+STACK = textwrap.dedent(
+    """
+    import os, signal, sys
+    trace = os.environ.pop("SOAK_TRACE", "")
+    if trace:
+        import tracemalloc
+        taken = [0]
+        def snapshot(signum, frame):
+            taken[0] += 1
+            if not tracemalloc.is_tracing():
+                tracemalloc.start(8)
+            tracemalloc.take_snapshot().dump(f"{trace}.{taken[0]}")
+            if taken[0] == 2:  # and without the cyclic garbage (the bus's GC policy holds some frozen)
+                import gc
+                gc.unfreeze()
+                gc.collect()
+                tracemalloc.take_snapshot().dump(f"{trace}.3")
+            open(f"{trace}.{taken[0]}.done", "w").close()
+        signal.signal(signal.SIGUSR1, snapshot)
+    from infra.application.cli.main import app
+    sys.argv = ["flywheel", *sys.argv[1:]]
+    app()
+    """
+)
+
+
+@dataclass
+class Tally:
+    answered: int = 0
+    failed: int = 0
+    episodes: dict[str, int] = field(default_factory=dict)  # kind -> count
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (t since start, seconds)
+    errors: list[str] = field(default_factory=list)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tree(root: psutil.Process) -> dict[str, float]:
+    """RSS in MB of the stack process and each of its descendants, by role."""
+    out: dict[str, float] = {}
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            rss = proc.memory_info().rss / 2**20
+            if proc.pid == root.pid:
+                role = "stack"
+            else:
+                cmd = " ".join(proc.cmdline())
+                role = "trainer" if "trainer" in cmd or "multiprocessing" in cmd else proc.name()
+            out[role] = out.get(role, 0.0) + rss
+    return out
+
+
+async def _agent(
+    i: int, url: str, key: str, tally: Tally, t0: float, stop_at: float, http: httpx.AsyncClient
+) -> None:
+    from openai import AsyncOpenAI
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    n = 0
+    while time.monotonic() < stop_at:
+        kind = ("finished", "abandoned", "finished", "production")[(n + i) % 4]
+        question = QUESTIONS[(n * 7 + i) % len(QUESTIONS)]
+        n += 1
+        headers: dict[str, str] = {}
+        session = f"agent{i}-s{n}"
+        try:
+            if kind == "production":
+                base, api_key, headers = f"{url}/v1", key, {"X-Flywheel-Session": session}
+            else:
+                r = await http.post(f"{url}/admin/episodes", json={}, headers=admin)
+                r.raise_for_status()
+                episode_id, base, api_key = r.json()["episode_id"], r.json()["base_url"], "unused"
+            client = AsyncOpenAI(base_url=base, api_key=api_key, http_client=http, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": question}]
+            for turn in range(3):
+                started = time.monotonic()
+                try:
+                    reply = await client.chat.completions.create(
+                        model="policy", messages=messages, max_tokens=8, extra_headers=headers
+                    )
+                except Exception as exc:
+                    tally.failed += 1
+                    if len(tally.errors) < 20:
+                        tally.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                    break
+                tally.answered += 1
+                tally.latencies.append((started - t0, time.monotonic() - started))
+                text = reply.choices[0].message.content or ""
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": f"And {turn}?"},
+                ]
+            if kind == "finished":
+                await http.post(
+                    f"{url}/admin/episodes/{episode_id}/finish",
+                    json={"status": "ok", "reward": float(n % 2)},
+                    headers=admin,
+                )
+            elif kind == "production":
+                auth = {"Authorization": f"Bearer {key}"}
+                await http.post(
+                    f"{url}/v1/feedback",
+                    json={"session_id": session, "rating": 1 - 2 * (n % 2)},
+                    headers=auth,
+                )
+                if n % 8 < 4:  # the others are left to the reward service's idle timeout
+                    await http.post(f"{url}/v1/sessions/{session}/end", headers=auth)
+            tally.episodes[kind] = tally.episodes.get(kind, 0) + 1
+        except Exception as exc:
+            tally.failed += 1
+            if len(tally.errors) < 20:
+                tally.errors.append(f"{kind}: {type(exc).__name__}: {exc}"[:300])
+            await asyncio.sleep(0.5)
+
+
+async def _sampler(
+    root: psutil.Process, tally: Tally, t0: float, stop_at: float, every_s: float, out: list[dict[str, Any]]
+) -> None:
+    while True:
+        now = time.monotonic()
+        rss = await asyncio.to_thread(_tree, root)
+        load = os.getloadavg()[0]
+        out.append({"t": now - t0, "calls": tally.answered, "rss": rss, "load1": load})
+        if now >= stop_at:
+            return
+        await asyncio.sleep(min(every_s, max(0.0, stop_at - now)))
+
+
+def _at(samples: list[dict[str, Any]], t: float) -> dict[str, Any]:
+    return min(samples, key=lambda s: abs(s["t"] - t))
+
+
+def _slope_kb_per_1k(samples: list[dict[str, Any]]) -> float:
+    """Least-squares slope of the tree's RSS against calls served, in KB per 1,000 calls."""
+    xs = [float(s["calls"]) for s in samples]
+    ys = [float(sum(s["rss"].values())) * 1024 for s in samples]  # KB
+    if len(xs) < 3 or max(xs) == min(xs):
+        return 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    den = sum((x - mx) ** 2 for x in xs)
+    return num / den * 1000
+
+
+def _minute(latencies: list[tuple[float, float]], lo: float, hi: float) -> tuple[float, float]:
+    window = sorted(d for t, d in latencies if lo <= t < hi)
+    if len(window) < 2:
+        return 0.0, 0.0
+    q = statistics.quantiles(window, n=100)
+    return q[49] * 1000, q[98] * 1000
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"flywheel up exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/readyz").status_code == 200:
+                    return
+            time.sleep(0.5)
+    raise RuntimeError("flywheel up did not become ready")
+
+
+def _snapshot(proc: subprocess.Popen[bytes], trace: Path, n: int) -> None:
+    proc.send_signal(signal.SIGUSR1)
+    done = Path(f"{trace}.{n}.done")
+    deadline = time.monotonic() + 600
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _trace_report(trace: Path, calls: int, top: int = 20) -> list[dict[str, Any]]:
+    import tracemalloc
+
+    first = tracemalloc.Snapshot.load(f"{trace}.1")
+    last = tracemalloc.Snapshot.load(f"{trace}.2")
+    alive = tracemalloc.Snapshot.load(f"{trace}.3")
+    held, garbage = (
+        sum(s.size for s in last.statistics("filename")),
+        sum(s.size for s in alive.statistics("filename")),
+    )
+    out: list[dict[str, Any]] = [
+        {
+            "kb": round(held / 1024, 1),
+            "bytes_per_call": round(held / max(calls, 1), 1),
+            "count_diff": 0,
+            "where": ["all traced (allocated in the window, still held)"],
+            "lib": [],
+        },
+        {
+            "kb": round((held - garbage) / 1024, 1),
+            "bytes_per_call": round((held - garbage) / max(calls, 1), 1),
+            "count_diff": 0,
+            "where": ["of which cyclic garbage (freed by gc.unfreeze + gc.collect)"],
+            "lib": [],
+        },
+    ]
+    for stat in alive.compare_to(first, "traceback")[:top]:
+        frames = [f"{f.filename.removeprefix(str(ROOT) + '/')}:{f.lineno}" for f in stat.traceback]
+        out.append(
+            {
+                "kb": round(stat.size_diff / 1024, 1),
+                "bytes_per_call": round(stat.size_diff / max(calls, 1), 1),
+                "count_diff": stat.count_diff,
+                "where": [f for f in frames if "site-packages" not in f][-4:] or frames[-3:],
+                "lib": [f.split("site-packages/")[-1] for f in frames if "site-packages" in f][-2:],
+            }
+        )
+    return out
+
+
+def run(
+    minutes: float,
+    agents: int,
+    *,
+    trainer: bool = True,
+    sample_s: float = 15.0,
+    trace: Path | None = None,
+    env_extra: dict[str, str] | None = None,
+    fit_from_s: float | None = None,
+) -> dict[str, Any]:
+    """Run the soak (module docstring); ``fit_from_s``: where the fitted window starts (default: minute
+    2, or a fifth of a shorter run)."""
+    with tempfile.TemporaryDirectory(prefix="flywheel-soak-") as tmp:
+        data = Path(tmp) / "data"
+        port = _port()
+        url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+        env.update(
+            {
+                "PYTHONPATH": str(ROOT),
+                "FLYWHEEL_ADMIN_TOKEN": TOKEN,
+                "FLYWHEEL_DATA_DIR": str(data),
+                "FLYWHEEL_TRAINER_TORCH_THREADS": "1",
+                "FLYWHEEL_ENGINE_THREADS": "1",
+                "FLYWHEEL_TRAINER_BATCH_GROUPS": "4",
+                **(env_extra or {}),
+            }
+        )
+        if trace is not None:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            env["SOAK_TRACE"] = str(trace)
+        args = [PY, "-c", STACK, "up", "--tiny", "--port", str(port), "--data-dir", str(data)]
+        if not trainer:
+            args.append("--no-trainer")
+        log_path = Path(tmp) / "up.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            _wait_ready(proc, url, log_path)
+            created = subprocess.run(
+                [FLYWHEEL, "keys", "create", "--tenant", "soak"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            key = created.stdout.strip()
+            fit_from = fit_from_s if fit_from_s is not None else min(120.0, minutes * 60 / 5)
+            result = asyncio.run(_drive(proc, url, key, minutes, agents, sample_s, trace, fit_from))
+            result["trainer_step"] = _trainer_step(url)
+            result["gateway_open_episodes_end"] = _open_episodes(url)
+            result["recorded"] = _recorded(url, result["answered"])
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if trace is not None:
+            result["trace"] = _trace_report(trace, result["traced_calls"])
+        result["log_tail"] = log_path.read_text(errors="replace")[-1500:] if proc.returncode else ""
+        return result
+
+
+async def _drive(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    key: str,
+    minutes: float,
+    agents: int,
+    sample_s: float,
+    trace: Path | None,
+    fit_from: float,
+) -> dict[str, Any]:
+    tally = Tally()
+    samples: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    duration = minutes * 60
+    stop_at = t0 + duration
+    root = psutil.Process(proc.pid)
+    limits = httpx.Limits(max_connections=agents * 2, max_keepalive_connections=agents * 2)
+    traced_from = 0
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        sampler = asyncio.create_task(_sampler(root, tally, t0, stop_at, sample_s, samples))
+        tasks = [asyncio.create_task(_agent(i, url, key, tally, t0, stop_at, http)) for i in range(agents)]
+        if trace is not None:
+            await asyncio.sleep(fit_from)
+            traced_from = tally.answered
+            await asyncio.to_thread(_snapshot, proc, trace, 1)
+        await asyncio.gather(*tasks)
+        if trace is not None:
+            await asyncio.to_thread(_snapshot, proc, trace, 2)
+        await sampler
+    end = samples[-1]["t"]
+    fitted = [s for s in samples if s["t"] >= fit_from]
+    base_t = 300.0 if duration >= 360 else fit_from
+    p50_base, p99_base = _minute(tally.latencies, base_t - 60, base_t)
+    p50_end, p99_end = _minute(tally.latencies, end - 60, end)
+    rss2, rss5, rss_end = _at(samples, 120.0)["rss"], _at(samples, 300.0)["rss"], samples[-1]["rss"]
+    return {
+        "minutes": round(end / 60, 2),
+        "agents": agents,
+        "answered": tally.answered,
+        "failed": tally.failed,
+        "episodes": tally.episodes,
+        "errors": tally.errors,
+        "rss_mb_min2": {k: round(v, 1) for k, v in rss2.items()},
+        "rss_mb_min5": {k: round(v, 1) for k, v in rss5.items()} if duration >= 300 else None,
+        "rss_mb_end": {k: round(v, 1) for k, v in rss_end.items()},
+        "rss_ratio_end_vs_base": round(
+            sum(rss_end.values()) / sum((rss5 if duration >= 300 else rss2).values()), 4
+        ),
+        "slope_kb_per_1k_calls": round(_slope_kb_per_1k(fitted), 1),
+        "latency_base_minute": base_t / 60,
+        "p50_ms_base": round(p50_base, 1),
+        "p99_ms_base": round(p99_base, 1),
+        "p50_ms_end": round(p50_end, 1),
+        "p99_ms_end": round(p99_end, 1),
+        "p99_drift": round(p99_end / p99_base, 3) if p99_base else None,
+        "p50_drift": round(p50_end / p50_base, 3) if p50_base else None,
+        "load1_median": round(statistics.median(s["load1"] for s in samples), 2),
+        "samples": [
+            {
+                "t": round(s["t"]),
+                "calls": s["calls"],
+                "rss": {k: round(v) for k, v in s["rss"].items()},
+                "load1": round(s["load1"], 1),
+            }
+            for s in samples
+        ],
+        "traced_calls": tally.answered - traced_from,
+    }
+
+
+def _trainer_step(url: str) -> int | None:
+    with contextlib.suppress(Exception):
+        r = httpx.get(f"{url}/admin/ops/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        step = r.json().get("control", {}).get("trainer_step")
+        return int(step) if step is not None else 0
+    return None
+
+
+def _open_episodes(url: str) -> int | None:
+    with contextlib.suppress(Exception):
+        return int(httpx.get(f"{url}/readyz", timeout=30).json()["open_episodes"])
+    return None
+
+
+def _recorded(url: str, answered: int) -> int:
+    """Calls the event log holds, once the recorder has written what it had (waits up to a minute)."""
+    sql = "SELECT count() FROM flywheel.events WHERE type = 'llm_call_recorded'"
+    n = -1
+    deadline = time.monotonic() + 60
+    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                r = client.post(f"{url}/admin/eventlog/query", json={"sql": sql})
+                n = int(r.json()["rows"][0][0])
+                if n >= answered:
+                    return n
+            time.sleep(2)
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--agents", type=int, default=16)
+    ap.add_argument("--sample-s", type=float, default=15.0)
+    ap.add_argument("--no-trainer", action="store_true")
+    ap.add_argument(
+        "--idle-timeout-s", type=float, default=None, help="FLYWHEEL_IDLE_TIMEOUT_S (default: the stack's)"
+    )
+    ap.add_argument("--trace", type=Path, default=None, help="tracemalloc snapshots under this path prefix")
+    a = ap.parse_args()
+    env = {"FLYWHEEL_IDLE_TIMEOUT_S": str(a.idle_timeout_s)} if a.idle_timeout_s is not None else None
+    r = run(a.minutes, a.agents, trainer=not a.no_trainer, sample_s=a.sample_s, trace=a.trace, env_extra=env)
+    lost = r["answered"] - r["recorded"]
+    figures = {k: v for k, v in r.items() if k not in ("samples", "log_tail")}
+    figures["lost"] = lost
+    goals = {
+        "nothing_lost": lost <= 0 and r["failed"] == 0,
+        "slope_within_bound": r["slope_kb_per_1k_calls"] <= SLOPE_BOUND_KB,
+        "rss_end_within_1.05x": r["rss_ratio_end_vs_base"] <= 1.05,
+        "p99_end_within_1.5x": r["p99_drift"] is not None and r["p99_drift"] <= 1.5,
+    }
+    if a.json:
+        print(json.dumps({"figures": figures, "goals": goals, "samples": r["samples"]}, indent=1))
+        return
+    for k, v in figures.items():
+        if k != "trace":
+            print(f"{k:28} {v}")
+    for row in r.get("trace", []):
+        print(
+            f"{row['kb']:>10} KB {row['bytes_per_call']:>8} B/call  {row['count_diff']:>7}  {row['where']} {row['lib']}"
+        )
+    print("goals:", goals)
+    if r["log_tail"]:
+        print(r["log_tail"])
+
+
+if __name__ == "__main__":
+    main()
