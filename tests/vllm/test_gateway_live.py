@@ -72,7 +72,9 @@ def assert_faithful(call: LLMCallRecorded, tokenizer: Any, texts: list[str]) -> 
     for choice, text in zip(call.choices, texts, strict=True):
         ids, lps = choice.token_ids or [], choice.logprobs or []
         assert len(ids) == len(lps) > 0 and all(-1e4 < lp <= 0.0 for lp in lps)
-        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        # a reply cut inside a multi-byte character: vLLM holds the incomplete bytes back from the text
+        assert decoded == text or (decoded.startswith(text) and set(decoded[len(text) :]) == {"\ufffd"})
 
 
 def test_chat_is_recorded_with_vllms_ids_and_logprobs(client, gw, tokenizer) -> None:

@@ -45,7 +45,9 @@ def test_the_gateway_asks_for_a_prefix_only_for_an_exact_extension() -> None:
     cut = turn_of(
         {"messages": FIRST}, {"choices": [{"index": 0, "message": REPLY, "finish_reason": "length"}]}
     )
-    assert prompt_prefix({"messages": [*FIRST, REPLY, TOOL]}, cut, prompt, responses) is None  # no end of turn
+    assert (
+        prompt_prefix({"messages": [*FIRST, REPLY, TOOL]}, cut, prompt, responses) is None
+    )  # no end of turn
 
 
 def test_the_vllm_prompt_is_the_recorded_ids_then_what_the_template_adds_after_the_turn() -> None:
