@@ -376,7 +376,9 @@ async def replay_phase(
     await checkpoint(0, 0)
     eval_after = {round(len(steps) * (i + 1) / opts.checkpoints) for i in range(opts.checkpoints)} - {0}
     eval_s = points[0].seconds
-    training = stack.start_training(None)
+    # Started only with something to train: a trainer loop stopped before it first ran would clear the
+    # stop request when it starts (``TrainerService.run``) and never return.
+    training = stack.start_training(None) if steps else None
     timed_out = False
     units = steps if opts.paced else [[g for step in steps for g in step]]
     for index, step in enumerate(units, start=1):
@@ -391,13 +393,15 @@ async def replay_phase(
         # The trainer exposes no "batch taken" event: poll its counters (cheap) under a deadline.
         deadline = time.perf_counter() + opts.step_timeout_s * (1 if opts.paced else len(steps))
         while (
-            not _taken(trainer, opts.paced, done_before, report.run_id, sent_groups) and not training.done()
+            training is not None
+            and not _taken(trainer, opts.paced, done_before, report.run_id, sent_groups)
+            and not training.done()
         ):
             if time.perf_counter() > deadline or time.perf_counter() - t0 - eval_s > rl_seconds:
                 timed_out = True
                 break
             await asyncio.sleep(0.02)
-        if timed_out or training.done():
+        if timed_out or training is None or training.done():
             say(
                 f"[seed {run.seed}] replay stopped at step {index} of {len(units)}: budget spent or trainer stuck"
             )
@@ -408,7 +412,8 @@ async def replay_phase(
         if time.perf_counter() - t0 - eval_s > rl_seconds:
             say(f"[seed {run.seed}] replay budget of {rl_seconds:.0f}s spent at step {index} of {len(steps)}")
             break
-    await stack.stop_training()
+    if training is not None:
+        await stack.stop_training()
     if steps and (not points or points[-1].step != trainer.step):
         await checkpoint(trainer.step, sent_groups)
     best = choose(points) if opts.select else points[-1]
