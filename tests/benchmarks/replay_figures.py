@@ -38,8 +38,8 @@ def _cell(step: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def figures(out: Path, every: int) -> str:
-    report = json.loads((out / "report.json").read_text())
-    runs = report.get("per_seed") or [report]
+    # each seed's own report: the top level of a one-seed run leaves the steps out
+    runs = [json.loads(path.read_text()) for path in sorted(out.glob("seed-*/report.json"))]
     lines: list[str] = []
     for run in runs:
         on = run["on_policy"]
