@@ -6,9 +6,12 @@ idle timeout), the trainer stepping. The idle timeout is 20 s here, so that aban
 idle sessions are forgotten several times within the run; the gateway then holds only the episodes of
 the last half minute or so.
 
-The bound: the stack's RSS grows by at most ``SLOPE_BOUND_KB`` KB per 1,000 calls served past the first
-minute (least squares over samples every 5 s). Before the in-process bus kept a small history and the
-gateway forgot abandoned episodes, the slope was ~22,000 KB per 1,000 calls (every call event kept).
+The bound is on the heap, not on RSS: the stack process's allocated interpreter blocks
+(``sys.getallocatedblocks()``, sampled every 5 s) grow by at most ``BLOCKS_PER_CALL`` per call served
+past the first two minutes (Theil–Sen). In a run this short on a shared machine RSS is still warming up
+(malloc arenas, torch's and chdb's first high-water marks: tens of KB per call in minutes 1-3, flat from
+then on in the 30-minute soak), so its slope is reported, not asserted. Keeping every call event, as the
+in-process bus did, was ~70 objects per call.
 """
 
 from __future__ import annotations
@@ -19,18 +22,26 @@ from tests.benchmarks.soak import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-MINUTES = 2.5
-SLOPE_BOUND_KB = 6_000.0  # KB per 1,000 calls; RSS sampling noise on a shared 2-core machine is ~±3,000
+MINUTES = 3.0
+FIT_FROM_S = 120.0  # the fast-filling bounded structures (the bus's history, recent calls) are full by then
+BLOCKS_PER_CALL = 50.0  # interpreter blocks per call; keeping every call event was ~70 more
 
 
 def test_memory_stays_flat_and_nothing_is_lost_under_steady_traffic() -> None:
-    r = run(MINUTES, 4, sample_s=5.0, fit_from_s=60.0, env_extra={"FLYWHEEL_IDLE_TIMEOUT_S": "20"})
+    r = run(MINUTES, 8, sample_s=5.0, fit_from_s=FIT_FROM_S, env_extra={"FLYWHEEL_IDLE_TIMEOUT_S": "20"})
+    keys = ("answered", "recorded", "heap_blocks_per_call", "slope_kb_per_1k_calls", "rss_mb_end")
+    print({k: r[k] for k in keys})  # in the log of a passing run too (pytest -s)
     assert r["failed"] == 0, r["errors"]
     assert r["answered"] > 200, r  # enough calls for a slope to mean something
     assert r["recorded"] == r["answered"], "calls answered but not in the event log"
     assert set(r["episodes"]) == {"finished", "abandoned", "production"}
     assert r["trainer_step"] and r["trainer_step"] > 0, "the trainer never stepped"
     # abandoned episodes and idle sessions (3 in 8 episodes of 3 calls) are forgotten after ~20 s: held
-    # forever, they would be answered / 8 at the end; forgotten, those of the last ~22 s of 150
+    # forever, they would be answered / 8 at the end; forgotten, those of the last ~22 s of 180
     assert r["gateway_open_episodes_end"] is not None and r["gateway_open_episodes_end"] <= r["answered"] / 16
-    assert r["slope_kb_per_1k_calls"] <= SLOPE_BOUND_KB, r["samples"]
+    blocks = r["heap_blocks_per_call"]
+    assert blocks is not None and blocks <= BLOCKS_PER_CALL, (
+        blocks,
+        r["slope_kb_per_1k_calls"],
+        r["samples"],
+    )
