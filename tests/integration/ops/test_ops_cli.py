@@ -169,7 +169,7 @@ def test_completion_installs_and_completes(tmp_path: Path) -> None:
     assert "flywheel.sh" in (tmp_path / ".bashrc").read_text()
     words = {"_FLYWHEEL_COMPLETE": "complete_bash", "COMP_WORDS": "flywheel topics ", "COMP_CWORD": "2"}
     completed = subprocess.run([exe], env={**env, **words}, capture_output=True, text=True, timeout=60)
-    assert completed.stdout.split() == ["create", "ls"]
+    assert completed.stdout.split() == ["create", "asyncapi", "ls"]
 
 
 # ------------------------------------------------------------------- against a running stack's admin API
