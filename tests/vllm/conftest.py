@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from infra.application.stack import EmbeddedStack, StackSettings
 
 SERVED_NAME = "policy"
 
@@ -71,3 +74,13 @@ def warm(vllm_url: str) -> str:
     )
     r.raise_for_status()
     return vllm_url
+
+
+@pytest.fixture
+async def stack(warm: str, vllm_model_dir: Path, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
+    """The embedded stack (gateway, worker, reward service; no trainer) in front of the live vLLM."""
+    settings = StackSettings(
+        data_dir=tmp_path, run_trainer=False, record_events=False, upstream_timeout_s=300.0, concurrency=2
+    )
+    async with EmbeddedStack(settings, model_dir=vllm_model_dir, vllm_url=warm) as s:
+        yield s

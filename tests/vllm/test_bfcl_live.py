@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.application.bfcl import bfcl_tasks
-from infra.application.stack import EmbeddedStack, StackSettings
+from infra.application.stack import EmbeddedStack
 from schemas import (
     EPISODES,
     TASKS,
@@ -29,15 +28,6 @@ from tests.unit.worker.collect import Events
 
 pytestmark = pytest.mark.timeout(600)
 AGENT = Path(__file__).parent / "agents" / "bfcl_agent.py"
-
-
-@pytest.fixture
-async def stack(warm: str, vllm_model_dir: Path, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
-    settings = StackSettings(
-        data_dir=tmp_path, run_trainer=False, record_events=False, upstream_timeout_s=300.0, concurrency=2
-    )
-    async with EmbeddedStack(settings, model_dir=vllm_model_dir, vllm_url=warm) as s:
-        yield s
 
 
 async def test_bfcl_questions_are_answered_and_scored_against_bfcls_accepted_values(

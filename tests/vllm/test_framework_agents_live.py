@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from infra.application.stack import EmbeddedStack
 from schemas import (
     EPISODES,
     TASKS,
@@ -40,15 +39,6 @@ pytestmark = pytest.mark.timeout(600)
 
 AGENTS = Path(__file__).parent / "agents"
 FRAMEWORKS = [("langgraph", "langgraph_tool_first.py"), ("openai-agents", "agents_sdk_tool_first.py")]
-
-
-@pytest.fixture
-async def stack(warm: str, vllm_model_dir: Path, tmp_path: Path) -> AsyncIterator[EmbeddedStack]:
-    settings = StackSettings(
-        data_dir=tmp_path, run_trainer=False, record_events=False, upstream_timeout_s=300.0, concurrency=2
-    )
-    async with EmbeddedStack(settings, model_dir=vllm_model_dir, vllm_url=warm) as s:
-        yield s
 
 
 @pytest.mark.parametrize(("framework", "script"), FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS])

@@ -2,35 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from schemas import LLMCallRecorded, UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-
-CORPUS = [
-    f"<|im_start|>user\\nWhat is {a}+{b}?<|im_end|>\\n<|im_start|>assistant\\nThe answer is {a + b}.<|im_end|>"
-    for a in range(0, 40, 3)
-    for b in range(0, 40, 7)
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.models.tiny import build_tiny
-
-    return build_tiny(
-        tmp_path_factory.mktemp("tiny") / "model",
-        CORPUS,
-        vocab_size=320,
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-    )
 
 
 async def test_calls_through_the_embedded_engine_are_token_faithful(tiny_dir, tmp_path):

@@ -3,8 +3,6 @@ as the real embedded engine tokenised them, on every call of the episode."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from schemas import CONTROL, LLMCallRecorded, PromptComponent, PromptVersionActivated, PromptVersionRequested
@@ -14,26 +12,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 AGENT_SYSTEM = "Use CALC: <expr> then ANSWER: <n>."
 CANDIDATE = "Answer with ANSWER: <n> after CALC: <expr>."
-CORPUS = [
-    f"<|im_start|>system\\n{AGENT_SYSTEM} {CANDIDATE}<|im_end|>\\n<|im_start|>user\\nWhat is {a}+{b}?<|im_end|>"
-    for a in range(0, 40, 3)
-    for b in range(0, 40, 7)
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.models.tiny import build_tiny
-
-    return build_tiny(
-        tmp_path_factory.mktemp("tiny") / "model",
-        CORPUS,
-        vocab_size=320,
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-    )
 
 
 async def test_recorded_prompt_ids_are_those_of_the_substituted_prompt(tiny_dir, tmp_path):

@@ -28,27 +28,7 @@ from trainer.groups import Group
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-CORPUS = [
-    f"<|im_start|>user\\nWhat is {a}+{b}?<|im_end|>\\n<|im_start|>assistant\\nThe answer is {a + b}.<|im_end|>"
-    for a in range(0, 40, 3)
-    for b in range(0, 40, 7)
-]
 ASK = {"max_tokens": 24, "ignore_eos": True, "seed": 7}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.models.tiny import build_tiny
-
-    return build_tiny(
-        tmp_path_factory.mktemp("tiny") / "model",
-        CORPUS,
-        vocab_size=320,
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-    )
 
 
 async def _recorded_calls(tiny_dir: Path, tmp_path: Path) -> list[LLMCallRecorded]:
