@@ -4,6 +4,7 @@ with partial credit; the task set it scores (``flywheel tasks bfcl``) read from 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +116,19 @@ def test_the_bfcl_task_set_comes_from_the_pinned_wheel() -> None:
     names = {t["function"]["name"] for spec in inputs for t in spec["tools"]}
     assert all("." not in n for n in names) and "math_factorial" in names
     assert len(bfcl_tasks("multiple", limit=5)) == 5
+
+
+def test_flywheel_tasks_bfcl_writes_a_task_file_that_reads_back(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infra.application.cli.main import app
+    from infra.application.taskfile import read_task_file
+
+    out = tmp_path / "bfcl.jsonl"
+    ran = CliRunner().invoke(app, ["tasks", "bfcl", "--limit", "3", "--partial", "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
+    tasks, errors = read_task_file(out)
+    assert not errors and [t.task_id for t in tasks] == [f"bfcl-simple_python_{i}" for i in range(3)]
+    assert all(t.scorer.name == "tool_call" and t.scorer.options == {"partial": True} for t in tasks)
+    bad = CliRunner().invoke(app, ["tasks", "bfcl", "--category", "nope"])
+    assert bad.exit_code == 1 and "category 'nope'" in bad.output
