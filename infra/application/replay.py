@@ -19,7 +19,15 @@ transitions without behaviour logprobs (``no_logprobs``), logprobs that do not l
 response (``logprobs_length``), validation episodes (``not_train``), superseded attempts
 (``superseded``) and episodes without a reward (``no_reward``).
 
-Nothing here parses command lines or prints: :mod:`infra.application.cli.ops_cmd` does.
+**Paced by the trainer's steps** (``pace``, the command line's default): the groups are sent in the order
+they completed in the recorded run (the order the recorded trainer took them), ``groups_per_step`` at a
+time, and the next step's groups only once the trainer reported a step (``TrainerStepCompleted`` on
+``flywheel.control``). Sent all at once, a large replay is consumed out of order — the bus works a
+topic's partitions concurrently, as Kafka does — so the trainer's batches mix the whole recorded run
+and the staleness rule drops the early episodes (docs/replay.md measures it). Groups whose members all
+carry the same return teach nothing and are left out of a paced replay (``no_signal``).
+
+Nothing here parses command lines or prints: :mod:`infra.application.cli.replay_cmd` does.
 """
 
 from __future__ import annotations
@@ -28,23 +36,51 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.bus.base import Bus
+from infra.bus.base import Bus, Message, Subscription
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.timeparse import parse_when
-from schemas import TRANSITIONS, EpisodeScored, EpisodeSource, Mode, new_event_id
+from schemas import (
+    CONTROL,
+    TRANSITIONS,
+    EpisodeScored,
+    EpisodeSource,
+    Mode,
+    TrainerStepCompleted,
+    new_event_id,
+)
+from trainer.advantages import has_variance
+from trainer.credit import has_excess
 
 MAX_GROUP_ID = 64
 
 
 class ReplayFilterError(ValueError):
     """A replay filter that cannot be understood (bad date, negative rate, ...). One line."""
+
+
+class ReplayStalledError(RuntimeError):
+    """A paced replay saw no trainer step within its timeout after sending a step's groups. One line."""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Send ``groups_per_step`` groups (the trainer's batch), then wait for its step, at most ``step_timeout_s``."""
+
+    groups_per_step: int
+    step_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step < 1:
+            raise ReplayFilterError(f"groups per step must be at least 1, got {self.groups_per_step}")
+        if not self.step_timeout_s > 0:
+            raise ReplayFilterError(f"the step timeout must be positive, got {self.step_timeout_s}")
 
 
 class ScoredEpisodeSource(Protocol):
@@ -98,6 +134,9 @@ class ReplayReport:
     flat_groups: int = 0  # groups whose members all have the same reward: no GRPO signal
     dry_run: bool = False
     run_id: str = ""
+    paced: bool = False
+    steps: int = 0  # paced: the steps planned
+    steps_taken: int = 0  # paced: steps the trainer reported after its groups were sent
 
     @property
     def eligible(self) -> int:
@@ -113,6 +152,9 @@ class ReplayReport:
             "sent": self.sent,
             "groups": self.groups,
             "flat_groups": self.flat_groups,
+            "paced": self.paced,
+            "steps": self.steps,
+            "steps_taken": self.steps_taken,
         }
 
 
@@ -232,6 +274,71 @@ def plan_replay(events: Iterable[EpisodeScored], *, run_id: str, report: ReplayR
     return out
 
 
+def has_signal(members: Sequence[EpisodeScored]) -> bool:
+    """The trainer's own test (trainer.batching): different rewards, or per-call returns that differ."""
+    rewards = [float(m.reward or 0.0) for m in members]
+    return has_variance(rewards) or any(
+        has_excess(t, r) for m, r in zip(members, rewards, strict=True) for t in m.transitions
+    )
+
+
+def completion_order(
+    log: Sequence[EpisodeScored], planned: Sequence[EpisodeScored]
+) -> list[list[EpisodeScored]]:
+    """``plan_replay``'s copies (``planned``) grouped, in the order the groups completed in ``log``.
+
+    A group completed when its last member was scored (its last place in the log): the order the
+    recorded trainer could take the groups in.
+    """
+    place = {e.episode_id: i for i, e in enumerate(log)}
+    by_group: dict[str, list[EpisodeScored]] = {}
+    for event in planned:
+        by_group.setdefault(event.group_id, []).append(event)
+    return sorted(by_group.values(), key=lambda g: max(place[m.episode_id] for m in g))
+
+
+class TrainerSteps:
+    """Counts the trainer's ``TrainerStepCompleted`` events emitted since it started watching.
+
+    A private consumer group reads the control topic from the beginning and counts only the steps
+    emitted after ``start`` (a fresh group's "from now on" could miss a step while it joins).
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.count = 0
+        self._since = datetime.now(UTC)
+        self._changed = asyncio.Condition()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        await self.bus.ensure_topics([CONTROL])
+        self._since = datetime.now(UTC)
+        group = f"replay-pace-{uuid.uuid4().hex[:12]}"
+        self._sub = await self.bus.subscribe(CONTROL, group, self._handle, from_beginning=True)
+
+    async def _handle(self, message: Message) -> None:
+        event = message.event
+        if isinstance(event, TrainerStepCompleted) and event.emitted_at >= self._since:
+            async with self._changed:
+                self.count += 1
+                self._changed.notify_all()
+
+    async def wait_beyond(self, count: int, timeout_s: float) -> bool:
+        """True once more than ``count`` steps were seen; False after ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self.count > count)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.stop()
+            self._sub = None
+
+
 class _Pacer:
     """At most ``rate`` publishes per second (no limit when None)."""
 
@@ -254,16 +361,36 @@ async def replay(
     flt: ReplayFilter,
     *,
     rate: float | None = None,
+    pace: Pace | None = None,
     dry_run: bool = False,
+    report: ReplayReport | None = None,
     on_planned: Callable[[int], None] | None = None,
     on_sent: Callable[[EpisodeScored], None] | None = None,
 ) -> ReplayReport:
-    """Select, check and (unless ``dry_run``) publish. ``bus`` must be started; unused on a dry run."""
-    report = ReplayReport(dry_run=dry_run, run_id=uuid.uuid4().hex[:8])
+    """Select, check and (unless ``dry_run``) publish. ``bus`` must be started; unused on a dry run.
+
+    ``pace``: send the groups in their recorded order, one trainer step's worth at a time (module
+    docstring); raises :class:`ReplayStalledError` when the trainer does not step. ``report`` (a fresh
+    one when None) is filled in as the replay goes, so a caller can show its progress.
+    """
+    report = report or ReplayReport()
+    report.dry_run, report.paced = dry_run, pace is not None
+    report.run_id = report.run_id or uuid.uuid4().hex[:8]
     episode_filter = flt.to_episode_filter()
     # The store's reads are synchronous (chdb / clickhouse-connect): keep the event loop free.
     events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
     planned = plan_replay(events, run_id=report.run_id, report=report)
+    steps: list[list[list[EpisodeScored]]] = [[[e] for e in planned]]
+    if pace is not None:
+        groups = completion_order(events, planned)
+        silent = [g for g in groups if not has_signal(g)]
+        for g in silent:
+            report.skipped["no_signal"] += len(g)
+        groups = [g for g in groups if has_signal(g)]
+        n = pace.groups_per_step
+        steps = [groups[i : i + n] for i in range(0, len(groups), n)]
+        report.steps = len(steps)
+        planned = [e for step in steps for g in step for e in g]
     if on_planned is not None:
         on_planned(len(planned))
     if dry_run or not planned:
@@ -271,10 +398,29 @@ async def replay(
     if bus is None:
         raise ValueError("a bus is needed to publish a replay")
     pacer = _Pacer(rate)
-    for event in planned:
-        await pacer.wait()
-        await bus.publish(TRANSITIONS, event)
-        report.sent += 1
-        if on_sent is not None:
-            on_sent(event)
+    watch = TrainerSteps(bus) if pace is not None else None
+    if watch is not None:
+        await watch.start()
+    try:
+        for index, step in enumerate(steps, start=1):
+            seen = watch.count if watch is not None else 0
+            for members in step:
+                for event in members:
+                    await pacer.wait()
+                    await bus.publish(TRANSITIONS, event)
+                    report.sent += 1
+                    if on_sent is not None:
+                        on_sent(event)
+            if watch is None or pace is None or len(step) < pace.groups_per_step:
+                continue  # a last, partial step trains with the trainer's next batch
+            if not await watch.wait_beyond(seen, pace.step_timeout_s):
+                raise ReplayStalledError(
+                    f"no trainer step within {pace.step_timeout_s:g} s after sending step {index} of "
+                    f"{len(steps)} ({report.sent} episodes sent): is a trainer consuming "
+                    f"{TRANSITIONS} with batches of {pace.groups_per_step} groups?"
+                )
+            report.steps_taken += 1
+    finally:
+        if watch is not None:
+            await watch.stop()
     return report

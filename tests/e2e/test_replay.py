@@ -220,3 +220,90 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
     # And the policy moved: the recorded answers' log-probabilities changed under the trained weights.
     after = backend.sequence_logprobs(probe)
     assert max(abs(x - y) for x, y in zip(before, after, strict=True)) > 1e-3
+
+
+async def test_a_paced_replay_through_the_admin_api_trains_the_recorded_run_in_order(
+    recorded: tuple[Path, ChdbStore], tmp_path: Path
+) -> None:
+    """One paced replay of the whole recorded run, started through the running stack's admin API.
+
+    Sent at once, the three groups would reach the trainer in any order (the bus works the transitions
+    topic's partitions concurrently). Paced, one group per step as the fresh trainer takes them, the
+    steps train A, then B, then C — the figures the hand-ordered replay above reaches — and the
+    progress route reports every step taken.
+    """
+    import httpx
+    from fastapi import FastAPI
+
+    from infra.application.ops.api import OpsContext, create_ops_router
+    from trainer.app import build, load_backend
+    from trainer.config import AlgorithmConfig
+    from trainer.settings import TrainerSettings
+
+    model, store = recorded
+    algo = AlgorithmConfig(max_staleness=1, tis_cap=2.0, ppo_epochs=1, learning_rate=3e-3)
+    settings = TrainerSettings(
+        data_dir=tmp_path / "fresh-trainer",
+        trainer_base_model=model,
+        trainer_mode="sync",
+        trainer_batch_groups=1,
+        trainer_expected_gateways=0,
+        trainer_torch_threads=1,
+        trainer_algo=algo,
+    )
+    bus = MemoryBus()
+    await bus.start()
+    steps: list[s.TrainerStepCompleted] = []
+
+    async def on_control(message: Message) -> None:
+        if isinstance(message.event, s.TrainerStepCompleted):
+            steps.append(message.event)
+
+    await bus.ensure_topics([s.CONTROL, s.TRANSITIONS])
+    watch = await bus.subscribe(s.CONTROL, "test-steps", on_control)
+    service = build(settings, bus, load_backend(model, algo, torch_threads=1), [])
+    await service.start()
+    runner = asyncio.create_task(service.run(3))
+    token = "s3cret-admin-token-for-tests"
+    ctx = OpsContext(bus=bus, reader=store, admin_token=token)
+    app = FastAPI()
+    app.include_router(create_ops_router(ctx))
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {
+        "filter": {"since": (datetime.now(UTC) - timedelta(hours=1)).isoformat()},
+        "pace": {"groups_per_step": 1, "step_timeout_s": 60},
+    }
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://stack", headers=headers
+        ) as client:
+            started = await client.post("/admin/ops/replay", json=body)
+            assert started.status_code == 202, started.text
+            run_id = started.json()["run_id"]
+            assert started.json()["state"] == "running"
+            progress = started.json()
+            async with asyncio.timeout(120):
+                while progress["state"] == "running":
+                    await asyncio.sleep(0.1)
+                    progress = (await client.get(f"/admin/ops/replay/{run_id}")).json()
+            assert progress["state"] == "done", progress
+            missing = await client.get("/admin/ops/replay/nope")
+            assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+        await asyncio.wait_for(runner, 30)
+    finally:
+        if not runner.done():
+            service.request_stop()
+            runner.cancel()
+        await service.stop()
+        await ctx.stop()
+        await watch.stop()
+        await bus.stop()
+
+    assert progress["paced"] is True and progress["sent"] == 3 * GROUP
+    assert progress["steps"] == progress["steps_taken"] == 3
+    a, b, c = (step.metrics.as_dict() for step in steps[:3])
+    # In the recorded order, one group per step: A (version 0) on a fresh trainer, B one version
+    # behind, C's version-0 half two behind (dropped by max_staleness=1) and its version-2 half kept.
+    assert a["replay_episodes"] == b["replay_episodes"] == GROUP
+    assert a["staleness_max"] == 0 and b["staleness_max"] == 1 and c["staleness_max"] == 2
+    assert c["transitions"] == GROUP // 2

@@ -26,7 +26,7 @@ from infra.application.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from infra.application.replay import ReplayFilter, ReplayReport
+    from infra.application.replay import Pace, ReplayFilter, ReplayReport
     from infra.eventlog.client import EventLogReader
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
@@ -96,19 +96,22 @@ def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
     typer.echo(f"skipped:  {skipped}" + (f" ({reasons})" if reasons else ""))
     verb = "would send" if report.dry_run else "sent"
     typer.echo(f"{verb}: {report.eligible if report.dry_run else report.sent} in {report.groups} group(s)")
+    if report.paced:
+        typer.echo(f"paced:    {report.steps_taken} of {report.steps} step(s) trained as they were sent")
     if report.flat_groups:
         typer.echo(
             f"note: {report.flat_groups} group(s) have one reward for every member; "
             "group-relative advantages give them no signal"
+            + (" (left out: no_signal)" if report.paced else "")
         )
 
 
 async def _replay_kafka(
-    flt: ReplayFilter, rate: float | None, dry_run: bool, url: str | None
+    flt: ReplayFilter, rate: float | None, pace: Pace | None, dry_run: bool, url: str | None
 ) -> ReplayReport:
     from rich.progress import Progress
 
-    from infra.application.replay import replay
+    from infra.application.replay import ReplayStalledError, replay
     from infra.bus.base import Bus, BusError
     from infra.bus.factory import make_bus
     from infra.eventlog.errors import EventLogError
@@ -127,11 +130,14 @@ async def _replay_kafka(
                 bus,
                 flt,
                 rate=rate,
+                pace=pace,
                 dry_run=dry_run,
                 on_planned=lambda n: progress.update(task, total=n),
                 on_sent=lambda _: progress.advance(task),
             )
         return report
+    except ReplayStalledError as exc:
+        fail(f"replay stalled: {exc} (--no-pace sends everything at once)")
     except BusError as exc:
         fail(f"{type(exc).__name__}: {exc}")
     except EventLogError as exc:
@@ -142,18 +148,31 @@ async def _replay_kafka(
         reader.close()
 
 
-async def _replay_remote(url: str, flt: ReplayFilter, rate: float | None, dry_run: bool) -> ReplayReport:
+async def _replay_remote(
+    url: str, flt: ReplayFilter, rate: float | None, pace: Pace | None, dry_run: bool
+) -> ReplayReport:
     from collections import Counter
 
     from infra.application.ops.admin import AdminClient, AdminError
     from infra.application.replay import ReplayReport
 
     token = load_settings().admin_token.get_secret_value()
-    body = {"filter": flt.model_dump(mode="json"), "rate": rate, "dry_run": dry_run}
+    body: dict[str, Any] = {"filter": flt.model_dump(mode="json"), "rate": rate, "dry_run": dry_run}
+    if pace is not None:
+        body["pace"] = {"groups_per_step": pace.groups_per_step, "step_timeout_s": pace.step_timeout_s}
+    client = AdminClient(url, token, timeout_s=600)
     try:
-        data = await AdminClient(url, token, timeout_s=600).post("/admin/ops/replay", body)
+        data = await client.post("/admin/ops/replay", body)
+        # A paced replay runs on in the stack: follow its progress until it ends.
+        while data.get("state") == "running":
+            await asyncio.sleep(1.0)
+            data = await client.get(f"/admin/ops/replay/{data['run_id']}")
     except AdminError as exc:
         fail(str(exc))
+    if data.get("state") == "failed":
+        fail(
+            f"replay stalled after {data['sent']} episodes: {data['error']} (--no-pace sends everything at once)"
+        )
     return ReplayReport(
         selected=data["selected"],
         skipped=Counter(data["skipped"]),
@@ -162,6 +181,9 @@ async def _replay_remote(url: str, flt: ReplayFilter, rate: float | None, dry_ru
         flat_groups=data["flat_groups"],
         dry_run=data["dry_run"],
         run_id=data["run_id"],
+        paced=data.get("paced", False),
+        steps=data.get("steps", 0),
+        steps_taken=data.get("steps_taken", 0),
     )
 
 
@@ -181,6 +203,23 @@ def replay_command(
     ] = None,
     limit: Annotated[str, typer.Option("--limit", help="At most this many episodes.")] = "10000",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Select and check; publish nothing.")] = False,
+    paced: Annotated[
+        bool,
+        typer.Option(
+            "--pace/--no-pace",
+            help="Send the groups in their recorded order, one trainer step's worth at a time, the next "
+            "once the trainer stepped (default); --no-pace sends everything at once.",
+        ),
+    ] = True,
+    step_groups: Annotated[
+        int | None,
+        typer.Option(
+            "--step-groups", help="Groups per trainer step (default: FLYWHEEL_TRAINER_BATCH_GROUPS)."
+        ),
+    ] = None,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", help="Seconds to wait for each trainer step before giving up.")
+    ] = 300.0,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -189,7 +228,13 @@ def replay_command(
     Behaviour logprobs and weight versions are kept, so the trainer's importance correction and
     staleness rules apply. Prints how many were selected, skipped (and why) and sent.
     """
-    from infra.application.replay import ReplayFilter, ReplayFilterError, parse_rate, parse_weight_versions
+    from infra.application.replay import (
+        Pace,
+        ReplayFilter,
+        ReplayFilterError,
+        parse_rate,
+        parse_weight_versions,
+    )
 
     try:
         lo, hi = parse_weight_versions(weight_version) if weight_version is not None else (None, None)
@@ -207,23 +252,31 @@ def replay_command(
             limit=int(limit),
         )
         flt.to_episode_filter()  # cross-field checks (since < until, ...)
+        groups = _trainer_batch_groups() if step_groups is None else step_groups
+        pace = Pace(groups, step_timeout) if paced else None
     except (ReplayFilterError, ValueError) as exc:
         usage(_one_line(exc))
     settings = load_settings()
     remote = admin_url(url)
     if remote and settings.bus != "kafka":
-        report = asyncio.run(_replay_remote(remote, flt, per_second, dry_run))
+        report = asyncio.run(_replay_remote(remote, flt, per_second, pace, dry_run))
     elif settings.bus != "kafka" and not dry_run:
         fail(
             "FLYWHEEL_BUS=memory: replay publishes on the running stack's in-process bus; pass --url "
             "(the admin URL `flywheel up` prints), or use --dry-run, or FLYWHEEL_BUS=kafka"
         )
     else:
-        report = asyncio.run(_replay_kafka(flt, per_second, dry_run, remote))
+        report = asyncio.run(_replay_kafka(flt, per_second, pace, dry_run, remote))
     if as_json:
         print_json(report.as_dict())
     else:
         _print_report(report, flt)
+
+
+def _trainer_batch_groups() -> int:
+    from trainer.settings import TrainerSettings
+
+    return TrainerSettings().trainer_batch_groups
 
 
 def _one_line(exc: Exception) -> str:

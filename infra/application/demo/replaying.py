@@ -45,11 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra.application.replay import ReplayFilter, ReplayReport, plan_replay
+from infra.application.replay import ReplayFilter, ReplayReport, completion_order, has_signal, plan_replay
 from infra.eventlog.models import EpisodeFilter
 from schemas import TRANSITIONS, EpisodeScored
-from trainer.advantages import has_variance
-from trainer.credit import has_excess
 
 if TYPE_CHECKING:
     from infra.application.demo.pipeline import EvalResult
@@ -171,14 +169,6 @@ def _summary(values: list[float]) -> dict[str, float] | None:
 # ------------------------------------------------------------------------------- the plan
 
 
-def _has_signal(members: list[EpisodeScored]) -> bool:
-    """The trainer's own test (trainer.batching): different rewards, or per-call returns that differ."""
-    rewards = [float(m.reward or 0.0) for m in members]
-    return has_variance(rewards) or any(
-        has_excess(t, r) for m, r in zip(members, rewards, strict=True) for t in m.transitions
-    )
-
-
 @dataclass
 class ReplayPlan:
     """The replayed groups cut into the trainer's steps, in the order the recorded trainer took them."""
@@ -202,18 +192,13 @@ def plan_steps(
     ``k`` of the recorded run trained on. ``shuffled``: the same groups in a random order (``seed``).
     ``late``: only the second half of the recorded order (the better policy's episodes).
     """
-    place = {e.episode_id: i for i, e in enumerate(log)}
-    by_group: dict[str, list[EpisodeScored]] = {}
-    for event in planned:
-        by_group.setdefault(event.group_id, []).append(event)
-    completed = {gid: max(place[m.episode_id] for m in members) for gid, members in by_group.items()}
-    groups = sorted(by_group.values(), key=lambda g: completed[g[0].group_id])
+    groups = completion_order(log, planned)
     if order == "shuffled":
         random.Random(f"replay-{seed}").shuffle(groups)
     elif order == "late":
         groups = groups[len(groups) // 2 :]
     steps = [groups[i : i + batch_groups] for i in range(0, len(groups), batch_groups)]
-    return ReplayPlan(steps, len(groups), sum(1 for g in groups if _has_signal(g)))
+    return ReplayPlan(steps, len(groups), sum(1 for g in groups if has_signal(g)))
 
 
 # ----------------------------------------------------------------------- checkpoints

@@ -229,7 +229,7 @@ def test_status_and_replay_through_the_running_stack(
     cli: CliRunner, running_stack: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "s3cret-admin-token-for-tests")
-    result = cli.invoke(app, ["replay", "--since", "1d", "--url", running_stack, "--json"])
+    result = cli.invoke(app, ["replay", "--since", "1d", "--url", running_stack, "--no-pace", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["sent"] == 8
     result = cli.invoke(app, ["status", "--url", running_stack, "--json"])
@@ -252,6 +252,25 @@ def test_status_and_replay_through_the_running_stack(
     result = cli.invoke(app, ["status", "--url", running_stack])
     assert result.exit_code == 1
     assert "401" in _one_line_error(result)
+
+
+def test_a_paced_replay_with_no_trainer_stepping_stops_with_one_line(
+    cli: CliRunner, running_stack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paced (the default), the replay sends one step's groups and waits for the trainer's step; this
+    stack has no trainer, so it gives up after --step-timeout and says how far it got."""
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "s3cret-admin-token-for-tests")
+    args = ["replay", "--since", "1d", "--url", running_stack, "--step-groups", "1", "--step-timeout", "1"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 1
+    error = _one_line_error(result)
+    assert "replay stalled after" in error and "no trainer step within 1 s after sending step 1 of" in error
+    result = cli.invoke(app, [*args, "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["paced"] is True and plan["steps"] >= 1 and plan["sent"] == 0
+    result = cli.invoke(app, ["replay", "--step-groups", "0", "--url", running_stack])
+    assert result.exit_code == 2 and "at least 1" in result.output
 
 
 def test_trainer_pause_and_resume_through_the_running_stack(

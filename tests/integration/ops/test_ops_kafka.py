@@ -82,7 +82,7 @@ async def test_topics_doctor_status_and_replay_on_kafka(
     sub = await bus.subscribe(s.TRANSITIONS, "ops-test-trainer", collect)
     try:
         code, out = await asyncio.to_thread(
-            _invoke, kafka_cli, "replay", "--since", "1d", "--rate", "200/s", "--json"
+            _invoke, kafka_cli, "replay", "--since", "1d", "--rate", "200/s", "--no-pace", "--json"
         )
         assert code == 0, out
         report = json.loads(out)
