@@ -280,6 +280,7 @@ def sections() -> list[Section]:
     from gateway.settings import GatewaySettings
     from infra.application.stack import StackSettings
     from infra.eventlog.settings import EventLogSettings
+    from infra.otel.settings import OtelSettings
     from infra.settings import FlywheelSettings
     from reward_service.settings import RewardSettings
     from rollout_worker.settings import WorkerSettings
@@ -302,6 +303,12 @@ def sections() -> list[Section]:
         ),
         _section(
             "Event log and recorder", EventLogSettings, "`flywheel recorder` and every event-log reader."
+        ),
+        _section(
+            "OpenTelemetry export",
+            OtelSettings,
+            "The `otel-export` consumer inside `flywheel up` when `FLYWHEEL_OTLP_ENDPOINT` is set "
+            "([observability.md](observability.md)).",
         ),
         _section(
             "Embedded stack",

@@ -48,6 +48,7 @@ from gateway.settings import GatewaySettings
 from infra.bus.base import Bus
 from infra.eventlog.settings import EventLogSettings
 from infra.logging import get_logger
+from infra.otel.settings import OtelSettings
 from reward_service.settings import RewardSettings
 from rollout_worker.settings import WorkerSettings
 from schemas import TOPICS, AgentRef, Task
@@ -75,7 +76,9 @@ class StackError(RuntimeError):
     pass
 
 
-class StackSettings(GatewaySettings, WorkerSettings, RewardSettings, TrainerSettings, EventLogSettings):
+class StackSettings(
+    GatewaySettings, WorkerSettings, RewardSettings, TrainerSettings, EventLogSettings, OtelSettings
+):
     """Every service's settings in one flat object (``FLYWHEEL_*``), plus the stack's own knobs.
 
     It *is* each service's settings class, so every service is built from the same object.
@@ -192,6 +195,12 @@ class EmbeddedStack:
         await self._start_bus()
         if s.record_events:
             await self._start_recorder()
+        if s.otlp_endpoint:  # recorded episodes as OTLP GenAI spans: a bus consumer like the recorder
+            from infra.otel.app import start_exporter
+
+            self._stoppers.append(
+                ("otel-export", (await start_exporter(s, await self._connect("otel"))).stop)
+            )
         if self.vllm_url is None and self.upstream is None:
             await self._start_engine()
         await self._start_gateway()

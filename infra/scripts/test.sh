@@ -14,6 +14,10 @@
 # cores), serves tests/vllm (FLYWHEEL_REQUIRE_VLLM=1: a server that is not there is a failure), and is
 # stopped before the rest of the suite. FLYWHEEL_SKIP_VLLM=1 skips it.
 #
+# OpenTelemetry export: infra/scripts/phoenix_env.sh builds Arize Phoenix's own environment
+# (FLYWHEEL_PHOENIX_ENV); the export test starts `phoenix serve` from it and reads the spans back
+# (FLYWHEEL_REQUIRE_PHOENIX=1: a missing Phoenix is a failure). FLYWHEEL_SKIP_PHOENIX=1 skips it.
+#
 # The broker listens on free ports (never 9092: a development broker may run there) with a fresh data
 # dir, and FLYWHEEL_KAFKA_BOOTSTRAP points the tests at it. With CI=true a broker that cannot be
 # started fails the run; otherwise the kafka-marked tests are skipped with the reason.
@@ -35,6 +39,12 @@ fi
 if [ "${FLYWHEEL_SKIP_VLLM:-}" != "1" ]; then
     bash infra/scripts/vllm_env.sh cpu >/dev/null
     VLLM_MODEL="$("$BIN/flywheel" model smollm2)"
+fi
+
+if [ "${FLYWHEEL_SKIP_PHOENIX:-}" != "1" ]; then
+    # Arize Phoenix in its own environment: the OTLP receiver tests/e2e/test_otel_phoenix.py starts
+    FLYWHEEL_PHOENIX_ENV="$(bash infra/scripts/phoenix_env.sh)"
+    export FLYWHEEL_PHOENIX_ENV FLYWHEEL_REQUIRE_PHOENIX=1
 fi
 
 if [ -f infra/scripts/ensure_tools.sh ]; then

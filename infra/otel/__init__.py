@@ -1,0 +1,8 @@
+"""OpenTelemetry export: recorded episodes as spans following the GenAI semantic conventions.
+
+- :mod:`infra.otel.spans` — events → span data (ids, names, ``gen_ai.*`` and ``flywheel.*`` attributes)
+- :mod:`infra.otel.exporter` — the ``otel-export`` consumer group: episodes and scores → OTLP/HTTP
+- :mod:`infra.otel.settings` — ``FLYWHEEL_OTLP_*``
+
+Contract and tests: docs/observability.md.
+"""
