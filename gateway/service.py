@@ -44,6 +44,7 @@ from gateway.settings import GatewaySettings
 from gateway.upstream import Upstream
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
+from infra.policies import PolicyMap
 from infra.tickets import EpisodeTicket, TicketError, episode_id_of
 from schemas import (
     CONTROL,
@@ -116,6 +117,7 @@ class Gateway:
             on_recorded=self._remember_call,
             prompts=self.prompts,
             tokens_in=settings.tokens_in,
+            policies=PolicyMap.parse(settings.policies),
         )
         self.responses = ResponseStore()  # what a Responses API previous_response_id resolves to
         self.sessions = ProductionSessions(
@@ -274,6 +276,9 @@ class Gateway:
         event = msg.event
         if getattr(event, "model", None) != self.settings.model:
             return
+        if getattr(event, "adapter", None) is not None:  # one adapter's update: only its calls wait
+            await self._on_adapter_control(event)
+            return
         if isinstance(event, WeightUpdateRequested):
             await self.pause(event.version, event.drain_timeout_s)
         elif isinstance(event, WeightsActivated):
@@ -282,6 +287,42 @@ class Gateway:
             await self.resume(event.serving_version)
         elif isinstance(event, PromptVersionRequested):
             await self.activate_prompt(event)
+
+    async def _on_adapter_control(self, event: object) -> None:
+        if isinstance(event, WeightUpdateRequested) and event.adapter is not None:
+            adm = self.calls.admission_for(event.adapter)
+            result = await adm.pause(
+                event.version, event.drain_timeout_s or self.settings.pause_drain_timeout_s
+            )
+            log.info(
+                "adapter drained", adapter=event.adapter, version=event.version, waited_ms=result.waited_ms
+            )
+            await self.publish(
+                InferenceDrained(
+                    producer=f"gateway:{self.id}",
+                    model=self.settings.model,
+                    adapter=event.adapter,
+                    version=result.version,
+                    gateway_id=self.id,
+                    waited_ms=result.waited_ms,
+                    timed_out=result.timed_out,
+                )
+            )
+        elif isinstance(event, WeightsActivated | WeightUpdateFailed) and event.adapter is not None:
+            adm = self.calls.admission_for(event.adapter)
+            was_paused = adm.paused
+            version = event.version if isinstance(event, WeightsActivated) else event.serving_version
+            served = adm.resume(version)
+            if was_paused:
+                await self.publish(
+                    InferenceResumed(
+                        producer=f"gateway:{self.id}",
+                        model=self.settings.model,
+                        adapter=event.adapter,
+                        version=served,
+                        gateway_id=self.id,
+                    )
+                )
 
     async def activate_prompt(self, event: PromptVersionRequested) -> None:
         """Serve ``event``'s prompt version to new groups (gateway/prompts.py) and say so on the bus."""

@@ -44,6 +44,7 @@ from gateway.publishing import Recorder
 from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
 from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
 from infra.logging import get_logger
+from infra.policies import PolicyMap
 from schemas import LLMCallRecorded, LogprobsMode, UpstreamKind, new_event_id
 
 log = get_logger("gateway.serving")
@@ -89,6 +90,9 @@ class _Ctx:
     t0: float
     prompt: Substituted | None = None
     temperature: float | None = None  # what the engine's logprobs are of
+    admission: Admission | None = None  # the base's, or the call's adapter's (left when the call ends)
+    adapter: str | None = None  # the policy's LoRA adapter that serves the call (infra/policies.py)
+    adapter_version: int | None = None
 
 
 class CallService:
@@ -104,6 +108,7 @@ class CallService:
         on_recorded: Callable[[LLMCallRecorded], None] | None = None,
         prompts: PromptStore | None = None,
         tokens_in: bool = True,
+        policies: PolicyMap | None = None,
     ) -> None:
         self.pool = pool
         self.episodes = episodes
@@ -114,6 +119,23 @@ class CallService:
         self.on_recorded = on_recorded
         self.prompts = prompts
         self.tokens_in = tokens_in
+        self.policies = policies or PolicyMap()
+        # one admission per adapter: an adapter's weight update drains and pauses only its own calls
+        self.adapter_admission: dict[str, Admission] = {}
+
+    def admission_for(self, adapter: str | None) -> Admission:
+        """The base's admission, or the adapter's (made on its first call or update, at version 0)."""
+        if adapter is None:
+            return self.admission
+        adm = self.adapter_admission.get(adapter)
+        if adm is None:
+            adm = self.adapter_admission[adapter] = Admission(hold_s=self.admission.hold_s)
+        return adm
+
+    def _policy(self, call: Call) -> str | None:
+        if not self.policies:
+            return None
+        return self.policies.policy_for(str(call.data.get("model") or ""), call.episode.tenant, call.data)
 
     def _prefix(self, call: Call, sent: dict[str, Any]) -> dict[str, Any] | None:
         """Tokens-in: the previous call's ids when this chat call extends it exactly (gateway/tokens_in.py)."""
@@ -126,7 +148,10 @@ class CallService:
         return prefix
 
     async def serve(self, call: Call) -> Answer | StreamAnswer:
-        version = await self.admission.enter()
+        adapter = self._policy(call)
+        admission = self.admission_for(adapter)
+        entered = await admission.enter()
+        version = self.admission.weight_version if adapter is not None else entered
         handed_off = False
         try:
             upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
@@ -136,6 +161,8 @@ class CallService:
             body, asked = prepare_body(
                 sent, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
             )
+            if adapter is not None:
+                body["model"] = adapter  # the engine serves the adapter under the policy's name
             if upstream.kind is UpstreamKind.embedded and call.endpoint == "chat.completions":
                 body.pop("prompt_prefix", None)  # the gateway's to set, never the agent's
                 prefix = self._prefix(call, sent)
@@ -163,6 +190,9 @@ class CallService:
                 time.perf_counter(),
             )
             ctx.prompt = prompt
+            ctx.admission = admission
+            if adapter is not None:
+                ctx.adapter, ctx.adapter_version = adapter, entered
             ctx.temperature = sampling_temperature(body, upstream.kind)
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
@@ -194,7 +224,7 @@ class CallService:
             return Answer(orjson.dumps(data), ctx.call_id)
         finally:
             if not handed_off:
-                self.admission.leave()
+                admission.leave()
 
     async def _stream(self, ctx: _Ctx, response: UpstreamResponse) -> AsyncIterator[bytes]:
         endpoint = ctx.call.endpoint
@@ -252,7 +282,7 @@ class CallService:
             yield b"data: [DONE]\n\n"
         finally:
             await response.aclose()
-            self.admission.leave()
+            (ctx.admission or self.admission).leave()
 
     def _event(self, ctx: _Ctx, **fields: Any) -> LLMCallRecorded:
         ep = ctx.call.episode
@@ -273,6 +303,8 @@ class CallService:
             upstream_url=ctx.upstream.url,
             logprobs_mode=ctx.upstream.logprobs_mode if ctx.upstream.token_faithful else LogprobsMode.none,
             weight_version=ctx.version,
+            adapter=ctx.adapter,
+            adapter_version=ctx.adapter_version,
             temperature=ctx.temperature,
             latency_ms=(time.perf_counter() - ctx.t0) * 1000,
             started_at=ctx.started_at,

@@ -35,6 +35,9 @@ class FlywheelSettings(BaseSettings):
     # learn episodes from the topic.
     episode_key: SecretStr = SecretStr("")
     model: str = "policy"
+    # The policy map (infra/policies.py): "a,b" or a JSON object naming LoRA adapters and the calls that
+    # train each (model name, tenant, system-prompt match). Empty: one policy, fully fine-tuned.
+    policies: str = ""
     # Production feedback is accepted this long after its session ended (then re-scores the session);
     # later, the gateway answers 409. Shared by the gateway (refuses) and the reward service (retains).
     feedback_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)

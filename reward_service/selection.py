@@ -10,11 +10,11 @@ it; with both set a call must pass both. The other calls stay in the event log a
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from infra.policies import system_prompt
 from schemas import LLMCallRecorded
 
 
@@ -43,7 +43,7 @@ class CallSelector:
         if self.models and call.model not in self.models:
             return False
         if self.system_match is not None:
-            system = _system_prompt(call.request)
+            system = system_prompt(call.request)
             return system is not None and self.system_match.search(system) is not None
         return True
 
@@ -56,20 +56,3 @@ class CallSelector:
         for call in calls:
             (train if self.selects(call) else context).append(call)
         return train, context
-
-
-def _system_prompt(request: str) -> str | None:
-    """The first system (or developer) message of a recorded chat request, as text."""
-    try:
-        body = json.loads(request)
-    except json.JSONDecodeError:
-        return None
-    messages = body.get("messages") if isinstance(body, dict) else None
-    for message in messages if isinstance(messages, list) else []:
-        if isinstance(message, dict) and message.get("role") in ("system", "developer"):
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):  # content parts
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return None

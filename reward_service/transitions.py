@@ -13,6 +13,9 @@
   and it carries that ``T`` (the call's recorded ``temperature``; 1.0 when not recorded) for the trainer
   to divide its logits by. A call sampled at another temperature than the trajectory's never extends
   it: it starts a new transition (not a ``prefix_mismatch``: its prompt may well extend the other).
+- Policies: a call served by a LoRA adapter (``LLMCallRecorded.adapter``, infra/policies.py) gives
+  transitions of that policy (``Transition.policy``) whose ``weight_version`` is the adapter's version;
+  a call of another policy never extends the trajectory (as with temperature, not a mismatch).
 - Rewards: the episode reward lands on the last call; per-call rewards (``RewardReported`` with a
   ``call_seq``) land on their call. A transition ending at call ``b`` gets its own calls' per-call
   rewards plus the discounted return from ``b`` on: ``Σ_{c ≥ b} γ^(c−b) r[c]``. With ``γ = 1`` and no
@@ -45,6 +48,7 @@ class _Trajectory:
     logprobs_mode: LogprobsMode = LogprobsMode.processed
     prompt_version: str | None = None  # one per episode: the gateway pins it per group (gateway/prompts.py)
     temperature: float = 1.0  # every call merged into it was sampled at this temperature
+    policy: str | None = None  # the adapter every call merged into it was served by (None: the base)
 
     def full(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -83,6 +87,8 @@ class Assembly:
 
 
 def _version(call: LLMCallRecorded, choice: CallChoice) -> int:
+    if call.adapter is not None:  # the base is frozen while adapters train: the adapter's version counts
+        return call.adapter_version or 0
     versions = [call.weight_version, *(choice.weight_versions or [])]
     return min(versions)
 
@@ -114,6 +120,7 @@ def _start(call: LLMCallRecorded, choice: CallChoice) -> _Trajectory:
         logprobs_mode=call.logprobs_mode,
         prompt_version=call.prompt_version,
         temperature=_temperature(call),
+        policy=call.adapter,
     )
     traj.add_choice(call, choice)
     return traj
@@ -149,7 +156,7 @@ def assemble(
         if len(choices) == 1:
             for traj in open_:
                 full = traj.full()
-                same_distribution = traj.temperature == _temperature(call)
+                same_distribution = traj.temperature == _temperature(call) and traj.policy == call.adapter
                 if same_distribution and len(prompt) >= len(full) and prompt[: len(full)] == full:
                     extended = traj
                     break
@@ -185,6 +192,7 @@ def assemble(
                 logprobs_mode=traj.logprobs_mode,
                 prompt_version=traj.prompt_version,
                 temperature=traj.temperature,
+                policy=traj.policy,
                 segment_starts=traj.starts,
                 segment_returns=[returns[seq] for seq in traj.call_seqs],
             )

@@ -16,6 +16,9 @@ class WeightUpdateRequested(EventBase):
     version: int = Field(ge=0)
     checkpoint_path: str | None = None
     drain_timeout_s: float = Field(default=30.0, gt=0)
+    adapter: str | None = Field(
+        default=None, max_length=128, description="the LoRA adapter this is about; None: the base (added)"
+    )
 
 
 class InferenceDrained(EventBase):
@@ -25,6 +28,9 @@ class InferenceDrained(EventBase):
     gateway_id: str
     waited_ms: float = 0.0
     timed_out: bool = False
+    adapter: str | None = Field(
+        default=None, max_length=128, description="the LoRA adapter this is about; None: the base (added)"
+    )
 
 
 class WeightsActivated(EventBase):
@@ -32,6 +38,9 @@ class WeightsActivated(EventBase):
     model: str = "policy"
     version: int = Field(ge=0)
     checkpoint_path: str | None = None
+    adapter: str | None = Field(
+        default=None, max_length=128, description="the LoRA adapter this is about; None: the base (added)"
+    )
 
 
 class InferenceResumed(EventBase):
@@ -39,6 +48,9 @@ class InferenceResumed(EventBase):
     model: str = "policy"
     version: int = Field(ge=0)
     gateway_id: str
+    adapter: str | None = Field(
+        default=None, max_length=128, description="the LoRA adapter this is about; None: the base (added)"
+    )
 
 
 class WeightUpdateFailed(EventBase):
@@ -49,6 +61,9 @@ class WeightUpdateFailed(EventBase):
     version: int = Field(ge=0)
     serving_version: int = Field(ge=0)
     error: str
+    adapter: str | None = Field(
+        default=None, max_length=128, description="the LoRA adapter this is about; None: the base (added)"
+    )
 
 
 class StepMetrics(BaseModel):
@@ -131,6 +146,12 @@ class TrainerStepCompleted(EventBase):
     samples: dict[EpisodeSource, int] = Field(
         default_factory=dict,
         description="samples (transitions) this step trained on, per episode source (added, optional)",
+    )
+    adapter: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the LoRA adapter (policy) this step trained; version is then the adapter's. None: "
+        "the whole model (added, optional)",
     )
 
 

@@ -234,6 +234,18 @@ class LLMCallRecorded(EventBase):
         "known (events before this field; a text-only upstream whose default is not known) (added, "
         "optional)",
     )
+    adapter: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the LoRA adapter (policy) that served the call over the base, chosen by the policy "
+        "map (infra/policies.py); None: the base alone (added, optional)",
+    )
+    adapter_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="the adapter's own version when the gateway admitted the call; weight_version stays "
+        "the base's (added, optional)",
+    )
 
 
 class RewardOrigin(StrEnum):
@@ -321,6 +333,13 @@ class Transition(BaseModel):
         description="the sampling temperature its behaviour logprobs are of; the trainer divides the "
         "logits by it before the softmax, so its ratios compare like with like. Calls at different "
         "temperatures are never merged into one transition (added, optional)",
+    )
+    policy: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the policy (LoRA adapter) its calls were served by and that trains on it; calls of "
+        "different policies are never merged into one transition; weight_version is then the adapter's "
+        "version. None: the shared policy (added, optional)",
     )
 
 

@@ -140,6 +140,9 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
     """Run the trainer against the configured bus until a signal (or ``max_steps``)."""
     if settings.trainer_base_model is None:
         raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
+    if settings.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
+        await _serve_policies(settings, max_steps)
+        return
     from trainer.backends.ddp import start_torchrun_rank, torchrun_world
 
     backend: Backend
@@ -188,6 +191,24 @@ async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | N
         until=lambda trainer: trainer.run(max_steps),
         interrupt=lambda trainer: trainer.request_stop(),  # the step in progress finishes first
         on_started=started,
+    )
+
+
+async def _serve_policies(settings: TrainerSettings, max_steps: int | None) -> None:
+    from trainer.policy_service import adapter_sinks, build_policy_trainer, start_policies
+
+    policies = start_policies(settings)
+    token = settings.trainer_engine_token.get_secret_value() if settings.trainer_engine_token else None
+    url = settings.trainer_engine_url
+    sinks = adapter_sinks(settings.trainer_engine_kind if url else "none", url, token=token)
+    await service.serve(
+        settings,
+        lambda bus: build_policy_trainer(settings, bus, policies, sinks, loop_config(settings)),
+        name="trainer",
+        metrics_port=settings.trainer_metrics_port,
+        registry=lambda trainer: trainer.metrics.registry,
+        until=lambda trainer: trainer.run(max_steps),
+        interrupt=lambda trainer: trainer.request_stop(),
     )
 
 

@@ -82,7 +82,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class AlgorithmConfig(BaseModel):
@@ -124,3 +124,34 @@ class AlgorithmConfig(BaseModel):
     # sft
     sft_reward_threshold: float = 1.0
     sft_learning_rate: float = Field(default=1e-3, gt=0)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraOptions(BaseModel):
+    """The LoRA adapters' shape and learning rate (``FLYWHEEL_TRAINER_LORA__<FIELD>``; :mod:`trainer.lora`'s
+    docstring says where each default comes from)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(default=8, ge=1, le=1024)
+    alpha: int = Field(default=16, ge=1)
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    learning_rate: float = Field(default=2e-4, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [v for v in value if v not in LORA_TARGETS]
+        if unknown or not value:
+            raise ValueError(
+                f"target_modules are some of {', '.join(LORA_TARGETS)}; got {', '.join(value) or 'none'}"
+            )
+        return value

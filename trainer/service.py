@@ -325,29 +325,33 @@ class TrainerService:
             if groups is None:
                 break
             gen_seconds = time.perf_counter() - gen_start
-            if self.loop.objective == "sft":
-                batch = sft_batch(groups, self.algo.sft_reward_threshold)
-            else:
-                batch = build_batch(
-                    groups,
-                    self.algo,
-                    self.backend.version,
-                    success_threshold=self.loop.success_threshold,
-                    baselines=self.baselines,
-                )
-                # the sessions are consumed now, trained or not: their rewards are the baseline's history
-                self.baselines.update(batch.production, self.algo)
-            for reason, n in batch.stats.skipped.items():
-                self.metrics.skipped.labels(reason).inc(n)
-            if not batch.samples:
-                self.batches_without_signal += 1
-                log.info(
-                    "batch_without_signal", groups=len(groups), zero_variance=batch.stats.groups_zero_variance
-                )
-                continue
-            if await self.train_on(batch, gen_seconds):
+            if await self.step_on(groups, gen_seconds):
                 taken += 1
         await self._updates.finish()
+
+    async def step_on(self, groups: list[Group], gen_seconds: float) -> bool:
+        """Build the batch of ``groups`` and train on it; False when nothing trained (no signal, failure)."""
+        if self.loop.objective == "sft":
+            batch = sft_batch(groups, self.algo.sft_reward_threshold)
+        else:
+            batch = build_batch(
+                groups,
+                self.algo,
+                self.backend.version,
+                success_threshold=self.loop.success_threshold,
+                baselines=self.baselines,
+            )
+            # the sessions are consumed now, trained or not: their rewards are the baseline's history
+            self.baselines.update(batch.production, self.algo)
+        for reason, n in batch.stats.skipped.items():
+            self.metrics.skipped.labels(reason).inc(n)
+        if not batch.samples:
+            self.batches_without_signal += 1
+            log.info(
+                "batch_without_signal", groups=len(groups), zero_variance=batch.stats.groups_zero_variance
+            )
+            return False
+        return await self.train_on(batch, gen_seconds)
 
     async def train_on(self, batch: TrainBatch, gen_seconds: float = 0.0) -> bool:
         """One step on ``batch`` with the weight protocol around it; False when the backend failed."""

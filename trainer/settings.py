@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import FlywheelSettings
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, LoraOptions
 
 
 class TrainerSettings(FlywheelSettings):
@@ -51,6 +51,9 @@ class TrainerSettings(FlywheelSettings):
     trainer_backend: Literal["torch", "verl"] = "torch"
     trainer_metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics (0: off)
     trainer_algo: AlgorithmConfig = AlgorithmConfig()
+    # the LoRA adapters when FLYWHEEL_POLICIES names policies (trainer/lora.py), FLYWHEEL_TRAINER_LORA__<FIELD>:
+    # rank 8, alpha 16, target_modules q_proj,v_proj, learning_rate 2e-4, dropout 0
+    trainer_lora: LoraOptions = LoraOptions()
 
     @property
     def trainer_root(self) -> Path:

@@ -38,6 +38,9 @@ class TrainerStatus(BaseModel):
     known_gateways: list[str] = Field(default_factory=list)
     metrics: StepMetrics = Field(default_factory=StepMetrics)
     updated_at: float = 0.0
+    # LoRA policies (trainer/policy_service.py): each adapter's trained and serving version
+    adapters: dict[str, int] = Field(default_factory=dict)
+    serving_adapters: dict[str, int] = Field(default_factory=dict)
 
 
 def read_status(root: Path) -> TrainerStatus | None:

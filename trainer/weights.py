@@ -165,6 +165,39 @@ class HttpSink:
             await own.aclose()
 
 
+class InProcessAdapterSink:
+    """A LoRA adapter into the embedded engine in this process: ``load_adapter(name, path, version)``."""
+
+    needs_path = True
+
+    def __init__(
+        self, load_adapter: Callable[[str, Path, int], Awaitable[Any]], adapter: str, name: str = "in-process"
+    ) -> None:
+        self._load = load_adapter
+        self.adapter = adapter
+        self.name = f"{name}:{adapter}"
+
+    async def load(self, update: WeightUpdate) -> None:
+        if update.path is None:
+            raise WeightLoadError(self.name, update.version, "no adapter directory to load")
+        try:
+            await self._load(self.adapter, update.path, update.version)
+        except Exception as exc:  # any failure of the engine is a failed load, reported upstream
+            raise WeightLoadError(self.name, update.version, f"{type(exc).__name__}: {exc}") from exc
+
+
+class HttpAdapterSink(HttpSink):
+    """A LoRA adapter into ``flywheel engine``: ``POST {url}/load_adapter {"name", "path", "version"}``."""
+
+    def __init__(self, url: str, adapter: str, **kw: Any) -> None:
+        super().__init__(url, route="/load_adapter", **kw)
+        self.adapter = adapter
+        self.name = f"http:{self.url}:{adapter}"
+
+    def body(self, update: WeightUpdate) -> dict[str, Any]:
+        return {"name": self.adapter, "path": str(update.path), "version": update.version}
+
+
 @dataclass
 class UpdateResult:
     version: int
@@ -191,10 +224,13 @@ class WeightSync:
         drain_timeout_s: float = 30.0,
         serving_version: int = 0,
         producer: str = "trainer",
+        adapter: str | None = None,
     ) -> None:
         self.bus = bus
         self.sinks = sinks
         self.model = model
+        # a LoRA adapter's updates (infra/policies.py): gateways drain only that adapter's calls
+        self.adapter = adapter
         self.expected_gateways = expected_gateways
         self.drain_timeout_s = drain_timeout_s
         self.serving_version = serving_version
@@ -222,7 +258,7 @@ class WeightSync:
         return any(not s.needs_path for s in self.sinks)
 
     async def observe(self, event: InferenceDrained | InferenceResumed) -> None:
-        if event.model != self.model:
+        if event.model != self.model or event.adapter != self.adapter:
             return
         self.known_gateways.add(event.gateway_id)
         if isinstance(event, InferenceDrained):
@@ -247,6 +283,7 @@ class WeightSync:
                 checkpoint_path=str(checkpoint_path) if checkpoint_path else None,
                 drain_timeout_s=self.drain_timeout_s,
                 producer=self.producer,
+                adapter=self.adapter,
             ),
         )
         # the gateways' own drain is bounded by drain_timeout_s; allow the event a little travel time
@@ -289,7 +326,11 @@ class WeightSync:
             await self.bus.publish(
                 CONTROL,
                 WeightsActivated(
-                    model=self.model, version=update.version, checkpoint_path=path, producer=self.producer
+                    model=self.model,
+                    version=update.version,
+                    checkpoint_path=path,
+                    producer=self.producer,
+                    adapter=self.adapter,
                 ),
             )
             return True, None, ms
@@ -302,6 +343,7 @@ class WeightSync:
                 serving_version=self.serving_version,
                 error=error[:4000],
                 producer=self.producer,
+                adapter=self.adapter,
             ),
         )
         return False, error, ms
@@ -318,6 +360,7 @@ class WeightSync:
                 serving_version=self.serving_version,
                 error=error[:4000],
                 producer=self.producer,
+                adapter=self.adapter,
             ),
         )
 

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from reward_service.service import RewardService
     from rollout_worker.service import RolloutWorker
     from trainer.engine.core import InferenceEngine
+    from trainer.rollouts import RolloutPlanner
     from trainer.service import TrainerService
 
 log = get_logger(__name__)
@@ -397,10 +398,12 @@ class EmbeddedStack:
 
     async def _start_trainer(self) -> None:
         from trainer.app import build, engine_sink, start_backend
-        from trainer.rollouts import RolloutPlanner
         from trainer.weights import InProcessSink, WeightSink
 
         s = self.settings
+        if s.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
+            await self._start_policy_trainer()
+            return
         backend = await asyncio.to_thread(
             start_backend,
             self._model_dir,
@@ -413,23 +416,7 @@ class EmbeddedStack:
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         bus = await self._connect("trainer")
-        planner = None
-        if self._tasks is not None and self._agent is not None:
-            curriculum = None
-            if self._curriculum_revisit is not None:
-                from trainer.curriculum import SignalCurriculum
-
-                history = await asyncio.to_thread(self.store.task_history) if self.store is not None else {}
-                curriculum = SignalCurriculum(self._tasks, revisit=self._curriculum_revisit, history=history)
-            planner = RolloutPlanner(
-                bus,
-                self._tasks,
-                self._agent,
-                group_size=self._group_size,
-                model=s.model,
-                deadline_s=self._deadline_s,
-                curriculum=curriculum,
-            )
+        planner = await self._planner(bus)
         sink: WeightSink
         if self.vllm_url is not None:
             sink = engine_sink("vllm", self.vllm_url)
@@ -438,6 +425,48 @@ class EmbeddedStack:
         else:  # the engine in this process: no HTTP in between
             sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
         service = build(s, bus, backend, [sink], planner=planner)
+        await service.start()
+        self._stoppers.append(("trainer", service.stop))
+        self.trainer = service
+
+    async def _planner(self, bus: Bus) -> RolloutPlanner | None:
+        """The trainer's rollout planner when the stack was given tasks and an agent."""
+        from trainer.rollouts import RolloutPlanner
+
+        if self._tasks is None or self._agent is None:
+            return None
+        curriculum = None
+        if self._curriculum_revisit is not None:
+            from trainer.curriculum import SignalCurriculum
+
+            history = await asyncio.to_thread(self.store.task_history) if self.store is not None else {}
+            curriculum = SignalCurriculum(self._tasks, revisit=self._curriculum_revisit, history=history)
+        return RolloutPlanner(
+            bus,
+            self._tasks,
+            self._agent,
+            group_size=self._group_size,
+            model=self.settings.model,
+            deadline_s=self._deadline_s,
+            curriculum=curriculum,
+        )
+
+    async def _start_policy_trainer(self) -> None:
+        from trainer.app import loop_config
+        from trainer.policy_service import adapter_sinks, build_policy_trainer, start_policies
+
+        s = self.settings
+        if self.vllm_url is not None:
+            raise StackError("LoRA policies load into the embedded engine or flywheel engine; not vLLM yet")
+        policies = await asyncio.to_thread(start_policies, s, self._model_dir)
+        if self.engine_process is not None:
+            sinks = adapter_sinks("flywheel", self.engine_process.url, token=self.engine_process.admin_token)
+        else:
+            sinks = adapter_sinks("in-process", self._engine.load_adapter)
+        bus = await self._connect("trainer")
+        service = build_policy_trainer(
+            s, bus, policies, sinks, loop_config(s), planner=await self._planner(bus)
+        )
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service

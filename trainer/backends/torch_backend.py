@@ -85,7 +85,12 @@ class TorchBackend:
         device: str | torch.device = "cpu",
         vocab_size: int | None = None,
         share_prompts: bool = True,
+        params: Sequence[torch.nn.Parameter] | None = None,
+        reference: torch.nn.Module | None = None,
     ) -> None:
+        """``params``: what the optimiser updates (default: every parameter of ``model``; a LoRA
+        adapter's own, :mod:`trainer.lora`); ``reference``: the frozen reference of the KL terms
+        (default: a copy of ``model`` as given)."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -97,7 +102,8 @@ class TorchBackend:
         self._vocab_size = vocab_size or getattr(config, "vocab_size", None)
         self.share_prompts = share_prompts and supports_shared_prompts(self.model)
         self.value_head: torch.nn.Linear | None = None
-        groups: list[dict[str, Any]] = [{"params": list(self.model.parameters()), "lr": cfg.learning_rate}]
+        trained = list(params) if params is not None else list(self.model.parameters())
+        groups: list[dict[str, Any]] = [{"params": trained, "lr": cfg.learning_rate}]
         if cfg.algorithm == "ppo":  # a critic beside the policy (trainer.ppo); shared prompts give no values
             hidden = getattr(config, "hidden_size", None)
             if hidden is None:
@@ -117,7 +123,9 @@ class TorchBackend:
         # data-parallel hook (trainer.backends.ddp): sums every rank's gradients before clipping
         self.reduce_grads: Callable[[], None] | None = None
         self.reference: torch.nn.Module | None = None
-        if cfg.kl_coef > 0 or cfg.reference_kl:
+        if reference is not None:
+            self.reference = reference
+        elif cfg.kl_coef > 0 or cfg.reference_kl:
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
@@ -288,7 +296,11 @@ class TorchBackend:
                 real += rows.real_tokens
             if self.reduce_grads is not None:
                 self.reduce_grads()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(
+                    [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
+                )
+            )
             self.optimizer.step()
         finally:
             for group, lr in zip(self.optimizer.param_groups, self._lrs, strict=True):

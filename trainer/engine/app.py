@@ -5,7 +5,8 @@ uvicorn (``flywheel engine``). One exception handler turns every error into an O
 bad input → 400, a failed weight load → 400 (old weights keep serving), anything else → 500.
 
 Dev endpoints (as vLLM's with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep``,
-``POST /resume``, ``GET /is_paused``; plus ``POST /load_weights {"path", "version"}``, ``GET /health``,
+``POST /resume``, ``GET /is_paused``; plus ``POST /load_weights {"path", "version"}``, ``POST /load_adapter
+{"name", "path", "version"}`` (a LoRA adapter served as model ``name``: trainer/engine/lora.py), ``GET /health``,
 ``GET /version``. With ``admin_token`` set, pause/resume/load_weights need ``Authorization: Bearer``.
 """
 
@@ -21,7 +22,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from infra.http import HttpError, bearer_token, error_response, token_matches, validation_message
 from trainer.engine.core import EngineStepError, InferenceEngine
-from trainer.engine.protocol import ChatCompletionRequest, CompletionRequest, LoadWeightsRequest
+from trainer.engine.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadAdapterRequest,
+    LoadWeightsRequest,
+)
 from trainer.engine.sampling import InvalidRequestError
 from trainer.engine.serving import EngineServing
 from trainer.engine.weights import WeightLoadError
@@ -118,7 +124,11 @@ def create_engine_app(
             "parent": None,
             "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        adapters = [
+            {**card, "id": name, "root": name, "parent": engine.model_name, "version": version}
+            for name, version in engine.adapters.items()
+        ]
+        return {"object": "list", "data": [card, *adapters]}
 
     @app.post("/pause", dependencies=[Depends(admin)])
     async def pause(mode: str = Query("abort")) -> dict[str, Any]:
@@ -140,6 +150,11 @@ def create_engine_app(
     async def load_weights(req: LoadWeightsRequest) -> dict[str, Any]:
         await engine.load_weights(req.path, req.version)
         return {"status": "ok", "weight_version": engine.weight_version}
+
+    @app.post("/load_adapter", dependencies=[Depends(admin)])
+    async def load_adapter(req: LoadAdapterRequest) -> dict[str, Any]:
+        adapter = await engine.load_adapter(req.name, req.path, req.version)
+        return {"status": "ok", "adapter": adapter.name, "version": adapter.version, "bytes": adapter.nbytes}
 
     @app.get("/health")
     async def health() -> Response:

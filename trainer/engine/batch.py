@@ -25,6 +25,7 @@ class Request:
     max_tokens: int
     queue: asyncio.Queue[RequestUpdate | BaseException | None]
     forced: list[int] | None = None  # forcing.py: tokens to emit instead of sampling (tests only)
+    adapter: str | None = None  # the LoRA adapter that serves it (lora.py); None: the base
     # sequences not done; no list of them: each Seq points back here, and a cycle waits for the GC
     unfinished: int = 0
     cancelled: bool = False
@@ -78,7 +79,12 @@ class BatchStepper:
         # 2. decode one token for every live sequence (before admitting, so rows are 0..B-1)
         if decode and live:
             runner.reserve(len(live), max(s.cached for s in live) + 1)  # grows by doubling, rarely
-            logits = runner.decode([s.tokens[-1] for s in live], [s.cached for s in live])
+            tokens, positions = [s.tokens[-1] for s in live], [s.cached for s in live]
+            names = [s.req.adapter for s in live]
+            # base-only traffic (no adapter in the batch) takes the plain path
+            logits = (
+                runner.decode(tokens, positions, names) if any(names) else runner.decode(tokens, positions)
+            )
             self._take(live, logits, updates)
         # 3. admit: one batched prefill of the distinct prompts (a GRPO group sends the same prompt
         #    G times: it is computed once), cache rows copied to every other sequence of that prompt,
@@ -87,18 +93,21 @@ class BatchStepper:
             first = len(live)
             total = first + sum(r.params.n for r in admits)
             runner.reserve(total, max(len(r.prompt) for r in admits) + 1)
-            owners: dict[tuple[int, ...], int] = {}
+            # a prompt is shared only under the same adapter: another adapter's cache rows differ
+            owners: dict[tuple[str | None, tuple[int, ...]], int] = {}
             slots: list[int] = []
             slot = first
             for req in admits:
                 slots.append(slot)
-                owners.setdefault(tuple(req.prompt), slot)
+                owners.setdefault((req.adapter, tuple(req.prompt)), slot)
                 slot += req.params.n
             distinct = list(owners)
-            logits = runner.prefill_many([list(p) for p in distinct], [owners[p] for p in distinct])
+            logits = runner.prefill_many(
+                [list(p) for _, p in distinct], [owners[p] for p in distinct], [a for a, _ in distinct]
+            )
             row_of = {p: i for i, p in enumerate(distinct)}
             for req, start in zip(admits, slots, strict=True):
-                owner = owners[tuple(req.prompt)]
+                owner = owners[(req.adapter, tuple(req.prompt))]
                 copies = [s for s in range(start, start + req.params.n) if s != owner]
                 if copies:
                     runner.copy_slot(owner, copies, len(req.prompt))
@@ -116,7 +125,7 @@ class BatchStepper:
                 seqs = [Seq(req, i, torch.Generator().manual_seed(seed)) for i, seed in enumerate(seeds)]
                 req.unfinished = len(seqs)
                 new_seqs.extend(seqs)
-                rows.extend([row_of[tuple(req.prompt)]] * len(seqs))
+                rows.extend([row_of[(req.adapter, tuple(req.prompt))]] * len(seqs))
             self._take(new_seqs, logits[torch.tensor(rows)], updates)
             live.extend(new_seqs)
         self._running = live  # finished ones are compacted away at the start of the next step

@@ -39,6 +39,7 @@ from torch import nn
 
 from trainer.engine.batch import BatchStepper, Request, Seq
 from trainer.engine.forcing import ForcedOutput
+from trainer.engine.lora import Adapter, check_adapter, read_adapter
 from trainer.engine.outputs import (
     ChoiceResult,
     EngineStepError,
@@ -144,10 +145,19 @@ class InferenceEngine(BatchStepper):
         return len(self._waiting)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        adapter: str | None = None,
     ) -> AsyncGenerator[RequestUpdate, None]:
-        """Stream updates for one request; closing the iterator early cancels the request."""
+        """Stream updates for one request; closing the iterator early cancels the request.
+
+        ``adapter``: the LoRA adapter that serves it (:meth:`load_adapter`); None, or a name not loaded
+        (an adapter that has not trained yet: the base is what it would add nothing to), the base."""
         req = self._make_request(prompt_ids, params, request_id)
+        req.adapter = adapter
         self._ensure_started()
         self._waiting.append(req)
         self._wake.set()
@@ -168,12 +178,17 @@ class InferenceEngine(BatchStepper):
                     self._wake.set()
 
     async def complete(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        adapter: str | None = None,
     ) -> GenerationResult:
         """Run one request to the end."""
         choices: list[ChoiceResult] = []
         rid = request_id or uuid.uuid4().hex
-        async for update in self.generate(prompt_ids, params, request_id=rid):
+        async for update in self.generate(prompt_ids, params, request_id=rid, adapter=adapter):
             choices.extend(update.finished)
         return GenerationResult(rid, list(prompt_ids), sorted(choices, key=lambda c: c.index))
 
@@ -242,6 +257,62 @@ class InferenceEngine(BatchStepper):
                     f"applying weights failed: {exc}", version=version, source=where
                 ) from exc
             self._version = version
+
+    # ------------------------------------------------------------------------------ adapters
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The LoRA adapters served (lora.py): name → version."""
+        return {name: a.version for name, a in self.runner.adapters.items()}
+
+    def adapter_for(self, model: str | None) -> str | None:
+        """The adapter a request's ``model`` names: itself when one is loaded under it, else None (base)."""
+        return model if model is not None and model in self.runner.adapters else None
+
+    async def load_adapter(
+        self,
+        name: str,
+        source: str | Path | Mapping[str, torch.Tensor],
+        version: int,
+        *,
+        scaling: float = 1.0,
+    ) -> Adapter:
+        """Serve ``version`` of adapter ``name`` from the next step on; nothing else changes.
+
+        ``source``: a peft adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``),
+        or peft's tensors with their ``scaling`` (alpha / r). Read and checked off the engine's thread;
+        the swap is one dictionary assignment between two steps: requests of the base and of the other
+        adapters never wait for it. On any error the adapter's previous version keeps serving.
+        """
+        self._ensure_started()
+        loop = asyncio.get_running_loop()
+        where = str(source) if isinstance(source, str | Path) else "state dict"
+        shapes = self.runner.projection_shapes()
+        dtype = self.runner.dtype
+
+        def prepare() -> Adapter:
+            tensors, scale = (
+                read_adapter(source)[:2] if isinstance(source, str | Path) else (dict(source), scaling)
+            )
+            return check_adapter(name, version, tensors, scale, shapes, dtype)
+
+        try:
+            adapter = await loop.run_in_executor(None, prepare)
+        except WeightLoadError as exc:
+            exc.version, exc.source = version, where
+            raise
+        except Exception as exc:
+            raise WeightLoadError(
+                f"cannot load adapter {name} from {where}: {exc}", version=version, source=where
+            ) from exc
+        async with self._step_lock:
+            self.runner.adapters[name] = adapter
+        return adapter
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Stop serving adapter ``name`` (its requests fall back to the base); False if it was not loaded."""
+        self._ensure_started()
+        async with self._step_lock:
+            return self.runner.adapters.pop(name, None) is not None
 
     async def close(self) -> None:
         """Fail waiting and running requests, stop the scheduler and the worker thread."""

@@ -144,3 +144,12 @@ class LoadWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     version: int = Field(ge=0)
+
+
+class LoadAdapterRequest(BaseModel):
+    """``POST /load_adapter``: a peft adapter directory served as ``name`` from now on (trainer/engine/lora.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    path: str
+    version: int = Field(ge=0)

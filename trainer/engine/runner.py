@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.engine.lora import Adapter, add_deltas
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 
 
@@ -114,6 +116,36 @@ class KVRunner:
         self._v: list[torch.Tensor] = []
         self._slots = 0
         self._length = 0
+        # LoRA adapters by name (trainer/engine/lora.py) and, during one forward, which rows use which
+        self.adapters: dict[str, Adapter] = {}
+        self._rows: list[tuple[torch.Tensor, Adapter]] = []
+
+    def projection_shapes(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """(layer, projection) → (in_features, out_features): what an adapter's factors must fit."""
+        out: dict[tuple[int, str], tuple[int, int]] = {}
+        for i, layer in enumerate(self.layers):
+            for proj in ("q", "k", "v", "o", "gate", "up", "down"):
+                linear: nn.Linear = getattr(layer, proj)
+                out[(i, proj)] = (int(linear.in_features), int(linear.out_features))
+        return out
+
+    def _select(self, names: Sequence[str | None] | None) -> None:
+        """Group the forward's rows by adapter (rows of the base, or of an adapter not loaded: none)."""
+        self._rows = []
+        if not names or not self.adapters:
+            return
+        by: dict[str, list[int]] = {}
+        for row, name in enumerate(names):
+            if name is not None and name in self.adapters:
+                by.setdefault(name, []).append(row)
+        self._rows = [(torch.tensor(rows, dtype=torch.long), self.adapters[n]) for n, rows in by.items()]
+
+    def _proj(self, i: int, proj: str, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = getattr(self.layers[i], proj)(x)
+        return add_deltas(out, x, (i, proj), self._rows) if self._rows else out
+
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        return self._proj(i, "down", F.silu(self._proj(i, "gate", h)) * self._proj(i, "up", h))
 
     @property
     def vocab_size(self) -> int:
@@ -157,7 +189,12 @@ class KVRunner:
         return self.prefill_many([token_ids], [slot])[0]
 
     @torch.no_grad()
-    def prefill_many(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
+    def prefill_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        slots: Sequence[int],
+        adapters: Sequence[str | None] | None = None,
+    ) -> torch.Tensor:
         """Run several prompts in one forward; returns each one's last-position logits ``[N, vocab]``.
 
         Prompts are right-padded to the longest. Causal attention means a real position only ever attends
@@ -169,29 +206,35 @@ class KVRunner:
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         where = torch.tensor(list(slots), dtype=torch.long)
+        self._select(adapters)
         x = self.embed(ids)  # [b, n, H]
         cos, sin = self.cos[:n], self.sin[:n]
         for i, layer in enumerate(self.layers):
             h = _rms(layer.in_norm, x)
-            q = layer.q(h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
-            k = layer.k(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-            v = layer.v(h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+            q = self._proj(i, "q", h).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+            k = self._proj(i, "k", h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+            v = self._proj(i, "v", h).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = _rms(layer.q_norm, q), _rms(layer.k_norm, k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             self._k[i][where, :, :n] = k
             self._v[i][where, :, :n] = v
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-            x = x + layer.o(att.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
+            x = x + self._proj(i, "o", att.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim))
             h = _rms(layer.post_norm, x)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            x = x + self._mlp(i, h)
         last_pos = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
         last = _rms(self.final_norm, x[torch.arange(b), last_pos])
         logits: torch.Tensor = self.lm_head(last).float()
         return logits
 
     @torch.no_grad()
-    def decode(self, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+    def decode(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        adapters: Sequence[str | None] | None = None,
+    ) -> torch.Tensor:
         """One token for each of slots ``0..B-1`` at ``positions``; returns logits ``[B, vocab]`` (fp32)."""
         b = len(token_ids)
         ids = torch.tensor(token_ids, dtype=torch.long)
@@ -200,12 +243,13 @@ class KVRunner:
         rows = torch.arange(b)
         mask = (torch.arange(span).unsqueeze(0) <= pos.unsqueeze(1)).view(b, 1, 1, span)
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, D]
+        self._select(adapters)
         x = self.embed(ids)  # [B, H]
         for i, layer in enumerate(self.layers):
             h = _rms(layer.in_norm, x)
-            q = layer.q(h).view(b, self.n_heads, self.head_dim)
-            k = layer.k(h).view(b, self.n_kv, self.head_dim)
-            v = layer.v(h).view(b, self.n_kv, self.head_dim)
+            q = self._proj(i, "q", h).view(b, self.n_heads, self.head_dim)
+            k = self._proj(i, "k", h).view(b, self.n_kv, self.head_dim)
+            v = self._proj(i, "v", h).view(b, self.n_kv, self.head_dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = _rms(layer.q_norm, q), _rms(layer.k_norm, k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -216,8 +260,8 @@ class KVRunner:
             att = F.scaled_dot_product_attention(
                 q.unsqueeze(2), keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
             )
-            x = x + layer.o(att.reshape(b, self.n_heads * self.head_dim))
+            x = x + self._proj(i, "o", att.reshape(b, self.n_heads * self.head_dim))
             h = _rms(layer.post_norm, x)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            x = x + self._mlp(i, h)
         logits: torch.Tensor = self.lm_head(_rms(self.final_norm, x)).float()
         return logits

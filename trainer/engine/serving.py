@@ -187,10 +187,14 @@ class EngineServing:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         model = req.model or self.engine.model_name
         if req.stream:
-            stream = self.engine.generate(prompt, params, request_id=request_id)
+            stream = self.engine.generate(
+                prompt, params, request_id=request_id, adapter=self.engine.adapter_for(req.model)
+            )
             first = await prime(stream)
             return self._chat_stream(req, params, prompt, request_id, model, first, stream)
-        result = await self.engine.complete(prompt, params, request_id=request_id)
+        result = await self.engine.complete(
+            prompt, params, request_id=request_id, adapter=self.engine.adapter_for(req.model)
+        )
         as_id = req.return_tokens_as_token_ids
         choices = []
         for c in result.choices:
@@ -320,10 +324,14 @@ class EngineServing:
         model = req.model or self.engine.model_name
         if req.stream:
             streams = [
-                self.engine.generate(p, params, request_id=f"{request_id}-{i}") for i, p in enumerate(prompts)
+                self.engine.generate(
+                    p, params, request_id=f"{request_id}-{i}", adapter=self.engine.adapter_for(req.model)
+                )
+                for i, p in enumerate(prompts)
             ]
             return self._completion_stream(req, params, prompts, request_id, model, streams)
-        results = await asyncio.gather(*(self.engine.complete(p, params) for p in prompts))
+        adapter = self.engine.adapter_for(req.model)
+        results = await asyncio.gather(*(self.engine.complete(p, params, adapter=adapter) for p in prompts))
         choices = []
         for pi, result in enumerate(results):
             for c in result.choices:

@@ -1,0 +1,437 @@
+"""The trainer with a policy map: one stream of scored episodes, one LoRA adapter per policy.
+
+The loop is :class:`~trainer.service.TrainerService`'s (intake, groups, pause, control, inbox); what a
+step does with its groups differs::
+
+    split every group by policy (Transition.policy, set from the call's adapter by the reward service):
+        a policy's sub-group holds the members that have transitions of that policy, with only those
+        transitions, plus the members without any transition (their reward is baseline, as always);
+        members whose transitions are all another policy's are not in it: a GRPO group never mixes
+        policies
+    per policy with a sub-group: build the batch against that adapter's own version (staleness) and
+        production baselines, train its adapter (trainer/lora.py), export it, and run the weight-update
+        protocol for that adapter alone (WeightUpdateRequested.adapter = the policy: gateways drain and
+        pause only that adapter's calls, the engine swaps only that adapter's tensors)
+    transitions of no policy in the map are counted (skipped "no_policy") and not trained: the base is
+        frozen
+
+One step may so update several adapters from one batch. Each adapter has its own Adam state, version
+counter, production baselines and checkpoints (``<trainer_root>/policies/<name>/checkpoints/...``,
+the same layout as the full model's); the shared ``<trainer_root>/checkpoints`` keeps the step, the
+consumed group ids and the bus offsets, and the inbox is the trainer's one inbox. In async mode each
+adapter's update runs while the next batch is collected (one outstanding per adapter); in sync mode
+the step waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from infra.bus.base import Bus, Message
+from infra.logging import get_logger
+from schemas import (
+    CONTROL,
+    DEADLETTER,
+    TASKS,
+    TRANSITIONS,
+    EpisodeScored,
+    EpisodeSource,
+    InferenceDrained,
+    InferenceResumed,
+    StepMetrics,
+    TrainerStepCompleted,
+)
+from trainer.backends.base import BackendError
+from trainer.baselines import ProductionBaselines
+from trainer.batching import TrainBatch, build_batch
+from trainer.checkpoints import CheckpointMeta, CheckpointStore
+from trainer.groups import Group, Intake
+from trainer.lora import AdapterBackend, LoraPolicies
+from trainer.rollouts import RolloutPlanner
+from trainer.service import LoopConfig, TrainerService
+from trainer.settings import TrainerSettings
+from trainer.status import TrainerStatus
+from trainer.weights import (
+    HttpAdapterSink,
+    InProcessAdapterSink,
+    PipelinedUpdates,
+    UpdateResult,
+    WeightSink,
+    WeightSync,
+    WeightUpdate,
+)
+
+log = get_logger(__name__)
+
+
+def split_by_policy(groups: Sequence[Group], names: Sequence[str]) -> tuple[dict[str, list[Group]], int]:
+    """Per policy, its sub-groups (see the module docstring); and the transitions of no known policy."""
+    known = set(names)
+    out: dict[str, list[Group]] = {}
+    unmatched = 0
+    for group in groups:
+        per: dict[str, dict[str, EpisodeScored]] = {}
+        bare: dict[str, EpisodeScored] = {}
+        for eid, episode in group.members.items():
+            if not episode.transitions:
+                bare[eid] = episode
+                continue
+            by: dict[str, list[Any]] = {}
+            for t in episode.transitions:
+                if t.policy is None or t.policy not in known:
+                    unmatched += 1
+                else:
+                    by.setdefault(t.policy, []).append(t)
+            for policy, ts in by.items():
+                per.setdefault(policy, {})[eid] = episode.model_copy(update={"transitions": ts})
+        for policy, members in per.items():
+            sub = Group(
+                group.group_id, group.group_size, group.first_seen, {**members, **bare}, group.expired
+            )
+            out.setdefault(policy, []).append(sub)
+    return out, unmatched
+
+
+class PolicyTrainerService(TrainerService):
+    def __init__(
+        self,
+        *,
+        policies: LoraPolicies,
+        adapter_sinks: Callable[[str], Sequence[WeightSink]],
+        expected_gateways: int = 1,
+        drain_timeout_s: float = 30.0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(backend=policies, **kw)  # the shared loop's "backend": versions, vocabulary
+        self.policies = policies
+        self.adapter_stores = {
+            name: CheckpointStore(self.store.root / "policies" / name, keep=self.store.keep)
+            for name in policies.adapters
+        }
+        self.adapter_weights = {
+            name: WeightSync(
+                self.bus,
+                list(adapter_sinks(name)),
+                model=self.loop.model,
+                adapter=name,
+                expected_gateways=expected_gateways,
+                drain_timeout_s=drain_timeout_s,
+            )
+            for name in policies.adapters
+        }
+        self.adapter_baselines = {name: ProductionBaselines() for name in policies.adapters}
+        self.adapter_samples: dict[str, Counter[str]] = {name: Counter() for name in policies.adapters}
+        self.adapter_metrics: dict[str, StepMetrics] = {name: StepMetrics() for name in policies.adapters}
+        self._adapter_updates = {
+            name: PipelinedUpdates(sync, self._adapter_update_done(name))
+            for name, sync in self.adapter_weights.items()
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Restore the shared state and every adapter's checkpoint, push trained adapters, subscribe."""
+        latest = self.store.latest()
+        if latest is not None:
+            self.step = latest.meta.step
+            self.intake.mark_consumed(latest.meta.consumed_groups)
+            self._offsets = dict(latest.meta.offsets)
+            self.samples_trained.update(latest.meta.samples)
+        for name, adapter in self.policies.adapters.items():
+            info = self.adapter_stores[name].latest()
+            if info is None:
+                continue
+            adapter.load_checkpoint(info.path, info.meta.version)
+            self.adapter_baselines[name] = ProductionBaselines.from_json(info.meta.baselines)
+            self.adapter_samples[name].update(info.meta.samples)
+            log.info("adapter_resumed", adapter=name, version=info.meta.version, path=str(info.path))
+        for event in self.store.read_inbox():
+            self.intake.add(event)
+        self._restore_pause()
+        await self.bus.ensure_topics([TRANSITIONS, CONTROL, DEADLETTER, TASKS])
+        control_group = f"trainer-control-{uuid.uuid4().hex[:12]}"
+        self._subs.append(
+            await self.bus.subscribe(CONTROL, control_group, self._on_control, from_beginning=False)
+        )
+        if self.loop.push_on_start:
+            for name, adapter in self.policies.adapters.items():
+                if adapter.version > 0:
+                    path = self._export_adapter(name)
+                    await self.adapter_weights[name].update(
+                        WeightUpdate(adapter.version, adapter.state_dict, path)
+                    )
+        self._subs.append(
+            await self.bus.subscribe_batch(
+                TRANSITIONS,
+                self.loop.consumer_group,
+                self._on_transitions,
+                max_batch=1024,
+                max_wait_s=self.loop.intake_wait_s,
+            )
+        )
+        self._write_status()
+
+    async def run(self, max_steps: int | None = None) -> None:
+        await super().run(max_steps)
+        for updates in self._adapter_updates.values():
+            await updates.finish()
+
+    async def stop(self, *, checkpoint: bool = True) -> None:
+        for updates in self._adapter_updates.values():
+            await updates.finish()
+        await super().stop(checkpoint=checkpoint)
+        for sync in self.adapter_weights.values():
+            await sync.aclose()
+
+    async def _on_control(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, InferenceDrained | InferenceResumed) and event.adapter in self.adapter_weights:
+            await self.adapter_weights[event.adapter].observe(event)
+            return
+        await super()._on_control(msg)
+
+    # ------------------------------------------------------------------ one step
+    async def step_on(self, groups: list[Group], gen_seconds: float) -> bool:
+        by_policy, unmatched = split_by_policy(groups, list(self.policies.adapters))
+        if unmatched:
+            self.intake.skipped["no_policy"] += unmatched
+            self.metrics.skipped.labels("no_policy").inc(unmatched)
+        trained: list[str] = []
+        for name, subgroups in by_policy.items():
+            adapter = self.policies.adapters[name]
+            batch = build_batch(
+                subgroups,
+                self.algo,
+                adapter.version,
+                success_threshold=self.loop.success_threshold,
+                baselines=self.adapter_baselines[name],
+            )
+            self.adapter_baselines[name].update(batch.production, self.algo)
+            for reason, n in batch.stats.skipped.items():
+                self.metrics.skipped.labels(reason).inc(n)
+            if batch.samples and await self._train_adapter(name, adapter, batch, gen_seconds):
+                trained.append(name)
+        if not trained:
+            self.batches_without_signal += 1
+            log.info("batch_without_signal", groups=len(groups), policies=sorted(by_policy))
+            return False
+        self.step += 1
+        self._gen_started = time.perf_counter()
+        if self.step % self.loop.checkpoint_every == 0:
+            self.checkpoint()
+        self._write_status()
+        return True
+
+    async def _train_adapter(
+        self, name: str, adapter: AdapterBackend, batch: TrainBatch, gen_seconds: float
+    ) -> bool:
+        t0 = time.perf_counter()
+        try:
+            train_metrics = await asyncio.to_thread(adapter.train_step, batch)
+        except (BackendError, RuntimeError, ValueError) as exc:
+            log.error("adapter_step_failed", adapter=name, error=str(exc), groups=len(batch.group_ids))
+            return False
+        self.samples_trained.update(batch.stats.samples_by_source)
+        self.adapter_samples[name].update(batch.stats.samples_by_source)
+        t_export = time.perf_counter()
+        path = await asyncio.to_thread(self._export_adapter, name)
+        export_s = time.perf_counter() - t_export
+        update = WeightUpdate(adapter.version, adapter.state_dict, path)
+        updates = self._adapter_updates[name]
+        await updates.submit(update)
+        if self.loop.mode == "sync":
+            await updates.finish()
+        last = updates.last
+        metrics = {
+            **batch.stats.as_metrics(),
+            **train_metrics,
+            "version": float(adapter.version),
+            "serving_version": float(self.adapter_weights[name].serving_version),
+            "gen_seconds": gen_seconds,
+            "step_seconds": time.perf_counter() - t0,
+            "export_seconds": export_s,
+            "adapter_bytes": float(sum(f.stat().st_size for f in path.iterdir() if f.is_file())),
+            "drain_ms": last.drain_ms,
+            "load_ms": last.load_ms,
+            "weight_update_failed": 0.0 if last.activated else 1.0,
+        }
+        step_metrics = StepMetrics.model_validate(metrics)
+        self.adapter_metrics[name] = self.last_metrics = step_metrics
+        self.metrics.observe_step(metrics)
+        self.tracker.log(self.step + 1, {f"{name}/{k}": v for k, v in metrics.items()})
+        log.info(
+            "adapter_step", adapter=name, step=self.step + 1, **{k: round(v, 5) for k, v in metrics.items()}
+        )
+        await self.bus.publish(
+            CONTROL,
+            TrainerStepCompleted(
+                model=self.loop.model,
+                adapter=name,
+                step=self.step + 1,
+                version=adapter.version,
+                metrics=step_metrics,
+                samples={src: batch.stats.samples_by_source[src.value] for src in EpisodeSource},
+                producer="trainer",
+            ),
+        )
+        return True
+
+    def _adapter_update_done(self, name: str) -> Callable[[UpdateResult], None]:
+        def done(result: UpdateResult) -> None:
+            self.metrics.weight_updates.labels("activated" if result.activated else "failed").inc()
+            self.adapter_metrics[name] = self.adapter_metrics[name].updated(
+                {
+                    "serving_version": float(result.serving_version),
+                    "drain_ms": result.drain_ms,
+                    "load_ms": result.load_ms,
+                }
+            )
+            self._write_status()
+
+        return done
+
+    # ------------------------------------------------------------------ persistence
+    def _export_adapter(self, name: str) -> Path:
+        """The adapter as peft's directory under ``policies/<name>/exports``; keeps the last three."""
+        adapter = self.policies.adapters[name]
+        root = self.adapter_stores[name].root / "exports"
+        path = adapter.export_weights(root / f"v{adapter.version:06d}")
+        for old in sorted(p for p in root.iterdir() if p.is_dir())[:-3]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def checkpoint(self) -> Path:
+        config = {
+            "algorithm": self.algo.model_dump(mode="json"),
+            "loop": asdict(self.loop),
+            "lora": self.policies.options.model_dump(mode="json"),
+        }
+        for name, adapter in self.policies.adapters.items():
+            if adapter.version == 0:
+                continue  # never trained: the base is what it holds
+            meta = CheckpointMeta(
+                version=adapter.version,
+                step=self.step,
+                model=name,
+                base_model=self.base_model,
+                config=config,
+                metrics=self.adapter_metrics[name].as_dict(),
+                baselines=self.adapter_baselines[name].to_json(),
+                samples=dict(self.adapter_samples[name]),
+            )
+            self.adapter_stores[name].save(meta, adapter.save_checkpoint)
+        pending_groups = {g.group_id for g in self._ready}
+        shared = CheckpointMeta(
+            version=self.step,  # the directory's name: the shared state has no weights of its own
+            step=self.step,
+            model=self.loop.model,
+            base_model=self.base_model,
+            config=config,
+            consumed_groups=sorted(self.intake.consumed - pending_groups)[-200_000:],
+            offsets=dict(self._offsets),
+            samples=dict(self.samples_trained),
+        )
+        path = self.store.save(shared, lambda _: None)
+        pending: list[EpisodeScored] = [e for g in self._ready for e in g.episodes()]
+        self.store.rewrite_inbox([*pending, *self.intake.pending_events()])
+        return path
+
+    def status(self) -> TrainerStatus:
+        status = super().status()
+        status.adapters = {name: a.version for name, a in self.policies.adapters.items()}
+        status.serving_adapters = {name: s.serving_version for name, s in self.adapter_weights.items()}
+        return status
+
+
+def adapter_versions(root: Path) -> Mapping[str, int]:
+    """The newest checkpointed version of each adapter under a trainer directory (``flywheel weights ls``)."""
+    out: dict[str, int] = {}
+    policies = root / "policies"
+    if policies.is_dir():
+        for d in sorted(p for p in policies.iterdir() if p.is_dir()):
+            info = CheckpointStore(d).latest()
+            if info is not None:
+                out[d.name] = info.meta.version
+    return out
+
+
+def start_policies(settings: TrainerSettings, model_dir: Path | None = None) -> LoraPolicies:
+    """The base in ``model_dir`` (default: the trainer's base model) with one adapter per policy."""
+    from infra.policies import PolicyMap
+    from trainer.lora import load_policies
+
+    names = PolicyMap.parse(settings.policies).names
+    path = model_dir or settings.trainer_base_model
+    if path is None:
+        raise ValueError("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
+    return load_policies(
+        path,
+        names,
+        settings.trainer_algo,
+        settings.trainer_lora,
+        device=settings.trainer_device,
+        torch_threads=settings.trainer_torch_threads,
+    )
+
+
+def adapter_sinks(
+    kind: str, target: str | Callable[[str, Path, int], Awaitable[Any]], *, token: str | None = None
+) -> Callable[[str], list[WeightSink]]:
+    """Each adapter's sink: ``in-process`` (``target`` is the engine's ``load_adapter``) or ``flywheel``
+    (``target`` is ``flywheel engine``'s URL). vLLM's runtime LoRA loading is not wired yet."""
+
+    def sinks(adapter: str) -> list[WeightSink]:
+        if kind == "in-process" and callable(target):
+            return [InProcessAdapterSink(target, adapter, name="embedded-engine")]
+        if kind == "flywheel" and isinstance(target, str):
+            return [HttpAdapterSink(target, adapter, token=token)]
+        if kind == "none":
+            return []
+        raise ValueError(f"LoRA policies load into the embedded engine or flywheel engine, not {kind!r}")
+
+    return sinks
+
+
+def build_policy_trainer(
+    settings: TrainerSettings,
+    bus: Bus,
+    policies: LoraPolicies,
+    sinks: Callable[[str], Sequence[WeightSink]],
+    loop: LoopConfig,
+    *,
+    planner: RolloutPlanner | None = None,
+) -> PolicyTrainerService:
+    """The trainer for ``settings`` with a policy map (``loop``: ``trainer.app.loop_config(settings)``);
+    the caller starts the bus, then ``start()``."""
+    from trainer.metrics import make_tracker
+
+    root = settings.trainer_root
+    return PolicyTrainerService(
+        policies=policies,
+        adapter_sinks=sinks,
+        expected_gateways=settings.trainer_expected_gateways,
+        drain_timeout_s=settings.trainer_drain_timeout_s,
+        bus=bus,
+        weights=WeightSync(bus, [], model=settings.model, expected_gateways=0),  # the base: frozen
+        store=CheckpointStore(root, keep=settings.trainer_keep_checkpoints),
+        intake=Intake(
+            group_timeout_s=settings.trainer_group_timeout_s,
+            partial=settings.trainer_partial_groups,
+            min_partial=settings.trainer_min_partial,
+            vocab_size=policies.vocab_size,
+        ),
+        algo=settings.trainer_algo,
+        loop=loop,
+        tracker=make_tracker(
+            settings.trainer_tracker, logdir=root / "tb", config=settings.trainer_algo.model_dump(mode="json")
+        ),
+        planner=planner,
+        base_model=str(settings.trainer_base_model or ""),
+    )
