@@ -127,3 +127,45 @@ async def test_admin_pause_reports_the_calls_it_waited_for_and_returns_by_its_de
         }
         await h.client.post("/admin/resume", json={}, headers=ADMIN)
         assert (await slow).status_code == 200
+
+
+async def test_an_adapters_update_drains_and_holds_only_its_own_calls(tmp_path):
+    """FLYWHEEL_POLICIES: each policy's calls go to the engine under the adapter's name and wait only for
+    that adapter's update; the other adapter's and the base's calls are served meanwhile. Every call
+    records its adapter and version next to the base version."""
+    cfg = FakeUpstreamConfig(latency_s=0.05)
+    async with GatewayHarness(tmp_path, config=cfg, pause_hold_s=10, policies="writer,rewriter") as h:
+        ep = await h.open_episode()
+        url = f"/episodes/{ep}/v1/chat/completions"
+
+        def ask(model: str) -> asyncio.Task[object]:
+            return asyncio.create_task(h.client.post(url, json={"model": model, "messages": MSGS}))
+
+        await h.bus.publish(CONTROL, WeightUpdateRequested(version=1, adapter="writer", drain_timeout_s=5))
+        (drained,) = await h.events.wait_for(lambda e: isinstance(e, InferenceDrained))
+        assert drained.adapter == "writer" and drained.version == 1
+        held = ask("writer")
+        served = [await ask("rewriter"), await ask("checker")]  # served while writer is paused
+        assert [r.status_code for r in served] == [200, 200]  # type: ignore[attr-defined]
+        assert not held.done()
+        assert not h.gateway.admission.paused  # the base was never paused
+        await h.bus.publish(CONTROL, WeightsActivated(version=1, adapter="writer"))
+        (resumed,) = await h.events.wait_for(lambda e: isinstance(e, InferenceResumed))
+        assert resumed.adapter == "writer" and resumed.version == 1
+        assert (await held).status_code == 200  # type: ignore[attr-defined]
+        calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=3)
+    recorded = sorted((c.model, c.adapter, c.adapter_version, c.weight_version) for c in calls)
+    assert recorded == [
+        ("checker", None, None, 0),  # no policy: the base
+        ("rewriter", "rewriter", 0, 0),
+        ("writer", "writer", 1, 0),  # admitted after the update: the new version
+    ]
+    assert sorted(r["model"] for r in cfg.requests) == ["checker", "rewriter", "writer"]
+
+
+async def test_a_bad_policy_map_stops_the_gateway_with_the_reason(tmp_path):
+    from infra.policies import PolicyMapError
+
+    with pytest.raises(PolicyMapError, match="unknown selector"):
+        async with GatewayHarness(tmp_path, policies='{"a": {"modelz": ["x"]}}'):
+            pass
