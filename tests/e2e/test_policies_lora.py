@@ -11,6 +11,7 @@ are served by (and recorded with) the new versions.
 from __future__ import annotations
 
 import asyncio
+import json
 from itertools import repeat
 from pathlib import Path
 
@@ -107,3 +108,16 @@ async def test_one_stream_trains_two_adapters_and_the_engine_serves_their_versio
     for role in ("writer", "rewriter"):
         ckpt = tmp_path / "trainer" / "policies" / role / "checkpoints" / "v000002"
         assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
+    # the operator's view: each adapter's checkpoints, and each adapter's versions in the status
+    from typer.testing import CliRunner
+
+    from infra.application.cli.main import app
+
+    runner = CliRunner()
+    trainer_dir = str(tmp_path / "trainer")
+    rows = json.loads(runner.invoke(app, ["weights", "ls", "--dir", trainer_dir, "--json"]).output)
+    newest = {(r["policy"], r["version"]) for r in rows if r["latest"]}
+    assert newest == {("writer", 2), ("rewriter", 2)}, rows
+    assert "* writer" in runner.invoke(app, ["weights", "ls", "--dir", trainer_dir]).output
+    shown = runner.invoke(app, ["trainer", "status", "--dir", trainer_dir]).output
+    assert "adapter writer" in shown and "version 2  serving 2" in shown, shown

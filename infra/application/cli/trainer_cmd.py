@@ -251,6 +251,10 @@ def register(app: typer.Typer) -> None:
             f"mode {status.mode}  paused {status.paused}"
             + (f" ({status.pause_reason})" if status.paused and status.pause_reason else "")
         )
+        for name, version in status.adapters.items():
+            typer.echo(
+                f"  adapter {name:<16} version {version}  serving {status.serving_adapters.get(name, 0)}"
+            )
         if status.samples:
             typer.echo(
                 "  samples trained         " + "  ".join(f"{k} {v}" for k, v in status.samples.items())
@@ -262,23 +266,29 @@ def register(app: typer.Typer) -> None:
 
     @weights.command("ls")
     def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:
-        """List saved weight versions (newest last)."""
+        """List saved weight versions (newest last); with a policy map, each adapter's (``policy``)."""
         from trainer.checkpoints import CheckpointStore
 
-        store = CheckpointStore(_settings(directory).trainer_root)
-        infos = store.all()
-        latest = store.latest()
-        rows = [
-            {
-                "version": i.meta.version,
-                "step": i.meta.step,
-                "created_at": i.meta.created_at,
-                "path": str(i.path),
-                "latest": latest is not None and latest.path == i.path,
-                "reward": i.meta.metrics.get("reward"),
-            }
-            for i in infos
-        ]
+        root = _settings(directory).trainer_root
+        store = CheckpointStore(root)
+        adapters = sorted(p for p in (root / "policies").glob("*") if p.is_dir())
+        # with adapters the shared checkpoints hold no weights (step, offsets): each adapter's are listed
+        stores = [(p.name, CheckpointStore(p)) for p in adapters] if adapters else [(None, store)]
+        rows: list[dict[str, Any]] = []
+        for policy, each in stores:
+            latest = each.latest()
+            rows += [
+                {
+                    "version": i.meta.version,
+                    "step": i.meta.step,
+                    "created_at": i.meta.created_at,
+                    "path": str(i.path),
+                    "latest": latest is not None and latest.path == i.path,
+                    "reward": i.meta.metrics.get("reward"),
+                    "policy": policy,
+                }
+                for i in each.all()
+            ]
         if as_json:
             typer.echo(json.dumps(rows))
             return
@@ -288,6 +298,7 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             mark = "*" if r["latest"] else " "
             reward = "" if r["reward"] is None else f"  reward {r['reward']:.3f}"
+            policy = f"{r['policy']:<12} " if r["policy"] is not None else ""
             typer.echo(
-                f"{mark} v{r['version']:<6} step {r['step']:<6} {r['created_at']}  {r['path']}{reward}"
+                f"{mark} {policy}v{r['version']:<6} step {r['step']:<6} {r['created_at']}  {r['path']}{reward}"
             )
