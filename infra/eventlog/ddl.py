@@ -88,9 +88,15 @@ ORDER BY (episode_id, emitted_at, event_id)
 # The prompt version that served a call (gateway/prompts.py) or that a control event names; '' for none.
 PROMPT_VERSION = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS prompt_version String DEFAULT ''"
 
+# The LoRA adapter (policy) that served a call, or that a control event, a trainer step or a scored
+# episode's transitions are about ('' for the base), and the adapter's version on a call (-1: none).
+ADAPTER = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS adapter LowCardinality(String) DEFAULT ''"
+ADAPTER_VERSION = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS adapter_version Int64 DEFAULT -1"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events table", (EVENTS,)),
     Migration(2, "events.prompt_version", (PROMPT_VERSION,)),
+    Migration(3, "events.adapter, events.adapter_version", (ADAPTER, ADAPTER_VERSION)),
 )
 """Append new migrations here; never edit an applied one."""
 
@@ -127,6 +133,8 @@ EVENT_COLUMNS: tuple[str, ...] = (
     "recorded_at",
     "payload",
     "prompt_version",
+    "adapter",
+    "adapter_version",
 )
 
 

@@ -80,6 +80,8 @@ SCHEMA = pa.schema(
         ("recorded_at", _MS),
         ("payload", pa.string()),
         ("prompt_version", pa.string()),  # migration 2
+        ("adapter", pa.string()),  # migration 3
+        ("adapter_version", pa.int64()),  # migration 3
     ]
 )
 
@@ -186,6 +188,18 @@ def _prompt_version(event: AnyEvent) -> str:
     if isinstance(event, EpisodeScored):
         return next((t.prompt_version for t in event.transitions if t.prompt_version), "")
     return getattr(event, "prompt_version", None) or ""
+
+
+def _adapter(event: AnyEvent) -> str:
+    """The LoRA adapter of a call, a control event or a trainer step; a scored episode's first policy."""
+    if isinstance(event, EpisodeScored):
+        return next((t.policy for t in event.transitions if t.policy), "")
+    return getattr(event, "adapter", None) or ""
+
+
+def _adapter_version(event: AnyEvent) -> int:
+    version = event.adapter_version if isinstance(event, LLMCallRecorded) else None
+    return -1 if version is None else version
 
 
 def _model_fields(value: object) -> dict[str, object]:
@@ -304,6 +318,8 @@ def _table(
         # As binary, then one vectorised UTF-8 check: ~5× faster than pyarrow's per-item str path.
         pa.array(payload, type=pa.binary(), size=n).cast(pa.string()),
         [_prompt_version(e) for e in events],
+        [_adapter(e) for e in events],
+        [_adapter_version(e) for e in events],
     ]
     arrays = [
         col if isinstance(col, pa.Array) else pa.array(col, type=field.type, size=n)

@@ -167,3 +167,28 @@ def test_prompt_version_has_its_own_column() -> None:
     rows = to_arrow([call, scored]).to_pylist()
     assert [r["prompt_version"] for r in rows] == ["p-x", "p-x"]
     assert any("prompt_version" in st for m in MIGRATIONS for st in m.statements)
+
+
+def test_adapter_and_its_version_have_their_own_columns() -> None:
+    """Migration 3: a call's LoRA adapter and version, a scored episode's policy, an adapter's update."""
+    by_type = {r["type"]: r for r in to_arrow(sample_events()).to_pylist()}
+    assert (
+        by_type["llm_call_recorded"]["adapter"] == ""
+        and by_type["llm_call_recorded"]["adapter_version"] == -1
+    )
+    base = sample_events()
+    call = next(e for e in base if isinstance(e, s.LLMCallRecorded))
+    call = call.model_copy(update={"adapter": "writer", "adapter_version": 3})
+    scored = next(e for e in base if isinstance(e, s.EpisodeScored))
+    scored = scored.model_copy(
+        update={"transitions": [t.model_copy(update={"policy": "writer"}) for t in scored.transitions]}
+    )
+    update = s.WeightsActivated(version=4, adapter="rewriter")
+    rows = to_arrow([call, scored, update]).to_pylist()
+    assert [(r["adapter"], r["adapter_version"]) for r in rows] == [
+        ("writer", 3),
+        ("writer", -1),
+        ("rewriter", -1),
+    ]
+    assert rows[2]["weight_version"] == 4
+    assert any("adapter_version" in st for m in MIGRATIONS for st in m.statements)
