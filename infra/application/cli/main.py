@@ -63,6 +63,9 @@ def _register() -> None:
     from infra.application.cli import vllm_cmd
 
     vllm_cmd.register(app)
+    from infra.application.cli import otel_cmd
+
+    otel_cmd.register(app)
 
 
 _register()
