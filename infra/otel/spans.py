@@ -189,6 +189,8 @@ def _call_flywheel_attrs(attrs: Attrs, call: LLMCallRecorded) -> None:
     # become one trajectory (reward_service/transitions.py); False with prefix_mismatch: split
     _put(attrs, "flywheel.extends_previous", call.extends_previous)
     _put(attrs, "flywheel.temperature", call.temperature)
+    _put(attrs, "flywheel.adapter", call.adapter)  # the LoRA policy that served it (infra/policies.py)
+    _put(attrs, "flywheel.adapter_version", call.adapter_version)
     if call.prompt_substitutions:
         attrs["flywheel.prompt_substitutions"] = [s.component for s in call.prompt_substitutions]
     logprobs = [lp for c in call.choices for lp in (c.logprobs or ())]

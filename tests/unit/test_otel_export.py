@@ -131,6 +131,9 @@ def test_call_span_carries_genai_attributes_and_content_only_when_asked() -> Non
         {"role": "user", "parts": [{"type": "text", "content": "secret question"}]}
     ]
     assert json.loads(str(content["gen_ai.output.messages"]))[0]["parts"][0]["content"] == "secret answer"
+    lora = call_span(call(ep, 4, adapter="sql", adapter_version=2)).attributes
+    assert lora["flywheel.adapter"] == "sql" and lora["flywheel.adapter_version"] == 2
+    assert "flywheel.adapter" not in a  # the base alone served it
     completion = call_span(call(ep, 2, endpoint="completions", request='{"model": "m", "prompt": "x"}'))
     assert completion.name == "text_completion m"
     failed = call_span(call(ep, 3, status_code=502, error="upstream down", choices=[]))
