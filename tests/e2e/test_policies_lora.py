@@ -121,3 +121,10 @@ async def test_one_stream_trains_two_adapters_and_the_engine_serves_their_versio
     assert "* writer" in runner.invoke(app, ["weights", "ls", "--dir", trainer_dir]).output
     shown = runner.invoke(app, ["trainer", "status", "--dir", trainer_dir]).output
     assert "adapter writer" in shown and "version 2  serving 2" in shown, shown
+
+    # a restarted stack resumes each adapter from its checkpoint and loads it into the new engine first
+    again = EmbeddedStack(settings, model_dir=model, tasks=repeat(task), agent=AGENT, group_size=4)
+    async with again:
+        assert again.trainer is not None and again.engine is not None
+        assert again.trainer.status().adapters == {"writer": 2, "rewriter": 2}
+        assert again.engine.adapters == {"writer": 2, "rewriter": 2}
