@@ -164,3 +164,37 @@ def _message(body: Any) -> str:
         if err is not None:
             return str(err)[:500]
     return str(body)[:500]
+
+
+class VllmAdapterSink:
+    """One LoRA adapter into a running vLLM (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+
+    ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace": true}`` loads the exported peft
+    directory under the adapter's name (a new version replaces the one loaded, in place), then
+    ``POST /reset_prefix_cache`` drops KV the previous version computed (dev mode). Requests naming the
+    adapter as their ``model`` are served by it; the base and the other adapters are not paused.
+    """
+
+    needs_path = True
+
+    def __init__(self, url: str, adapter: str, *, timeout_s: float = 120.0, token: str | None = None) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.adapter = adapter
+        self.name = f"vllm:{self.url}:{adapter}"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout_s
+
+    async def load(self, update: WeightUpdate) -> None:
+        if update.path is None:
+            raise WeightLoadError(self.name, update.version, "no adapter directory to load")
+        body = {"lora_name": self.adapter, "lora_path": str(update.path), "load_inplace": True}
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout, headers=self._headers) as client:
+                resp = await client.post(self.url + "/v1/load_lora_adapter", json=body)
+                if resp.status_code >= 400:
+                    raise WeightLoadError(
+                        self.name, update.version, f"HTTP {resp.status_code}: {resp.text[:500]}"
+                    )
+                await client.post(self.url + "/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise WeightLoadError(self.name, update.version, f"{type(exc).__name__}: {exc}") from exc

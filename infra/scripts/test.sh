@@ -89,7 +89,7 @@ fi
 
 if [ "${FLYWHEEL_SKIP_VLLM:-}" != "1" ]; then
     VLLM_PORT="$(free_port)"
-    "$BIN/flywheel" vllm serve --model "$VLLM_MODEL" --port "$VLLM_PORT" --log "$KAFKA_DIR/vllm.log" \
+    "$BIN/flywheel" vllm serve --model "$VLLM_MODEL" --port "$VLLM_PORT" --log "$KAFKA_DIR/vllm.log" --enable-lora \
         >/dev/null 2>&1 &
     VLLM_PID=$!
 fi
