@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -129,7 +130,7 @@ async def test_admin_pause_reports_the_calls_it_waited_for_and_returns_by_its_de
         assert (await slow).status_code == 200
 
 
-async def test_an_adapters_update_drains_and_holds_only_its_own_calls(tmp_path):
+async def test_an_adapters_update_drains_and_holds_only_its_own_calls(tmp_path: Path) -> None:
     """FLYWHEEL_POLICIES: each policy's calls go to the engine under the adapter's name and wait only for
     that adapter's update; the other adapter's and the base's calls are served meanwhile. Every call
     records its adapter and version next to the base version."""
@@ -163,7 +164,7 @@ async def test_an_adapters_update_drains_and_holds_only_its_own_calls(tmp_path):
     assert sorted(r["model"] for r in cfg.requests) == ["checker", "rewriter", "writer"]
 
 
-async def test_a_bad_policy_map_stops_the_gateway_with_the_reason(tmp_path):
+async def test_a_bad_policy_map_stops_the_gateway_with_the_reason(tmp_path: Path) -> None:
     from infra.policies import PolicyMapError
 
     with pytest.raises(PolicyMapError, match="unknown selector"):
