@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from gateway.server import GatewayServer
     from gateway.upstream import Upstream
     from infra.application.engine_process import EngineProcess
+    from infra.assembly import RunningEngine
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
@@ -163,6 +164,7 @@ class EmbeddedStack:
         self.recorder: Recorder | None = None
         self.engine: InferenceEngine | None = None
         self.engine_process: EngineProcess | None = None
+        self.running_engine: RunningEngine | None = None  # the engine chosen by infra.assembly
         self.gateway_app: FastAPI | None = None
         self.worker: RolloutWorker | None = None  # the first worker
         self.workers: list[RolloutWorker] = []  # with those of add_worker
@@ -202,7 +204,7 @@ class EmbeddedStack:
             self._stoppers.append(
                 ("otel-export", (await start_exporter(s, await self._connect("otel"))).stop)
             )
-        if self.vllm_url is None and self.upstream is None:
+        if self.upstream is None:  # the engine the stack serves from (none to start for vLLM)
             await self._start_engine()
         await self._start_gateway()
         if s.run_worker:
@@ -264,65 +266,42 @@ class EmbeddedStack:
         return bus
 
     async def _start_recorder(self) -> None:
-        from infra.eventlog.recorder import ALL_TOPICS, Recorder
-        from infra.eventlog.store import open_store
+        from infra.assembly import build_recorder
 
-        s = self.settings
-        store = await asyncio.to_thread(
-            open_store, clickhouse_url=s.clickhouse_url, chdb_path=s.chdb_path, database=s.clickhouse_database
-        )
-
-        async def close_store() -> None:
-            await asyncio.to_thread(store.close)
-
-        self._stoppers.append(("eventlog", close_store))
-        self.store = store
-        recorder = Recorder(
-            await self._connect("recorder"),
-            store,
-            topics=ALL_TOPICS,
-            max_batch=s.recorder_max_batch,
-            max_wait_s=s.recorder_max_wait_s,
-        )
-        await recorder.start()
-        self._stoppers.append(("recorder", recorder.stop))
-        self.recorder = recorder
+        process = await build_recorder(self.settings, await self._connect("recorder"))
+        try:
+            await process.start()
+        except BaseException:
+            await asyncio.to_thread(process.store.close)
+            raise
+        self._stoppers.append(("recorder", process.stop))  # writes the last batches, closes the store
+        self.store = process.store  # type: ignore[assignment]
+        self.recorder = process.recorder
 
     async def _start_engine(self) -> None:
-        from trainer.engine.core import InferenceEngine
+        from infra.assembly import choose_engine, start_engine
 
         s = self.settings
-        threads = s.engine_threads or None
-        if s.engine_process:
-            from infra.application.engine_process import EngineProcess
-
-            proc = await EngineProcess.start(
-                self._model_dir,
-                log_path=s.data_dir / "engine.log",
-                model_name=s.model,
-                max_num_seqs=s.engine_max_num_seqs,
-                threads=threads,
-            )
-            self._stoppers.append(("engine", proc.stop))
-            self.engine_process = proc
-            return
-        engine = await asyncio.to_thread(
-            InferenceEngine.from_pretrained,
-            self._model_dir,
-            threads=threads,
+        running = await start_engine(
+            choose_engine(model_dir=self._model_dir, vllm_url=self.vllm_url, process=s.engine_process),
             model_name=s.model,
             max_num_seqs=s.engine_max_num_seqs,
+            threads=s.engine_threads or None,
+            log_path=s.data_dir / "engine.log",
         )
-        self._stoppers.append(("engine", engine.close))
-        self.engine = engine
+        self._stoppers.append(("engine", running.stop))
+        self.running_engine = running
+        self.engine = running.engine
+        self.engine_process = running.process
 
     async def _start_gateway(self) -> None:
-        from gateway.app import create_app
+        from gateway.app import app_for
         from gateway.server import GatewayServer
+        from infra.assembly import build_gateway
 
         s = self.settings
-        upstream = self.upstream or self._engine_upstream()
-        app = create_app(s, await self._connect("gateway"), [upstream])
+        upstream = self.upstream or self._running.upstream(s)
+        app = app_for(build_gateway(s, await self._connect("gateway"), [upstream]))
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router
@@ -335,44 +314,11 @@ class EmbeddedStack:
         self._server = server
         self.gateway_app = app
 
-    def _engine_upstream(self) -> Upstream:
-        """The upstream in front of the engine the stack runs: vLLM, the child process, or in process."""
-        from gateway.upstream import make_upstream
-        from schemas import UpstreamKind
-
-        s = self.settings
-        if self.vllm_url is not None:
-            return make_upstream(
-                self.vllm_url + "/v1",
-                kind=UpstreamKind.vllm,
-                logprobs_mode=s.logprobs_mode,
-                timeout_s=s.upstream_timeout_s,
-                request_weight_versions=True,
-            )
-        if self.engine_process is not None:
-            return make_upstream(
-                self.engine_process.url + "/v1",
-                kind=UpstreamKind.embedded,
-                logprobs_mode=s.logprobs_mode,
-                timeout_s=s.upstream_timeout_s,
-            )
-        import httpx
-
-        from trainer.engine.app import create_engine_app
-
-        return make_upstream(
-            "http://embedded-engine/v1",
-            kind=UpstreamKind.embedded,
-            logprobs_mode=s.logprobs_mode,
-            timeout_s=s.upstream_timeout_s,
-            transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
-        )
-
     async def add_worker(self, worker_id: str | None = None, **overrides: Any) -> RolloutWorker:
         """Start one more rollout worker (the first is started with the stack unless ``run_worker`` is
         off). It has the stack's settings but ``worker_id`` and ``overrides``; with a ``bus_factory``, a
         connection of its own, so it joins the consumer group as a worker process would."""
-        from rollout_worker.service import RolloutWorker
+        from infra.assembly import build_worker
 
         if not self.gateway_url:
             raise StackError("the stack is not started")
@@ -380,7 +326,7 @@ class EmbeddedStack:
         if worker_id is not None:
             update["worker_id"] = worker_id
         settings = self.settings.model_copy(update=update)
-        worker = RolloutWorker(await self._connect(f"worker-{settings.worker_id}"), settings)
+        worker = build_worker(settings, await self._connect(f"worker-{settings.worker_id}"))
         await worker.start()
         self._stoppers.append((f"worker-{settings.worker_id}", worker.stop))
         self.workers.append(worker)
@@ -388,43 +334,30 @@ class EmbeddedStack:
         return worker
 
     async def _start_reward(self) -> None:
-        from reward_service.app import build
+        from infra.assembly import build_reward
 
         settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
-        reward = build(settings, await self._connect("reward"))
+        reward = build_reward(settings, await self._connect("reward"))
         await reward.start()
         self._stoppers.append(("reward", reward.stop))
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from trainer.app import build, engine_sink, start_backend
-        from trainer.weights import InProcessSink, WeightSink
+        from infra.assembly import build_trainer, start_trainer_backend
 
         s = self.settings
         if s.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
             await self._start_policy_trainer()
             return
+        sink = self._running.weight_sink()
+        if sink is None:
+            raise StackError("the trainer cannot load weights into this engine")
         backend = await asyncio.to_thread(
-            start_backend,
-            self._model_dir,
-            s.trainer_algo,
-            device=s.trainer_device,
-            torch_threads=s.engine_threads,
-            process=s.trainer_backend_process,
-            dp=s.trainer_dp,
-            kind=s.trainer_backend,
+            start_trainer_backend, s, self._model_dir, torch_threads=s.engine_threads
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         bus = await self._connect("trainer")
-        planner = await self._planner(bus)
-        sink: WeightSink
-        if self.vllm_url is not None:
-            sink = engine_sink("vllm", self.vllm_url)
-        elif self.engine_process is not None:
-            sink = engine_sink("flywheel", self.engine_process.url, token=self.engine_process.admin_token)
-        else:  # the engine in this process: no HTTP in between
-            sink = InProcessSink(self._engine.load_weights, name="embedded-engine")
-        service = build(s, bus, backend, [sink], planner=planner)
+        service = build_trainer(s, bus, backend, [sink], planner=await self._planner(bus))
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service
@@ -453,16 +386,14 @@ class EmbeddedStack:
 
     async def _start_policy_trainer(self) -> None:
         from trainer.app import loop_config
-        from trainer.policy_service import adapter_sinks, build_policy_trainer, start_policies
+        from trainer.policy_service import build_policy_trainer, start_policies
 
         s = self.settings
-        if self.vllm_url is not None:
-            raise StackError("LoRA policies load into the embedded engine or flywheel engine; not vLLM yet")
+        try:
+            sinks = self._running.adapter_sinks()
+        except ValueError as exc:
+            raise StackError(str(exc)) from exc
         policies = await asyncio.to_thread(start_policies, s, self._model_dir)
-        if self.engine_process is not None:
-            sinks = adapter_sinks("flywheel", self.engine_process.url, token=self.engine_process.admin_token)
-        else:
-            sinks = adapter_sinks("in-process", self._engine.load_adapter)
         bus = await self._connect("trainer")
         service = build_policy_trainer(
             s, bus, policies, sinks, loop_config(s), planner=await self._planner(bus)
@@ -514,10 +445,10 @@ class EmbeddedStack:
         return self.model_dir
 
     @property
-    def _engine(self) -> InferenceEngine:
-        if self.engine is None:
+    def _running(self) -> RunningEngine:
+        if self.running_engine is None:
             raise StackError("the engine is not started")
-        return self.engine
+        return self.running_engine
 
     def episode_url(self, episode_id: str) -> str:
         """The OpenAI base URL an agent uses for one training episode."""

@@ -75,4 +75,8 @@ async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = 
         http = service.Http(
             lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
         )
-    await service.serve(settings, lambda bus: build(settings, bus), name="recorder", http=http, stop=stop)
+    from infra.assembly import build_recorder
+
+    await service.serve(
+        settings, lambda bus: build_recorder(settings, bus), name="recorder", http=http, stop=stop
+    )

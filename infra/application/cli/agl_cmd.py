@@ -98,7 +98,7 @@ async def _serve(
     from gateway.agl.routes import create_agl_app, tenant_lookup
     from gateway.agl.serving import AglService
     from gateway.app import default_keystore
-    from gateway.service import Gateway
+    from infra.assembly import build_gateway
     from infra.bus.factory import make_bus
     from schemas import TOPICS
 
@@ -114,7 +114,7 @@ async def _serve(
         store = await _recorder(settings, bus, stack)
         default = await _upstream(settings, upstream_url, model_dir, stack)
         keystore = default_keystore(settings)
-        gateway = Gateway(
+        gateway = build_gateway(
             settings.model_copy(update={"gateway_id": f"agl-{settings.gateway_id}"}),
             bus,
             [default],
@@ -178,78 +178,36 @@ async def _serve(
 
 async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
     """On the in-process bus, this process records every topic to chdb (nothing else can)."""
-    import asyncio
-
     if settings.bus != "memory" or not settings.record_events:
         return None
-    from infra.eventlog.recorder import Recorder
-    from infra.eventlog.store import open_store
+    from infra.assembly import build_recorder
 
     try:
-        store = await asyncio.to_thread(
-            open_store,
-            clickhouse_url=settings.clickhouse_url,
-            chdb_path=settings.chdb_path,
-            database=settings.clickhouse_database,
-        )
+        process = await build_recorder(settings, bus)
     except Exception as exc:
         fail(f"cannot open the event log: {type(exc).__name__}: {exc}")
-
-    async def close_store() -> None:
-        await asyncio.to_thread(store.close)
-
-    stack.push_async_callback(close_store)
-    recorder = Recorder(
-        bus, store, max_batch=settings.recorder_max_batch, max_wait_s=settings.recorder_max_wait_s
-    )
-    await recorder.start()
-    stack.push_async_callback(recorder.stop)
-    return store
+    stack.push_async_callback(process.stop)  # writes the last batches, then closes the store
+    await process.start()
+    return process.store
 
 
 async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | None, stack: Any) -> Upstream:
+    """The default upstream: ``--upstream``, or the embedded engine on ``--model-dir`` (a toy model
+    without one), chosen and started by ``infra.assembly`` as for every entry point."""
     import asyncio
 
-    from gateway.upstream import make_upstream
-    from schemas import UpstreamKind
+    from infra.assembly import choose_engine, start_engine, tiny_model
 
-    if url is not None:
-        up = make_upstream(
-            url,
-            kind=settings.upstream_kind,
-            logprobs_mode=settings.logprobs_mode,
-            api_key=settings.upstream_api_key,
-            timeout_s=settings.upstream_timeout_s,
-        )
-        stack.push_async_callback(up.client.aclose)
-        return up
-    import httpx
-
-    from trainer.engine.app import create_engine_app
-    from trainer.engine.core import InferenceEngine
-
-    if model_dir is None:
-        from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
-        from trainer.models.tiny import build_tiny
-
-        model_dir = await asyncio.to_thread(
-            build_tiny, TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2
-        )
-    engine = await asyncio.to_thread(
-        InferenceEngine.from_pretrained,
-        model_dir,
-        threads=settings.engine_threads or None,
+    if url is None and model_dir is None:
+        model_dir = await asyncio.to_thread(tiny_model)
+    running = await start_engine(
+        choose_engine(model_dir=model_dir, upstream_url=url),
         model_name=settings.model,
         max_num_seqs=settings.engine_max_num_seqs,
+        threads=settings.engine_threads or None,
     )
-    stack.push_async_callback(engine.close)
-    up = make_upstream(
-        "http://embedded-engine/v1",
-        kind=UpstreamKind.embedded,
-        logprobs_mode=settings.logprobs_mode,
-        timeout_s=settings.upstream_timeout_s,
-        transport=httpx.ASGITransport(app=create_engine_app(engine)),
-    )
+    stack.push_async_callback(running.stop)
+    up = running.upstream(settings)
     stack.push_async_callback(up.client.aclose)
     return up
 

@@ -77,9 +77,10 @@ def gateway_command(
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
 
-    from gateway.app import app_for, build
+    from gateway.app import app_for
     from gateway.limits import GatewayHttpProtocol
     from infra import service
+    from infra.assembly import build_gateway
     from infra.logging import configure_logging
     from schemas import CONTROL, DEADLETTER, EPISODES
 
@@ -96,7 +97,7 @@ def gateway_command(
         service.run(
             service.serve(
                 settings,
-                lambda bus: build(settings, bus, ups),
+                lambda bus: build_gateway(settings, bus, ups),
                 name="gateway",
                 topics=[EPISODES, CONTROL, DEADLETTER],
                 http=http,

@@ -1,7 +1,8 @@
 """``flywheel up``: the whole embedded stack in one process, with a live status panel.
 
 Gateway, engine, worker, reward service, recorder and trainer run on the in-process bus
-(:class:`infra.application.stack.EmbeddedStack`). The gateway's port also serves the admin API — the gateway's
+(:class:`infra.application.stack.EmbeddedStack`, which builds each part with ``infra.assembly``; this
+command chooses the engine: the embedded one, ``--vllm URL`` or ``--engine vllm``). The gateway's port also serves the admin API — the gateway's
 own routes, the event log's (``/admin/eventlog``) and the ops routes (``/admin/ops/status``,
 ``/admin/ops/replay``) — so ``flywheel status|query|replay|export --url URL`` work against it from
 another terminal. Ctrl-C (or SIGTERM) stops the parts newest first: the trainer finishes its step,
@@ -26,6 +27,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from infra.application.cli.common import fail, usage
+from infra.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
+
+__all__ = ["TINY_CACHE", "TINY_CORPUS", "register", "up_command"]  # the toy model: infra.assembly
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -37,9 +41,7 @@ if TYPE_CHECKING:
     from infra.eventlog.models import EpisodeFilter
     from schemas import EpisodeScored
 
-TINY_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "up-tiny"
 STOP_DEADLINE_S = 30.0  # a clean stop (trainer step, recorder flush, chdb close) ends within this
-TINY_CORPUS = [f"What is {a} plus {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
 
 
 class _NoEventLog:
@@ -251,9 +253,7 @@ def up_command(
         fail(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, "))
     configure_logging("WARNING", settings.log_json)
     if model is None:
-        from trainer.models.tiny import build_tiny
-
-        model = build_tiny(TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)
+        model = tiny_model()
     task_iter, agent_ref = None, None
     if tasks is not None and agent is not None:
         task_iter, agent_ref = _tasks_and_agent(tasks, agent)
