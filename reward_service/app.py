@@ -1,7 +1,6 @@
 """The reward service: a consumer group on ``flywheel.episodes`` publishing ``EpisodeScored``.
 
-``build`` wires it from settings (the bus is given: the CLI and the embedded stack own it; every entry
-point reaches it through ``infra.assembly.build_reward``); ``main``
+``build`` wires it from settings (the bus is given: the CLI and the embedded stack own it); ``main``
 runs it alone until SIGINT/SIGTERM (``flywheel reward``, ``python -m reward_service.app``) with
 ``infra.service.serve``.
 """
@@ -62,10 +61,8 @@ def build(
 
 async def serve(settings: RewardSettings) -> None:
     """Run the reward service alone until SIGINT/SIGTERM."""
-    from infra.assembly import build_reward
-
     await service.serve(
-        settings, lambda bus: build_reward(settings, bus), name="reward", metrics_port=settings.metrics_port
+        settings, lambda bus: build(settings, bus), name="reward", metrics_port=settings.metrics_port
     )
 
 

@@ -12,16 +12,14 @@ from rollout_worker.settings import WorkerSettings
 
 
 def build(settings: WorkerSettings, bus: Bus) -> RolloutWorker:
-    """The worker; every entry point builds it through ``infra.assembly.build_worker``."""
+    """The worker, for every entry point (the embedded stack and agl-server via ``infra.application.assembly``)."""
     return RolloutWorker(bus, settings)
 
 
 async def serve(settings: WorkerSettings) -> None:
     """Run one worker alone until SIGINT/SIGTERM (it drains its episodes before it stops)."""
-    from infra.assembly import build_worker
-
     await service.serve(
-        settings, lambda bus: build_worker(settings, bus), name="worker", metrics_port=settings.metrics_port
+        settings, lambda bus: build(settings, bus), name="worker", metrics_port=settings.metrics_port
     )
 
 

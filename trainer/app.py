@@ -4,10 +4,10 @@ Run it alone with ``flywheel trainer run`` (or ``python -m trainer.app``): it co
 ``flywheel.transitions`` as consumer group ``trainer``, trains the policy in ``FLYWHEEL_TRAINER_BASE_MODEL``
 with the torch backend, saves checkpoints under ``<data_dir>/trainer``, and loads each new version into
 the engine at ``FLYWHEEL_TRAINER_ENGINE_URL`` (``flywheel engine``'s ``/load_weights``, or vLLM's
-``/collective_rpc`` with ``FLYWHEEL_TRAINER_ENGINE_KIND=vllm``). Every entry point builds it through
-``infra.assembly`` (``build_trainer``, ``start_trainer_backend``; the embedded stack's sink comes from
-the engine ``infra.assembly`` chose, an :class:`~trainer.weights.InProcessSink` around the embedded
-one); alone, ``infra.service.serve`` runs it (signals, metrics, the bus, a graceful stop after the step in progress).
+``/collective_rpc`` with ``FLYWHEEL_TRAINER_ENGINE_KIND=vllm``). The embedded stack builds the same
+service with :func:`build` (through ``infra.application.assembly.build_trainer``, with the weight sink of the engine
+``infra.application.assembly`` chose: an :class:`~trainer.weights.InProcessSink` around the embedded one); alone,
+``infra.service.serve`` runs it (signals, metrics, the bus, a graceful stop after the step in progress).
 """
 
 from __future__ import annotations
@@ -144,7 +144,6 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
     if settings.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
         await _serve_policies(settings, max_steps)
         return
-    from infra.assembly import start_trainer_backend
     from trainer.backends.ddp import start_torchrun_rank, torchrun_world
 
     backend: Backend
@@ -159,8 +158,14 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
             return
         backend = rank0
     else:
-        backend = start_trainer_backend(
-            settings, settings.trainer_base_model, torch_threads=settings.trainer_torch_threads
+        backend = start_backend(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+            process=settings.trainer_backend_process,
+            dp=settings.trainer_dp,
+            kind=settings.trainer_backend,
         )
     try:
         await _serve(settings, backend, max_steps)
@@ -169,8 +174,6 @@ async def serve(settings: TrainerSettings, max_steps: int | None = None) -> None
 
 
 async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | None) -> None:
-    from infra.assembly import build_trainer
-
     def started(trainer: TrainerService, _: str) -> None:
         log.info(
             "trainer_started",
@@ -182,7 +185,7 @@ async def _serve(settings: TrainerSettings, backend: Backend, max_steps: int | N
 
     await service.serve(
         settings,
-        lambda bus: build_trainer(settings, bus, backend, sinks_from_settings(settings)),
+        lambda bus: build(settings, bus, backend, sinks_from_settings(settings)),
         name="trainer",
         metrics_port=settings.trainer_metrics_port,
         registry=lambda trainer: trainer.metrics.registry,

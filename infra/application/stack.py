@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 
     from gateway.server import GatewayServer
     from gateway.upstream import Upstream
+    from infra.application.assembly import RunningEngine
     from infra.application.engine_process import EngineProcess
-    from infra.assembly import RunningEngine
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
     from reward_service.service import RewardService
@@ -164,7 +164,7 @@ class EmbeddedStack:
         self.recorder: Recorder | None = None
         self.engine: InferenceEngine | None = None
         self.engine_process: EngineProcess | None = None
-        self.running_engine: RunningEngine | None = None  # the engine chosen by infra.assembly
+        self.running_engine: RunningEngine | None = None  # the engine chosen by infra.application.assembly
         self.gateway_app: FastAPI | None = None
         self.worker: RolloutWorker | None = None  # the first worker
         self.workers: list[RolloutWorker] = []  # with those of add_worker
@@ -266,7 +266,7 @@ class EmbeddedStack:
         return bus
 
     async def _start_recorder(self) -> None:
-        from infra.assembly import build_recorder
+        from infra.application.assembly import build_recorder
 
         process = await build_recorder(self.settings, await self._connect("recorder"))
         try:
@@ -279,7 +279,7 @@ class EmbeddedStack:
         self.recorder = process.recorder
 
     async def _start_engine(self) -> None:
-        from infra.assembly import choose_engine, start_engine
+        from infra.application.assembly import choose_engine, start_engine
 
         s = self.settings
         running = await start_engine(
@@ -297,7 +297,7 @@ class EmbeddedStack:
     async def _start_gateway(self) -> None:
         from gateway.app import app_for
         from gateway.server import GatewayServer
-        from infra.assembly import build_gateway
+        from infra.application.assembly import build_gateway
 
         s = self.settings
         upstream = self.upstream or self._running.upstream(s)
@@ -318,7 +318,7 @@ class EmbeddedStack:
         """Start one more rollout worker (the first is started with the stack unless ``run_worker`` is
         off). It has the stack's settings but ``worker_id`` and ``overrides``; with a ``bus_factory``, a
         connection of its own, so it joins the consumer group as a worker process would."""
-        from infra.assembly import build_worker
+        from infra.application.assembly import build_worker
 
         if not self.gateway_url:
             raise StackError("the stack is not started")
@@ -334,7 +334,7 @@ class EmbeddedStack:
         return worker
 
     async def _start_reward(self) -> None:
-        from infra.assembly import build_reward
+        from infra.application.assembly import build_reward
 
         settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
         reward = build_reward(settings, await self._connect("reward"))
@@ -343,7 +343,7 @@ class EmbeddedStack:
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        from infra.assembly import build_trainer, start_trainer_backend
+        from infra.application.assembly import build_trainer, start_trainer_backend
 
         s = self.settings
         if s.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)

@@ -75,8 +75,4 @@ async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = 
         http = service.Http(
             lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
         )
-    from infra.assembly import build_recorder
-
-    await service.serve(
-        settings, lambda bus: build_recorder(settings, bus), name="recorder", http=http, stop=stop
-    )
+    await service.serve(settings, lambda bus: build(settings, bus), name="recorder", http=http, stop=stop)

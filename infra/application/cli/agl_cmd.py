@@ -98,7 +98,7 @@ async def _serve(
     from gateway.agl.routes import create_agl_app, tenant_lookup
     from gateway.agl.serving import AglService
     from gateway.app import default_keystore
-    from infra.assembly import build_gateway
+    from infra.application.assembly import build_gateway
     from infra.bus.factory import make_bus
     from schemas import TOPICS
 
@@ -180,7 +180,7 @@ async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
     """On the in-process bus, this process records every topic to chdb (nothing else can)."""
     if settings.bus != "memory" or not settings.record_events:
         return None
-    from infra.assembly import build_recorder
+    from infra.application.assembly import build_recorder
 
     try:
         process = await build_recorder(settings, bus)
@@ -193,10 +193,10 @@ async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
 
 async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | None, stack: Any) -> Upstream:
     """The default upstream: ``--upstream``, or the embedded engine on ``--model-dir`` (a toy model
-    without one), chosen and started by ``infra.assembly`` as for every entry point."""
+    without one), chosen and started by ``infra.application.assembly`` as for every entry point."""
     import asyncio
 
-    from infra.assembly import choose_engine, start_engine, tiny_model
+    from infra.application.assembly import choose_engine, start_engine, tiny_model
 
     if url is None and model_dir is None:
         model_dir = await asyncio.to_thread(tiny_model)

@@ -80,7 +80,7 @@ def gateway_command(
     from gateway.app import app_for
     from gateway.limits import GatewayHttpProtocol
     from infra import service
-    from infra.assembly import build_gateway
+    from infra.application.assembly import build_gateway
     from infra.logging import configure_logging
     from schemas import CONTROL, DEADLETTER, EPISODES
 

@@ -1,7 +1,7 @@
 """``flywheel up``: the whole embedded stack in one process, with a live status panel.
 
 Gateway, engine, worker, reward service, recorder and trainer run on the in-process bus
-(:class:`infra.application.stack.EmbeddedStack`, which builds each part with ``infra.assembly``; this
+(:class:`infra.application.stack.EmbeddedStack`, which builds each part with ``infra.application.assembly``; this
 command chooses the engine: the embedded one, ``--vllm URL`` or ``--engine vllm``). The gateway's port also serves the admin API — the gateway's
 own routes, the event log's (``/admin/eventlog``) and the ops routes (``/admin/ops/status``,
 ``/admin/ops/replay``) — so ``flywheel status|query|replay|export --url URL`` work against it from
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from infra.application.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
 from infra.application.cli.common import fail, usage
-from infra.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
 
-__all__ = ["TINY_CACHE", "TINY_CORPUS", "register", "up_command"]  # the toy model: infra.assembly
+__all__ = ["TINY_CACHE", "TINY_CORPUS", "register", "up_command"]  # the toy model lives in the builder
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

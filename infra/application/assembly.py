@@ -2,8 +2,10 @@
 
     flywheel up / the embedded stack   infra/application/stack.py: every part, one process
     flywheel agl-server                infra/application/cli/agl_cmd.py: recorder, engine, gateway
-    flywheel gateway|worker|reward|    each service's ``app.serve`` (through ``infra.service.serve``):
-      trainer|recorder                 one part, the process's own bus
+    flywheel gateway                   infra/application/cli/gateway_cmd.py (on ``infra.service.serve``)
+    flywheel worker|reward|trainer|    each service's ``app.serve`` on ``infra.service.serve``, with the
+      recorder                         service's ``app.build``: the constructor the functions here call
+                                       (a service never imports the application layer)
 
 One function per part; each calls the service's own constructor (``<service>/app.py::build``), so a
 part is put together in one place whichever entry point runs it:
