@@ -20,6 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,6 +32,10 @@ from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
 from tests.fakes.waiting import wait_until
+
+if TYPE_CHECKING:
+    from trainer.config import AlgorithmConfig
+    from trainer.settings import TrainerSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -125,17 +130,11 @@ async def recorded(tmp_path: Path) -> AsyncIterator[tuple[Path, ChdbStore]]:
         store.close()
 
 
-async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp_path: Path) -> None:
-    from trainer.app import build, load_backend
-    from trainer.batching import Sample
-    from trainer.config import AlgorithmConfig
+def _fresh_trainer_settings(model: Path, algo: AlgorithmConfig, tmp_path: Path) -> TrainerSettings:
+    """A fresh trainer on ``model`` that steps on every group (batches of one), in this process."""
     from trainer.settings import TrainerSettings
 
-    model, store = recorded
-    algo = AlgorithmConfig(
-        max_staleness=1, tis_cap=2.0, ppo_epochs=2, learning_rate=3e-3, clip_low=0.1, clip_high=0.1
-    )
-    settings = TrainerSettings(
+    return TrainerSettings(
         data_dir=tmp_path / "fresh-trainer",
         trainer_base_model=model,
         trainer_mode="sync",
@@ -144,6 +143,18 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
         trainer_torch_threads=1,
         trainer_algo=algo,
     )
+
+
+async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp_path: Path) -> None:
+    from trainer.app import build, load_backend
+    from trainer.batching import Sample
+    from trainer.config import AlgorithmConfig
+
+    model, store = recorded
+    algo = AlgorithmConfig(
+        max_staleness=1, tis_cap=2.0, ppo_epochs=2, learning_rate=3e-3, clip_low=0.1, clip_high=0.1
+    )
+    settings = _fresh_trainer_settings(model, algo, tmp_path)
     backend = load_backend(model, algo, torch_threads=1)
     episodes = list(store.select_scored_episodes(EpisodeFilter(limit=1000)))
     probe = [
@@ -238,19 +249,10 @@ async def test_a_paced_replay_through_the_admin_api_trains_the_recorded_run_in_o
     from infra.application.ops.api import OpsContext, create_ops_router
     from trainer.app import build, load_backend
     from trainer.config import AlgorithmConfig
-    from trainer.settings import TrainerSettings
 
     model, store = recorded
     algo = AlgorithmConfig(max_staleness=1, tis_cap=2.0, ppo_epochs=1, learning_rate=3e-3)
-    settings = TrainerSettings(
-        data_dir=tmp_path / "fresh-trainer",
-        trainer_base_model=model,
-        trainer_mode="sync",
-        trainer_batch_groups=1,
-        trainer_expected_gateways=0,
-        trainer_torch_threads=1,
-        trainer_algo=algo,
-    )
+    settings = _fresh_trainer_settings(model, algo, tmp_path)
     bus = MemoryBus()
     await bus.start()
     steps: list[s.TrainerStepCompleted] = []
