@@ -12,11 +12,12 @@ from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
+import orjson
 import pyarrow as pa
 from pydantic import JsonValue, ValidationError
 
 from infra.bus.base import Message
-from infra.eventlog import queries
+from infra.eventlog import queries, trends
 from infra.eventlog.ddl import MIGRATIONS, bootstrap_statements, render
 from infra.eventlog.models import (
     Bucket,
@@ -27,6 +28,9 @@ from infra.eventlog.models import (
     EventRecord,
     QueryResult,
     StatsPoint,
+    TenantFeedback,
+    TrainerStepPoint,
+    VersionPoint,
 )
 from infra.eventlog.readonly import check_read_only
 from infra.eventlog.rows import messages_to_arrow, to_arrow
@@ -101,6 +105,16 @@ def _json_value(value: Any) -> JsonValue:
     if isinstance(value, dict):
         return {str(k): _json_value(v) for k, v in value.items()}
     return str(value)
+
+
+def _numbers(raw: str | bytes | None) -> dict[str, float]:
+    """The numeric members of a JSON object (a step's metrics or samples); anything else is dropped."""
+    data = orjson.loads(raw or "{}")
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _utc(value: datetime) -> datetime:
@@ -250,6 +264,33 @@ class SqlStore:
             d["bucket"] = _utc(d["bucket"])
             points.append(StatsPoint.model_validate(d))
         return points
+
+    def trainer_steps(self, since: datetime | None = None, limit: int = 2000) -> list[TrainerStepPoint]:
+        """The latest ``limit`` trainer steps, oldest first, with the figures each reported."""
+        _, _, rows = self._select(*trends.trainer_steps(self.database, since, limit))
+        return [
+            TrainerStepPoint(
+                step=step,
+                version=max(version, 0),
+                at=_utc(at),
+                adapter=adapter,
+                metrics=_numbers(metrics),
+                samples={k: int(v) for k, v in _numbers(samples).items()},
+            )
+            for step, version, at, adapter, metrics, samples in rows
+        ]
+
+    def by_version(self, since: datetime | None = None, success_threshold: float = 1.0) -> list[VersionPoint]:
+        """Scored episodes per serving weight version (see ``trends.by_version``)."""
+        columns, _, rows = self._select(*trends.by_version(self.database, since, success_threshold))
+        return [VersionPoint.model_validate(dict(zip(columns, r, strict=True))) for r in rows]
+
+    def tenant_feedback(
+        self, since: datetime | None = None, success_threshold: float = 1.0
+    ) -> list[TenantFeedback]:
+        """Production sessions per tenant and the share with user feedback."""
+        columns, _, rows = self._select(*trends.tenant_feedback(self.database, since, success_threshold))
+        return [TenantFeedback.model_validate(dict(zip(columns, r, strict=True))) for r in rows]
 
     def task_history(
         self, since: datetime | None = None, groups_per_task: int = 4

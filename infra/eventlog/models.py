@@ -41,6 +41,9 @@ class EpisodeFilter(BaseModel):
     max_reward: Reward | None = None
     task_id_like: Text | None = Field(default=None, description="SQL LIKE pattern on task_id")
     limit: int = Field(default=100, ge=1, le=MAX_LIMIT, strict=True)
+    offset: int = Field(
+        default=0, ge=0, le=MAX_LIMIT, strict=True, description="summaries to skip (``episodes`` only)"
+    )
 
     @model_validator(mode="after")
     def _ranges(self) -> EpisodeFilter:
@@ -152,3 +155,40 @@ class EventCounts(BaseModel):
 
     total: int
     by_type: dict[str, int]
+
+
+class TrainerStepPoint(BaseModel):
+    """One ``TrainerStepCompleted`` as the training view reads it: the figures the step reported."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    version: int
+    at: datetime
+    adapter: str = Field(description="the LoRA adapter the step trained; '' for the whole model")
+    metrics: dict[str, float] = Field(description="StepMetrics as reported (absent figures absent)")
+    samples: dict[str, int] = Field(description="transitions trained on, per episode source")
+
+
+class VersionPoint(BaseModel):
+    """Scored episodes (replays left out) of one policy weight version: the oldest that served them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weight_version: int
+    episodes: int
+    mean_reward: float | None
+    success_rate: float | None
+    mean_calls: float
+
+
+class TenantFeedback(BaseModel):
+    """Production sessions of one tenant and how many got user feedback (any time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str
+    sessions: int
+    with_feedback: int
+    feedback_rate: float
+    thumbs_up_rate: float | None

@@ -62,7 +62,7 @@ def episodes(db: str, f: EpisodeFilter) -> tuple[str, Params]:
     _bind(having, params, "reward <= {max_reward:Float64}", "max_reward", f.max_reward)
     _bind(having, params, "min_weight_version >= {min_wv:Int64}", "min_wv", f.min_weight_version)
     _bind(having, params, "max_weight_version <= {max_wv:Int64}", "max_wv", f.max_weight_version)
-    params["limit"] = f.limit
+    params["limit"], params["offset"] = f.limit, f.offset
     sql = f"""
         SELECT
             episode_id,
@@ -94,7 +94,7 @@ def episodes(db: str, f: EpisodeFilter) -> tuple[str, Params]:
         GROUP BY episode_id
         {"HAVING " + " AND ".join(having) if having else ""}
         ORDER BY started_at DESC, episode_id
-        LIMIT {{limit:UInt64}}
+        LIMIT {{limit:UInt64}} OFFSET {{offset:UInt64}}
     """
     return sql, params
 

@@ -25,3 +25,7 @@ def test_the_wheel_holds_only_flywheels_packages(tmp_path: Path, monkeypatch: py
     # the demo runs its agents from the installed wheel
     assert "demo_agents/calc_agent/agent.py" in names and "demo_agents/sql_agent/data.py" in names
     assert "infra/application/cli/main.py" in names
+    # the web view serves its charting library and script from the package: nothing from a CDN
+    assert {"chart.umd.min.js", "LICENSE.chartjs.md", "ui.js", "ui.css"} <= {
+        n.rsplit("/", 1)[1] for n in names if n.startswith("infra/application/ui/static/")
+    }

@@ -66,6 +66,9 @@ def _register() -> None:
     from infra.application.cli import otel_cmd
 
     otel_cmd.register(app)
+    from infra.application.cli import ui_cmd
+
+    ui_cmd.register(app)
 
 
 _register()

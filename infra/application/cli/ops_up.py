@@ -104,7 +104,9 @@ def _panel(report: dict[str, Any], url: str) -> RenderableType:
         f" · trainer step {c.get('trainer_step') or 0}"
         f" · gateway paused={g.get('paused')} in_flight={g.get('in_flight')} spool={g.get('spool_depth')}"
     )
-    header = f"OpenAI base URL for agents: {url}/v1 · admin: flywheel status --url {url}"
+    header = (
+        f"OpenAI base URL for agents: {url}/v1 · admin: flywheel status --url {url} · web view: {url}/ui/"
+    )
     return Panel(
         Group(header, summary, services, topics), title="flywheel up", subtitle="Ctrl-C stops cleanly"
     )
@@ -159,6 +161,10 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
         )
         await ctx.watch_control()
         stack.gateway_app.include_router(create_ops_router(ctx))
+        if stack.store is not None:  # the web view (infra/application/ui) on the same port, under /ui
+            from infra.application.ui.app import create_ui_router
+
+            stack.gateway_app.include_router(create_ui_router(stack.store, ctx.admin_token))
         stack.ready()
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
         url = stack.gateway_url
