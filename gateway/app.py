@@ -37,6 +37,7 @@ from gateway.routes import build_router, call_response, serve_call
 from gateway.service import Gateway
 from gateway.serving import Answer
 from gateway.settings import GatewaySettings
+from gateway.span_intake import SpanIntake, build_otlp_router
 from gateway.upstream import Upstream
 from infra.bus.base import Bus
 from infra.http import install_error_handlers
@@ -88,7 +89,9 @@ def app_for(gateway: Gateway, *, lifespan: bool = True) -> FastAPI:
         redoc_url=None,
     )
     app.state.gateway = gateway
+    app.state.span_intake = SpanIntake(gateway, settings.otlp_max_body_bytes)  # OTLP: gateway/span_intake.py
     app.include_router(build_router())
+    app.include_router(build_otlp_router())
     install_error_handlers(app, unexpected="internal gateway error")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.hot = HotCalls(gateway, settings.max_body_bytes)  # the LLM calls, ahead of the stack above

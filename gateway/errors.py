@@ -8,6 +8,7 @@
      ├── NotFoundError                404  not_found_error         (unknown/finished episode, session, call)
      ├── ConflictError                409  invalid_request_error   (feedback too late for its session)
      ├── PayloadTooLargeError         413  invalid_request_error
+     ├── UnsupportedMediaError        415  invalid_request_error   (a body in a content type the route does not read)
      ├── UpstreamError                (upstream's status)          forwarded upstream failures
      │    ├── UpstreamUnavailableError 502                          connection refused/reset after retries
      │    └── UpstreamTimeoutError    504
@@ -74,6 +75,11 @@ class ConflictError(GatewayError):
 
 class PayloadTooLargeError(GatewayError):
     status_code = 413
+    error_type = "invalid_request_error"
+
+
+class UnsupportedMediaError(GatewayError):
+    status_code = 415
     error_type = "invalid_request_error"
 
 

@@ -341,7 +341,11 @@ def build_router() -> APIRouter:
     @router.get("/admin/episodes/{episode_id}", tags=["admin"])
     async def show_episode(episode_id: str, request: Request) -> Response:
         require_admin(request)
-        return _json(_gw(request).describe_episode(episode_id))
+        described = _gw(request).describe_episode(episode_id)
+        intake = getattr(request.app.state, "span_intake", None)  # the agent's own spans (OTLP intake)
+        if intake is not None:
+            described["spans"] = [span.model_dump(mode="json") for span in intake.recent(episode_id)]
+        return _json(described)
 
     @router.post("/admin/episodes/{episode_id}/finish", tags=["admin"])
     async def finish_episode(

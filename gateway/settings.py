@@ -24,6 +24,9 @@ class GatewaySettings(FlywheelSettings):
     gateway_id: str = Field(default_factory=_default_gateway_id)
     public_url: str = ""  # how agents reach this gateway (for printed episode URLs); empty: host:port
     max_body_bytes: int = 8 * 1024 * 1024
+    # largest OTLP/HTTP body an agent may send to /v1/traces (gzipped: once inflated); 413 beyond. The
+    # request body limit above applies first
+    otlp_max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
     # upstreams (used by the CLI; services embedding the gateway pass upstream objects directly)
     upstream_urls: str = "http://127.0.0.1:8000/v1"  # comma-separated replicas, sticky per episode

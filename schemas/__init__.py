@@ -46,6 +46,7 @@ from schemas.events import (
     UpstreamKind,
 )
 from schemas.ids import is_valid_episode_id, new_episode_id, new_event_id, new_group_id
+from schemas.spans import AgentSpan, AgentSpanEvent, AgentSpansRecorded
 from schemas.topics import (
     AGL,
     CONTROL,
@@ -76,6 +77,9 @@ __all__ = [
     "TRANSITIONS",
     "AgentKind",
     "AgentRef",
+    "AgentSpan",
+    "AgentSpanEvent",
+    "AgentSpansRecorded",
     "AglRecorded",
     "AnyEvent",
     "CallChoice",

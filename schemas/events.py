@@ -3,7 +3,7 @@
 Topic → events (docs/architecture.md, "Topics and events"):
     flywheel.tasks        RolloutRequested, RolloutCancelled                      key: task_id
     flywheel.episodes     EpisodeStarted, LLMCallRecorded, RewardReported,
-                          EpisodeFinished                                         key: episode_id
+                          EpisodeFinished, AgentSpansRecorded                     key: episode_id
     flywheel.transitions  EpisodeScored                                           key: group_id
     flywheel.control      WeightUpdateRequested, InferenceDrained, WeightsActivated,
                           InferenceResumed, WeightUpdateFailed, TrainerStepCompleted,
@@ -45,6 +45,7 @@ from schemas.control import (
     WeightUpdateRequested,
 )
 from schemas.ids import new_group_id
+from schemas.spans import AgentSpansRecorded
 
 # --------------------------------------------------------------------------------------- tasks
 
@@ -289,7 +290,8 @@ class EpisodeFinished(EventBase):
 
 
 EpisodeEvent = Annotated[
-    EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished, Field(discriminator="type")
+    EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished | AgentSpansRecorded,
+    Field(discriminator="type"),
 ]
 
 # --------------------------------------------------------------------------------- transitions
@@ -468,6 +470,7 @@ Event = Annotated[
     | PromptVersionRequested
     | PromptVersionActivated
     | AglRecorded
+    | AgentSpansRecorded
     | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -492,6 +495,7 @@ AnyEvent = (
     | PromptVersionRequested
     | PromptVersionActivated
     | AglRecorded
+    | AgentSpansRecorded
     | DeadLetter
 )
 """The same union without the discriminator annotation, for type hints."""

@@ -38,6 +38,7 @@ from schemas.events import (
     RolloutRequested,
     TaskEvent,
 )
+from schemas.spans import AgentSpansRecorded
 
 TASKS = "flywheel.tasks"
 EPISODES = "flywheel.episodes"
@@ -61,7 +62,7 @@ TOPICS: dict[str, TopicSpec] = {
         EPISODES,
         "episode_id",
         16,
-        frozenset({EpisodeStarted, LLMCallRecorded, RewardReported, EpisodeFinished}),
+        frozenset({EpisodeStarted, LLMCallRecorded, RewardReported, EpisodeFinished, AgentSpansRecorded}),
     ),
     TRANSITIONS: TopicSpec(TRANSITIONS, "group_id", 8, frozenset({EpisodeScored})),
     CONTROL: TopicSpec(
@@ -112,7 +113,9 @@ def key_for(event: AnyEvent) -> str:
             return event.task.task_id
         case RolloutCancelled():
             return event.task_id
-        case EpisodeStarted() | LLMCallRecorded() | RewardReported() | EpisodeFinished():
+        case (
+            EpisodeStarted() | LLMCallRecorded() | RewardReported() | EpisodeFinished() | AgentSpansRecorded()
+        ):
             return event.episode_id
         case EpisodeScored():
             return event.group_id
@@ -141,6 +144,7 @@ _KEY_FIELD: dict[type, str] = {
     LLMCallRecorded: "episode_id",
     RewardReported: "episode_id",
     EpisodeFinished: "episode_id",
+    AgentSpansRecorded: "episode_id",
     EpisodeScored: "group_id",
     WeightUpdateRequested: "model",
     InferenceDrained: "model",

@@ -93,10 +93,64 @@ PROMPT_VERSION = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS prompt_versio
 ADAPTER = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS adapter LowCardinality(String) DEFAULT ''"
 ADAPTER_VERSION = "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS adapter_version Int64 DEFAULT -1"
 
+# Spans an agent sent to the gateway's OTLP intake (``agent_spans_recorded`` events, schemas/spans.py),
+# one row per span, filled from ``events`` by a materialized view as the recorder inserts: the recorder
+# writes one table, and a query reads tool durations and agent steps without parsing payloads.
+# Replacing on (episode_id, trace_id, span_id): a span sent twice reads once under FINAL.
+AGENT_SPANS = """
+CREATE TABLE IF NOT EXISTS {db}.agent_spans
+(
+    episode_id String,
+    tenant String,
+    event_id String,
+    emitted_at DateTime64(3, 'UTC'),
+    trace_id String,
+    span_id String,
+    parent_span_id String,
+    name String,
+    kind LowCardinality(String),
+    start_time DateTime64(6, 'UTC'),
+    end_time DateTime64(6, 'UTC'),
+    duration_ms Float64,
+    status LowCardinality(String),
+    service_name LowCardinality(String),
+    scope LowCardinality(String),
+    attributes String CODEC(ZSTD(1))
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(emitted_at)
+ORDER BY (episode_id, trace_id, span_id)
+"""
+
+AGENT_SPANS_VIEW = """
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.agent_spans_mv TO {db}.agent_spans AS
+SELECT
+    episode_id,
+    tenant,
+    event_id,
+    emitted_at,
+    JSONExtractString(span, 'trace_id') AS trace_id,
+    JSONExtractString(span, 'span_id') AS span_id,
+    JSONExtractString(span, 'parent_span_id') AS parent_span_id,
+    JSONExtractString(span, 'name') AS name,
+    JSONExtractString(span, 'kind') AS kind,
+    parseDateTime64BestEffort(JSONExtractString(span, 'start_time'), 6, 'UTC') AS start_time,
+    parseDateTime64BestEffort(JSONExtractString(span, 'end_time'), 6, 'UTC') AS end_time,
+    JSONExtractFloat(span, 'duration_ms') AS duration_ms,
+    JSONExtractString(span, 'status') AS status,
+    JSONExtractString(span, 'service_name') AS service_name,
+    JSONExtractString(span, 'scope') AS scope,
+    JSONExtractRaw(span, 'attributes') AS attributes
+FROM {db}.events
+ARRAY JOIN JSONExtractArrayRaw(payload, 'spans') AS span
+WHERE type = 'agent_spans_recorded'
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events table", (EVENTS,)),
     Migration(2, "events.prompt_version", (PROMPT_VERSION,)),
     Migration(3, "events.adapter, events.adapter_version", (ADAPTER, ADAPTER_VERSION)),
+    Migration(4, "agent_spans table, filled from events", (AGENT_SPANS, AGENT_SPANS_VIEW)),
 )
 """Append new migrations here; never edit an applied one."""
 

@@ -23,7 +23,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbStore]:
     # chdb: one directory per process, so one store per module, closed at its end.
     st = ChdbStore(tmp_path_factory.mktemp("eventlog") / "chdb", database="evstore")
     try:
-        assert st.migrate() == [1, 2, 3]
+        assert st.migrate() == [1, 2, 3, 4]
         st.insert(EVENTS)
         yield st
     finally:
@@ -38,7 +38,7 @@ def test_migrations_are_idempotent(store: ChdbStore) -> None:
     assert store.migrate() == []
     assert store.migrate() == []
     versions = store.query("SELECT version FROM evstore.schema_migrations FINAL").rows
-    assert sorted(versions) == [[1], [2], [3]]
+    assert sorted(versions) == [[1], [2], [3], [4]]
 
 
 def test_table_columns_match_the_rows_we_build(store: ChdbStore) -> None:

@@ -66,7 +66,7 @@ def test_migration_2_adds_prompt_version_to_an_existing_log(tmp_path: Path) -> N
         for statement in [*bootstrap_statements("evold"), render(EVENTS, "evold")]:
             store._command(statement)  # a log written before migration 2
         store._command("INSERT INTO evold.schema_migrations (version, name) VALUES (1, 'events table')")
-        assert store.migrate() == [2, 3]
+        assert store.migrate() == [2, 3, 4]
         store.insert(sample_events())
         rows = store.query(
             "SELECT prompt_version FROM evold.events WHERE type = 'prompt_version_activated'"
