@@ -1,6 +1,7 @@
 """The ``otel-export`` consumer group: recorded episodes → OTLP/HTTP spans, off the gateway's hot path.
 
-It reads ``flywheel.episodes`` (calls, rewards, the episode's start and finish) and
+It reads ``flywheel.episodes`` (calls, rewards, the spans the agent sent the gateway's OTLP intake,
+the episode's start and finish) and
 ``flywheel.transitions`` (scores) like any other consumer, after the gateway has answered; the gateway
 does not know it exists. Each call becomes a span as soon as it is read; the episode's span leaves
 when the episode is scored (or ``score_wait_s`` after it finished, without a score); a later score or
@@ -41,6 +42,7 @@ from infra.logging import get_logger
 from infra.otel.spans import (
     EpisodeTrace,
     SpanData,
+    agent_span,
     call_span,
     episode_span,
     evaluation_span,
@@ -50,6 +52,7 @@ from infra.otel.spans import (
 from schemas import (
     EPISODES,
     TRANSITIONS,
+    AgentSpansRecorded,
     EpisodeFinished,
     EpisodeScored,
     EpisodeSource,
@@ -204,6 +207,9 @@ class OtelExporter:
             span = call_span(event, capture_content=self.capture_content)
             self._trace(event.episode_id).add_call(span)
             yield span
+        elif isinstance(event, AgentSpansRecorded):  # the agent's own spans, under the episode's
+            for sent in event.spans:
+                yield agent_span(event.episode_id, sent)
         elif isinstance(event, EpisodeStarted):
             if event.source is not EpisodeSource.replay:
                 self._trace(event.episode_id).started = event

@@ -11,6 +11,8 @@ trace without any state shared between them:
 
     invoke_agent {agent}            root, INTERNAL: the episode (gen_ai.operation.name = invoke_agent)
     ├── chat {model}                CLIENT: one per LLMCallRecorded (text_completion for /v1/completions)
+    ├── {the agent's own span}      the spans the agent sent the gateway (AgentSpansRecorded), their own
+    │                               ids and tree kept, their roots under the episode's span
     └── evaluation {name}           only for a score or feedback that came after the episode's span left
 
 Rewards, scores and feedback are ``gen_ai.evaluation.result`` span events (``gen_ai.evaluation.name``,
@@ -33,7 +35,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from schemas import EpisodeFinished, EpisodeScored, EpisodeStarted, LLMCallRecorded, RewardReported
+from schemas import AgentSpan, EpisodeFinished, EpisodeScored, EpisodeStarted, LLMCallRecorded, RewardReported
 
 AttrValue = str | bool | int | float | list[str]
 Attrs = dict[str, AttrValue]
@@ -434,4 +436,42 @@ def evaluation_span(episode_id: str, event_id: str, evaluations: Iterable[SpanEv
         end_ns=at,
         attributes={"gen_ai.conversation.id": episode_id},
         events=events,
+    )
+
+
+# ------------------------------------------------------------------------------ agent spans
+
+
+def _attr(value: object) -> AttrValue:
+    """An OTLP attribute value as the SDK takes it: scalars and lists of strings as they are, the rest
+    (nested lists and key-value lists) as JSON text."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [str(v) for v in value]
+    return orjson.dumps(value).decode()
+
+
+def agent_span(episode_id: str, span: AgentSpan) -> SpanData:
+    """A span the agent sent the gateway, re-homed into its episode's trace: its own span id and
+    parent kept, a root of the agent's tree placed under the episode's span."""
+    parent = int(span.parent_span_id, 16) if span.parent_span_id else episode_span_id(episode_id)
+    attrs: Attrs = {k: _attr(v) for k, v in span.attributes.items() if v is not None}
+    attrs["gen_ai.conversation.id"] = episode_id
+    attrs["flywheel.agent_trace_id"] = span.trace_id
+    _put(attrs, "flywheel.agent_service", span.service_name or None)
+    return SpanData(
+        name=span.name,
+        trace_id=_trace(episode_id),
+        span_id=int(span.span_id, 16),
+        parent_span_id=parent,
+        kind="client" if span.kind == "client" else "internal",
+        start_ns=_ns(span.start_time),
+        end_ns=_ns(span.end_time),
+        attributes=attrs,
+        events=[
+            SpanEvent(e.name, _ns(e.time), {k: _attr(v) for k, v in e.attributes.items() if v is not None})
+            for e in span.events
+        ],
+        error=(span.status_message or "error") if span.status == "error" else None,
     )

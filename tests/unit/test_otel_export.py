@@ -27,6 +27,8 @@ from schemas import (
     TRANSITIONS,
     AgentKind,
     AgentRef,
+    AgentSpan,
+    AgentSpansRecorded,
     CallChoice,
     EpisodeFinished,
     EpisodeScored,
@@ -243,6 +245,48 @@ async def test_replayed_episodes_are_not_exported_again(
     spans = await spans_when(memory, lambda s: len(s) == 1)
     assert (spans[0].attributes or {})["gen_ai.conversation.id"] == other
     assert exporter.stats.episodes == 0
+
+
+async def test_the_agents_own_spans_are_exported_under_the_episodes_span(
+    export: tuple[MemoryBus, InMemorySpanExporter, OtelExporter],
+) -> None:
+    bus, memory, _ = export
+    ep = new_episode_id()
+
+    def sent(span_id: str, parent: str | None, name: str, ms: int, **attrs: object) -> AgentSpan:
+        return AgentSpan(
+            trace_id="ab" * 16,
+            span_id=span_id,
+            parent_span_id=parent,
+            name=name,
+            start_time=T0,
+            end_time=T0 + timedelta(milliseconds=ms),
+            duration_ms=ms,
+            status="error" if name == "broken" else "unset",
+            status_message="boom" if name == "broken" else "",
+            attributes=attrs,
+            service_name="calculator",
+        )
+
+    spans_in = [
+        sent("01" * 8, None, "calculator", 90, **{"openinference.span.kind": "AGENT"}),
+        sent("02" * 8, "01" * 8, "multiply", 20, args={"a": 3}, tags=["x", "y"]),
+        sent("03" * 8, "01" * 8, "broken", 5),
+    ]
+    await bus.publish(EPISODES, AgentSpansRecorded(episode_id=ep, spans=spans_in))
+    spans = await spans_when(memory, lambda s: len(s) == 3)
+    by_name = {s.name: s for s in spans}
+    assert {f"{s.context.trace_id:032x}" for s in spans if s.context} == {trace_id_for(ep)}
+    root, tool, broken = by_name["calculator"], by_name["multiply"], by_name["broken"]
+    assert root.parent is not None and root.parent.span_id == episode_span_id(ep)
+    assert tool.parent is not None and tool.parent.span_id == 0x0101010101010101
+    assert tool.context is not None and tool.context.span_id == 0x0202020202020202
+    assert tool.end_time is not None and tool.start_time is not None
+    assert tool.end_time - tool.start_time == 20_000_000
+    a = tool.attributes or {}
+    assert a["args"] == '{"a":3}' and a["tags"] == ("x", "y") and a["gen_ai.conversation.id"] == ep
+    assert a["flywheel.agent_trace_id"] == "ab" * 16 and a["flywheel.agent_service"] == "calculator"
+    assert broken.status.status_code is StatusCode.ERROR and broken.status.description == "boom"
 
 
 def test_traces_url_appends_the_otlp_path_once() -> None:

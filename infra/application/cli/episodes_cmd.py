@@ -71,7 +71,8 @@ def show_command(
     gateway: GatewayUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """The episode's calls in order: text, token ids, logprobs, weight version."""
+    """The episode's calls in order (text, token ids, logprobs, weight version), then the spans the
+    agent sent the gateway's OTLP intake (its steps and tool calls, with their durations)."""
     if not episode_id or len(episode_id) > 64 or not episode_id.isalnum():
         fail("episode id must be 1-64 letters or digits")
     data = admin_request(gateway, "GET", f"/admin/episodes/{episode_id}")
@@ -79,6 +80,8 @@ def show_command(
         typer.echo(json.dumps(data, indent=1))
         return
     print_calls(data["calls"], title=f"episode {episode_id}")
+    if data.get("spans"):
+        print_spans(data["spans"])
 
 
 def print_calls(calls: list[dict[str, Any]], *, title: str = "") -> None:
@@ -118,6 +121,41 @@ def print_calls(calls: list[dict[str, Any]], *, title: str = "") -> None:
             )
     Console().print(table)
     typer.echo(f"{len(calls)} call(s) recorded")
+
+
+def print_spans(spans: list[dict[str, Any]]) -> None:
+    """The agent's own spans (``AgentSpan`` as JSON) in start order, indented under their parents."""
+    from datetime import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    ids = {s["span_id"] for s in spans}
+    parent = {s["span_id"]: s.get("parent_span_id") for s in spans}
+
+    def depth(span_id: str) -> int:
+        n, up = 0, parent.get(span_id)
+        while up in ids and n < 32:
+            n, up = n + 1, parent.get(up)
+        return n
+
+    first = min(datetime.fromisoformat(s["start_time"]) for s in spans)
+    table = Table(title="agent spans (OTLP)")
+    for col in ("at ms", "span", "kind", "ms", "status"):
+        table.add_column(col, overflow="fold")
+    for s in sorted(spans, key=lambda s: s["start_time"]):
+        attrs = s.get("attributes") or {}
+        kind = attrs.get("openinference.span.kind") or attrs.get("gen_ai.operation.name") or s.get("kind")
+        at = (datetime.fromisoformat(s["start_time"]) - first).total_seconds() * 1000
+        table.add_row(
+            f"{at:.1f}",
+            "  " * depth(s["span_id"]) + _short(str(s["name"]), 60),
+            str(kind),
+            f"{s['duration_ms']:.1f}",
+            str(s.get("status") or ""),
+        )
+    Console().print(table)
+    typer.echo(f"{len(spans)} span(s) from the agent")
 
 
 def _short(text: str, n: int) -> str:

@@ -26,6 +26,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaError
 from gateway.otlp import JSON, PROTOBUF, decode_request
 from gateway.span_intake import MAX_EVENT_BYTES, _chunks
+from infra.application.cli.episodes_cmd import print_spans
 from infra.otel.spans import trace_id_for
 from schemas import AgentSpan, AgentSpansRecorded, LLMCallRecorded
 from tests.fakes.gateway_harness import GatewayHarness
@@ -180,7 +181,9 @@ async def _spans_of(h: GatewayHarness, episode_id: str, count: int = 1) -> list[
     )
 
 
-async def test_the_episode_url_takes_the_agents_spans_for_its_episode(tmp_path: Any) -> None:
+async def test_the_episode_url_takes_the_agents_spans_for_its_episode(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with GatewayHarness(tmp_path) as h:
         episode_id = await h.open_episode()
         r = await h.client.post(
@@ -197,7 +200,10 @@ async def test_the_episode_url_takes_the_agents_spans_for_its_episode(tmp_path: 
                 f"/admin/episodes/{episode_id}", headers={"Authorization": "Bearer test-admin"}
             )
         ).json()
-        assert shown["spans"][0]["name"] == "agent run"  # `flywheel episodes show`
+        assert shown["spans"][0]["name"] == "agent run"
+        print_spans(shown["spans"])  # what `flywheel episodes show` prints after the calls
+        printed = capsys.readouterr().out
+        assert "  multiply" in printed and "3 span(s) from the agent" in printed
 
         unknown = await h.client.post("/episodes/" + "0" * 32 + "/v1/traces", content=b"x", headers=PB)
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "episode_not_found"
