@@ -14,6 +14,9 @@
 # cores), serves tests/vllm (FLYWHEEL_REQUIRE_VLLM=1: a server that is not there is a failure), and is
 # stopped before the rest of the suite. FLYWHEEL_SKIP_VLLM=1 skips it.
 #
+# The web view's browser tests: Debian's chromium and chromium-driver, apt-installed when missing
+# (FLYWHEEL_REQUIRE_BROWSER=1: a missing browser is a failure). FLYWHEEL_SKIP_BROWSER=1 skips both.
+#
 # OpenTelemetry export: infra/scripts/phoenix_env.sh builds Arize Phoenix's own environment
 # (FLYWHEEL_PHOENIX_ENV); the export test starts `phoenix serve` from it and reads the spans back
 # (FLYWHEEL_REQUIRE_PHOENIX=1: a missing Phoenix is a failure). FLYWHEEL_SKIP_PHOENIX=1 skips it.
@@ -45,6 +48,18 @@ if [ "${FLYWHEEL_SKIP_PHOENIX:-}" != "1" ]; then
     # Arize Phoenix in its own environment: the OTLP receiver tests/e2e/test_otel_phoenix.py starts
     FLYWHEEL_PHOENIX_ENV="$(bash infra/scripts/phoenix_env.sh)"
     export FLYWHEEL_PHOENIX_ENV FLYWHEEL_REQUIRE_PHOENIX=1
+fi
+
+if [ "${FLYWHEEL_SKIP_BROWSER:-}" != "1" ]; then
+    # Headless Chromium and its driver (Debian's packages) for the web view's browser tests
+    # (tests/e2e/test_ui_browser.py); installed once, skipped when both are there.
+    if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+        SUDO=""
+        [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+    fi
+    export FLYWHEEL_REQUIRE_BROWSER=1
 fi
 
 if [ -f infra/scripts/ensure_tools.sh ]; then
