@@ -148,12 +148,14 @@ def _wait_for(what: str, check: Any, timeout_s: float) -> Any:
         time.sleep(1.0)  # the recorder writes in batches: poll the event log
 
 
-def _episodes_of_our_own(url: str) -> dict[str, float]:
-    """Two episodes through the gateway as an agent makes them (two calls each); their rewards."""
+def _episodes_of_our_own(
+    url: str, names: tuple[tuple[str, float], ...] = (("browser-a", 1.0), ("browser-b", 0.0))
+) -> dict[str, float]:
+    """Episodes through the gateway as an agent makes them (two calls each, one per task name); rewards."""
     out: dict[str, float] = {}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(timeout=60, headers=headers) as client:
-        for name, reward in (("browser-a", 1.0), ("browser-b", 0.0)):
+        for name, reward in names:
             opened = client.post(f"{url}/admin/episodes", json={"task_id": name}).json()
             messages: list[dict[str, str]] = [{"role": "user", "content": f"Say hello to {name}."}]
             for _ in range(2):
@@ -244,6 +246,12 @@ def test_the_view_in_a_browser_shows_what_the_event_log_holds(up: str, browser: 
     listed = _rows(browser)
     assert set(ours) <= set(listed), (ours, listed)
     _shoot(browser, tmp_path, "episodes")
+
+    # live: an episode made now appears in the open list without a reload (the page polls its rows)
+    browser.execute_script("document.body.dataset.untouched = 'yes'")
+    (late,) = _episodes_of_our_own(up, names=(("browser-late", 0.5),))
+    WebDriverWait(browser, 60).until(lambda d: late in _rows(d))
+    assert browser.execute_script("return document.body.dataset.untouched") == "yes"  # the same page
 
     # a filter narrows the list: reward ≥ 1 keeps browser-a, drops browser-b
     browser.find_element(By.ID, "f-reward_min").send_keys("1")
