@@ -124,6 +124,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         log.close()
     output = (tmp / "up.log").read_text()
     assert code == 0 and "stopped cleanly" in output, output[-2000:]
+    assert f"web view on {url}/ui/" in output  # flywheel up says where the view is
 
 
 def _sql(url: str, sql: str) -> list[list[Any]]:

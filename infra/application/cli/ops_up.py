@@ -169,6 +169,8 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
         url = stack.gateway_url
         console.print(f"flywheel up: gateway and admin API on {url} (data in {stack.settings.data_dir})")
+        if stack.store is not None:
+            console.print(f"flywheel up: web view on {url}/ui/ (sign in with FLYWHEEL_ADMIN_TOKEN)")
         if console.is_terminal:
             with Live(console=console, refresh_per_second=2, transient=False) as live:
                 while not stop.is_set():
