@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import schemas as s
 from infra.application.ui.app import create_ui_app
+from infra.application.ui.params import FIELDS
 from infra.eventlog.store import ChdbStore
 from tests.integration.ops.synthetic import T0, Run, synthetic_run
 
@@ -208,3 +211,20 @@ def test_the_training_data_has_every_step_and_the_feedback_per_tenant(client: Te
     page = client.get("/ui/training", headers=AUTH).text
     assert re.findall(r'<tr class="step" data-step="(\d+)"', page) == ["3", "2", "1"]
     assert 'id="chart-reward"' in page and "chart.umd.min.js" in page
+
+
+_VALUES = st.one_of(
+    st.text(max_size=20),
+    st.integers(-(10**20), 10**20).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.sampled_from(["", "0", "-1", "1e400", "live", "ok", "now", "1h", "%", "_", "\\", "'", "2026-12-01"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=st.dictionaries(st.sampled_from([*FIELDS, "page", "bucket"]), _VALUES, max_size=5))
+def test_any_query_string_is_a_page_or_a_400_never_a_500(client: TestClient, query: dict[str, str]) -> None:
+    for path in ("/ui/", "/ui/episodes/rows", "/ui/training"):
+        r = client.get(path, params=query, headers=AUTH)
+        assert r.status_code in (200, 400), (path, query, r.status_code, r.text[:300])
+        assert r.headers["content-type"].startswith("text/html")
