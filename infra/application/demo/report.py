@@ -65,17 +65,27 @@ def _replay_panel(ax: Any, run: dict[str, Any], points: Sequence[StepPoint]) -> 
             edgecolors="black",
             label="served",
         )
-    for name, color, label in (
-        ("reference_kl", "tab:purple", "KL from the warm start"),
-        ("behaviour_kl", "tab:brown", "KL(μ ‖ π_old), recorded μ"),
-        ("advantage_positive", "tab:gray", "share of episodes with A > 0"),
-    ):
-        xs, ys = _series(points, name)
-        if ys:
-            ax.plot(xs, ys, color=color, alpha=0.6, label=label)
+    xs, ys = _series(points, "advantage_positive")
+    if ys:
+        ax.plot(xs, ys, color="tab:gray", alpha=0.6, label="share of episodes with A > 0")
+    ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"seed {run['seed']}: replay, validation and drift")
     ax.set_xlabel("trainer step")
     ax.legend(loc="upper left", fontsize=7)
+    # The KLs span orders of magnitude (a collapse shows as a jump of 10^3 or more): their own log axis,
+    # so the validation curve keeps its 0-1 scale.
+    drift = ax.twinx()
+    for name, color, label in (
+        ("reference_kl", "tab:purple", "KL from the warm start"),
+        ("behaviour_kl", "tab:brown", "KL(μ ‖ π_old), recorded μ"),
+    ):
+        xs, ys = _series(points, name)
+        kept = [(x, y) for x, y in zip(xs, ys, strict=True) if y > 0]
+        if kept:
+            drift.plot(*zip(*kept, strict=True), color=color, alpha=0.5, label=label)
+    drift.set_yscale("log")
+    drift.set_ylabel("KL (log)")
+    drift.legend(loc="lower right", fontsize=7)
 
 
 def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
