@@ -1,17 +1,15 @@
 """The reward service: a consumer group on ``flywheel.episodes`` publishing ``EpisodeScored``.
 
-``build`` wires it from settings (the bus is given: the CLI and the embedded stack own it); ``main``
-runs it alone until SIGINT/SIGTERM (``flywheel reward``, ``python -m reward_service.app``) with
-``infra.service.serve``.
+``build`` wires it from settings (the bus is given: its caller owns it); ``infra.application.assembly``
+calls it for every entry point (the embedded stack, and ``flywheel reward``, which runs it alone through
+``infra.application.alone``).
 """
 
 from __future__ import annotations
 
 import httpx
 
-from infra import service
 from infra.bus.base import Bus
-from infra.logging import configure_logging
 from reward_service.feedback import FeedbackMapping
 from reward_service.judge import Judge
 from reward_service.scoring import Scoring
@@ -57,20 +55,3 @@ def build(
         batch_wait_s=settings.reward_batch_wait_s,
         selector=CallSelector.parse(settings.train_models, settings.train_system_match),
     )
-
-
-async def serve(settings: RewardSettings) -> None:
-    """Run the reward service alone until SIGINT/SIGTERM."""
-    await service.serve(
-        settings, lambda bus: build(settings, bus), name="reward", metrics_port=settings.metrics_port
-    )
-
-
-def main() -> None:
-    settings = RewardSettings()
-    configure_logging(settings.log_level, settings.log_json)
-    service.run(serve(settings))
-
-
-if __name__ == "__main__":
-    main()

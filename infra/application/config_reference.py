@@ -278,7 +278,6 @@ def _section(
 
 def sections() -> list[Section]:
     from gateway.settings import GatewaySettings
-    from infra.application.stack import StackSettings
     from infra.eventlog.settings import EventLogSettings
     from infra.otel.settings import OtelSettings
     from infra.settings import FlywheelSettings
@@ -310,13 +309,26 @@ def sections() -> list[Section]:
             "The `otel-export` consumer inside `flywheel up` when `FLYWHEEL_OTLP_ENDPOINT` is set "
             "([observability.md](observability.md)).",
         ),
-        _section(
-            "Embedded stack",
-            StackSettings,
-            "`flywheel up` and `flywheel demo` read every section above from one object, plus these (a field "
-            "listed again here has a different default in the embedded stack).",
-        ),
+        _stack_section(),
     ]
+
+
+def _stack_section() -> Section:
+    """The stack's own knobs, and the fields whose default differs in it (``StackGatewaySettings``); its
+    parts (``gateway``, ``worker``, ...) are the sections above, read from the same variables."""
+    from infra.application.stack import PARTS, StackGatewaySettings, StackSettings
+
+    own = _section("", StackSettings, "")
+    changed = _section("", StackGatewaySettings, "")
+    return Section(
+        "Embedded stack",
+        own.source,
+        "`flywheel up` and `flywheel demo` compose the sections above, one object per service (each read from "
+        "the same variables: a variable sets one thing), plus these (a field listed again here has a "
+        "different default in the embedded stack).",
+        changed.settings
+        + tuple(s for s in own.settings if s.variable.removeprefix("FLYWHEEL_").lower() not in PARTS),
+    )
 
 
 def _sources() -> list[Path]:

@@ -41,14 +41,16 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, SecretStr, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.settings import GatewaySettings
 from infra.bus.base import Bus
 from infra.eventlog.settings import EventLogSettings
 from infra.logging import get_logger
 from infra.otel.settings import OtelSettings
+from infra.settings import FlywheelSettings
 from reward_service.settings import RewardSettings
 from rollout_worker.settings import WorkerSettings
 from schemas import TOPICS, AgentRef, Task
@@ -78,19 +80,63 @@ class StackError(RuntimeError):
     pass
 
 
-class StackSettings(
-    GatewaySettings, WorkerSettings, RewardSettings, TrainerSettings, EventLogSettings, OtelSettings
-):
-    """Every service's settings in one flat object (``FLYWHEEL_*``), plus the stack's own knobs.
-
-    It *is* each service's settings class, so every service is built from the same object.
-    """
-
-    model_config = SettingsConfigDict(
-        env_prefix="FLYWHEEL_", env_nested_delimiter="__", env_file=".env", extra="ignore"
-    )
+class StackGatewaySettings(GatewaySettings):
+    """The gateway's settings with the embedded stack's one different default."""
 
     gateway_port: int = 0  # 0: a free loopback port
+
+
+# The parts of the stack's settings: each service's own class, read from the same FLYWHEEL_* variables
+PARTS: dict[str, type[FlywheelSettings]] = {
+    "gateway": StackGatewaySettings,
+    "worker": WorkerSettings,
+    "reward": RewardSettings,
+    "trainer": TrainerSettings,
+    "eventlog": EventLogSettings,
+    "otel": OtelSettings,
+}
+# Fields two parts define, one variable for both (tests/unit/test_stack_settings.py lists why each is safe)
+SHARED = frozenset({"metrics_port", "gateway_url"})
+
+
+class _WithoutParts(PydanticBaseSettingsSource):
+    """A settings source less the parts' names: the prefixed name of a part (``gateway``, ``trainer``,
+    ...) is no variable; each part reads its own ``FLYWHEEL_*`` fields itself."""
+
+    def __init__(self, source: PydanticBaseSettingsSource) -> None:
+        super().__init__(source.settings_cls)
+        self._source = source
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._source().items() if k not in PARTS}
+
+
+class StackSettings(FlywheelSettings):
+    """The embedded stack's settings, composed per service: the shared ``FLYWHEEL_*`` fields
+    (:class:`~infra.settings.FlywheelSettings`), one object per part (``gateway``, ``worker``,
+    ``reward``, ``trainer``, ``eventlog``, ``otel``: each service's own settings class, read from the
+    same variables, so a variable sets one thing), and the stack's own knobs.
+
+        StackSettings(data_dir=d, trainer_batch_groups=2)   # a field's name finds its part
+        settings.trainer.trainer_batch_groups               # 2
+        settings.replace(gateway_url=url)                   # a copy; the shared fields reach every part
+
+    Every part carries the shared fields as the stack has them. ``metrics_port`` and ``gateway_url`` are
+    the worker's and the reward service's both (:data:`SHARED`).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", env_file=".env", extra="ignore")
+
+    gateway: StackGatewaySettings = Field(default_factory=StackGatewaySettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    reward: RewardSettings = Field(default_factory=RewardSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    eventlog: EventLogSettings = Field(default_factory=EventLogSettings)
+    otel: OtelSettings = Field(default_factory=OtelSettings)
+
     engine_max_num_seqs: int = Field(default=64, ge=1)
     engine_threads: int = Field(default=0, ge=0)  # torch threads for engine and trainer (0: torch's default)
     # True: the engine runs as a child process (``flywheel engine`` on a loopback port) with its own GIL;
@@ -102,6 +148,69 @@ class StackSettings(
     # the key empty, episode URLs carry plain ids and the gateway learns episodes from flywheel.episodes
     make_episode_key: bool = True
     run_trainer: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            _WithoutParts(env_settings),
+            _WithoutParts(dotenv_settings),
+            file_secret_settings,
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compose(cls, data: Any) -> Any:
+        """Each part from the shared fields given, the fields given that are its own, and the
+        environment (its class reads it); a part given as an object is kept (``_shared_everywhere``)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        shared = {k: v for k, v in data.items() if k in FlywheelSettings.model_fields}
+        own = {k for k in cls.model_fields if k not in PARTS}
+        for name, part in PARTS.items():
+            if name in data:
+                continue
+            fields = {k: v for k, v in data.items() if k in part.model_fields and k not in own}
+            data[name] = part(**{**fields, **shared})
+        return {k: v for k, v in data.items() if k in cls.model_fields}
+
+    @model_validator(mode="after")
+    def _shared_everywhere(self) -> StackSettings:
+        for name in PARTS:
+            part = getattr(self, name)
+            differ = {
+                k: getattr(self, k)
+                for k in FlywheelSettings.model_fields
+                if getattr(part, k) != getattr(self, k)
+            }
+            if differ:
+                object.__setattr__(self, name, part.model_copy(update=differ))
+        return self
+
+    def replace(self, **changes: Any) -> StackSettings:
+        """A copy with ``changes`` (fields by name, as the constructor takes them): a shared field changes
+        in the stack and in every part, a part's field in the part(s) that define it."""
+        top = {k: v for k, v in changes.items() if k in type(self).model_fields}
+        updated = self.model_copy(update=top)
+        shared = {k: v for k, v in changes.items() if k in FlywheelSettings.model_fields}
+        placed = set(top)
+        for name in PARTS:
+            part = getattr(updated, name)
+            mine = {k: v for k, v in changes.items() if k in type(part).model_fields}
+            placed |= set(mine)
+            if mine or shared:
+                object.__setattr__(updated, name, part.model_copy(update={**mine, **shared}))
+        if unknown := set(changes) - placed:
+            raise ValueError(f"no such setting: {', '.join(sorted(unknown))}")
+        return updated
 
 
 class EmbeddedStack:
@@ -147,7 +256,7 @@ class EmbeddedStack:
         if settings.make_episode_key and not settings.episode_key.get_secret_value():
             # one process, one key: its worker signs episode URLs and its gateway admits them on the
             # ticket alone, without consuming every recorded call (infra/tickets.py)
-            settings = settings.model_copy(update={"episode_key": SecretStr(secrets.token_urlsafe(32))})
+            settings = settings.replace(episode_key=SecretStr(secrets.token_urlsafe(32)))
         self.settings = settings
         self.model_dir = model_dir
         self._tasks = tasks
@@ -198,12 +307,8 @@ class EmbeddedStack:
         await self._start_bus()
         if s.record_events:
             await self._start_recorder()
-        if s.otlp_endpoint:  # recorded episodes as OTLP GenAI spans: a bus consumer like the recorder
-            from infra.otel.app import start_exporter
-
-            self._stoppers.append(
-                ("otel-export", (await start_exporter(s, await self._connect("otel"))).stop)
-            )
+        if s.otel.otlp_endpoint:  # recorded episodes as OTLP GenAI spans: a bus consumer like the recorder
+            await self._start_otel_exporter()
         if self.upstream is None:  # the engine the stack serves from (none to start for vLLM)
             await self._start_engine()
         await self._start_gateway()
@@ -268,7 +373,7 @@ class EmbeddedStack:
     async def _start_recorder(self) -> None:
         from infra.application.assembly import build_recorder
 
-        process = await build_recorder(self.settings, await self._connect("recorder"))
+        process = await build_recorder(self.settings.eventlog, await self._connect("recorder"))
         try:
             await process.start()
         except BaseException:
@@ -277,6 +382,15 @@ class EmbeddedStack:
         self._stoppers.append(("recorder", process.stop))  # writes the last batches, closes the store
         self.store = process.store  # type: ignore[assignment]
         self.recorder = process.recorder
+
+    async def _start_otel_exporter(self) -> None:
+        from infra.application.assembly import build_otel_exporter
+
+        exporter = build_otel_exporter(self.settings.otel, await self._connect("otel"))
+        if exporter is None:
+            raise StackError("the OpenTelemetry exporter needs FLYWHEEL_OTLP_ENDPOINT")
+        await exporter.start()
+        self._stoppers.append(("otel-export", exporter.stop))
 
     async def _start_engine(self) -> None:
         from infra.application.assembly import choose_engine, start_engine
@@ -300,15 +414,15 @@ class EmbeddedStack:
         from infra.application.assembly import build_gateway
 
         s = self.settings
-        upstream = self.upstream or self._running.upstream(s)
-        app = app_for(build_gateway(s, await self._connect("gateway"), [upstream]))
+        upstream = self.upstream or self._running.upstream(s.gateway)
+        app = app_for(build_gateway(s.gateway, await self._connect("gateway"), [upstream]))
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router
 
             app.include_router(create_eventlog_router(self.store, s.admin_token.get_secret_value()))
         self._stoppers.append(("upstream", upstream.client.aclose))  # closed after the server stopped
-        server = GatewayServer(app, host=s.gateway_host, port=s.gateway_port)
+        server = GatewayServer(app, host=s.gateway.gateway_host, port=s.gateway.gateway_port)
         self.gateway_url = await server.start()
         self._stoppers.append(("gateway", server.stop))
         self._server = server
@@ -325,7 +439,7 @@ class EmbeddedStack:
         update: dict[str, Any] = {"gateway_url": self.gateway_url, **overrides}
         if worker_id is not None:
             update["worker_id"] = worker_id
-        settings = self.settings.model_copy(update=update)
+        settings = self.settings.worker.model_copy(update=update)
         worker = build_worker(settings, await self._connect(f"worker-{settings.worker_id}"))
         await worker.start()
         self._stoppers.append((f"worker-{settings.worker_id}", worker.stop))
@@ -336,7 +450,7 @@ class EmbeddedStack:
     async def _start_reward(self) -> None:
         from infra.application.assembly import build_reward
 
-        settings = self.settings.model_copy(update={"gateway_url": self.gateway_url})
+        settings = self.settings.reward.model_copy(update={"gateway_url": self.gateway_url})
         reward = build_reward(settings, await self._connect("reward"))
         await reward.start()
         self._stoppers.append(("reward", reward.stop))
@@ -353,11 +467,11 @@ class EmbeddedStack:
         if sink is None:
             raise StackError("the trainer cannot load weights into this engine")
         backend = await asyncio.to_thread(
-            start_trainer_backend, s, self._model_dir, torch_threads=s.engine_threads
+            start_trainer_backend, s.trainer, self._model_dir, torch_threads=s.engine_threads
         )
         self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         bus = await self._connect("trainer")
-        service = build_trainer(s, bus, backend, [sink], planner=await self._planner(bus))
+        service = build_trainer(s.trainer, bus, backend, [sink], planner=await self._planner(bus))
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service
@@ -385,19 +499,17 @@ class EmbeddedStack:
         )
 
     async def _start_policy_trainer(self) -> None:
-        from trainer.app import loop_config
-        from trainer.policy_service import build_policy_trainer, start_policies
+        from infra.application.assembly import build_policy_trainer
+        from trainer.policy_service import start_policies
 
         s = self.settings
         try:
             sinks = self._running.adapter_sinks()
         except ValueError as exc:
             raise StackError(str(exc)) from exc
-        policies = await asyncio.to_thread(start_policies, s, self._model_dir)
+        policies = await asyncio.to_thread(start_policies, s.trainer, self._model_dir)
         bus = await self._connect("trainer")
-        service = build_policy_trainer(
-            s, bus, policies, sinks, loop_config(s), planner=await self._planner(bus)
-        )
+        service = build_policy_trainer(s.trainer, bus, policies, sinks, planner=await self._planner(bus))
         await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service

@@ -1,9 +1,8 @@
-"""``flywheel recorder``: the recorder alone, for the distributed run.
-
-Wires the configured bus (Kafka or in-process), the configured store (ClickHouse server, or chdb owned
-by this process) and the recorder, and runs them with ``infra.service.serve``; serves the event log's
-admin API so CLI reads reach the chdb directory this process holds. Stops cleanly on SIGINT/SIGTERM:
-in-flight batches are written and committed first, then the store is closed.
+"""The recorder, wired: ``build`` puts the configured store (ClickHouse server, or chdb owned by this
+process) and the recorder on a bus; ``infra.application.assembly.build_recorder`` calls it for every
+entry point (the embedded stack, ``agl-server``, and ``flywheel recorder``, which runs it alone through
+``infra.application.alone`` and serves :meth:`RecorderProcess.api` so CLI reads reach the chdb
+directory it holds). Its ``stop`` writes and commits the in-flight batches, then closes the store.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import asyncio
 
 from fastapi import FastAPI
 
-from infra import service
 from infra.bus.base import Bus
 from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
@@ -65,14 +63,3 @@ async def build(settings: EventLogSettings, bus: Bus) -> RecorderProcess:
         max_wait_s=settings.recorder_max_wait_s,
     )
     return RecorderProcess(recorder, store)
-
-
-async def run_recorder(settings: EventLogSettings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or a signal arrives)."""
-    http = None
-    if settings.recorder_port:
-        token = settings.admin_token.get_secret_value()
-        http = service.Http(
-            lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
-        )
-    await service.serve(settings, lambda bus: build(settings, bus), name="recorder", http=http, stop=stop)

@@ -67,10 +67,10 @@ from trainer.config import AlgorithmConfig
 _DEMO = DemoConfig(out=Path("."))
 _DEMO_STACK = stack_settings(_DEMO, Path("."), Path("."))  # builds nothing, creates no directory
 G = _DEMO.group_size  # episodes per group
-B = _DEMO_STACK.trainer_batch_groups  # groups per update
-K = _DEMO_STACK.trainer_max_in_flight  # groups in flight (async)
+B = _DEMO_STACK.trainer.trainer_batch_groups  # groups per update
+K = _DEMO_STACK.trainer.trainer_max_in_flight  # groups in flight (async)
 NEW_TOKENS = MAX_TOKENS  # the agent's max_tokens per call
-ALGO: AlgorithmConfig = _DEMO_STACK.trainer_algo
+ALGO: AlgorithmConfig = _DEMO_STACK.trainer.trainer_algo
 ENGINE_SEQS = _DEMO_STACK.engine_max_num_seqs  # sequences the engine decodes at once
 
 

@@ -172,7 +172,7 @@ async def test_framework_agent_tool_loop_through_the_stack(
     streamed: bool,
     endpoint: str,
 ) -> None:
-    tokens_in = stack.settings.tokens_in
+    tokens_in = stack.settings.gateway.tokens_in
     if importlib.util.find_spec(module) is None:
         pytest.fail(f"{module} is not installed: uv sync --extra examples")
     bus = stack.buses[0]

@@ -92,13 +92,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from schemas import Task
 
     demo = DemoConfig(out=args.workdir)
-    settings = stack_settings(demo, args.workdir / "data", args.workdir / "trainer").model_copy(
-        update={
-            "trainer_backend": args.backend,
-            "trainer_device": "cuda",
-            "trainer_backend_process": False,
-            "record_events": False,
-        }
+    settings = stack_settings(demo, args.workdir / "data", args.workdir / "trainer").replace(
+        trainer_backend=args.backend,
+        trainer_device="cuda",
+        trainer_backend_process=False,
+        record_events=False,
     )
     agent = AGENT
     if args.tasks == "bfcl":

@@ -113,9 +113,9 @@ async def _serve(
         stack.push_async_callback(bus.stop)
         store = await _recorder(settings, bus, stack)
         default = await _upstream(settings, upstream_url, model_dir, stack)
-        keystore = default_keystore(settings)
+        keystore = default_keystore(settings.gateway)
         gateway = build_gateway(
-            settings.model_copy(update={"gateway_id": f"agl-{settings.gateway_id}"}),
+            settings.gateway.model_copy(update={"gateway_id": f"agl-{settings.gateway.gateway_id}"}),
             bus,
             [default],
             keystore=keystore,
@@ -142,7 +142,10 @@ async def _serve(
         proxy = AglProxy(service, gateway, config, default)
         stack.push_async_callback(proxy.aclose)
         app = create_agl_app(
-            service, proxy, tenant_lookup(key, keystore.tenant_for), max_body_bytes=settings.max_body_bytes
+            service,
+            proxy,
+            tenant_lookup(key, keystore.tenant_for),
+            max_body_bytes=settings.gateway.max_body_bytes,
         )
         if store is not None:
             from infra.eventlog.api import create_eventlog_router
@@ -151,8 +154,8 @@ async def _serve(
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
-                host=settings.gateway_host,
-                port=settings.gateway_port,
+                host=settings.gateway.gateway_host,
+                port=settings.gateway.gateway_port,
                 access_log=False,
                 log_level="warning",
                 proxy_headers=False,
@@ -166,7 +169,7 @@ async def _serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         typer.echo(
-            f"agl-server on http://{settings.gateway_host}:{settings.gateway_port} "
+            f"agl-server on http://{settings.gateway.gateway_host}:{settings.gateway.gateway_port} "
             f"(model {config.model_name}, upstream {default.url}, {service.replayed} records replayed, "
             f"{service.replayed_events} events republished, "
             f"data dir {settings.data_dir})",
@@ -183,7 +186,7 @@ async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
     from infra.application.assembly import build_recorder
 
     try:
-        process = await build_recorder(settings, bus)
+        process = await build_recorder(settings.eventlog, bus)
     except Exception as exc:
         fail(f"cannot open the event log: {type(exc).__name__}: {exc}")
     stack.push_async_callback(process.stop)  # writes the last batches, then closes the store
@@ -207,7 +210,7 @@ async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | 
         threads=settings.engine_threads or None,
     )
     stack.push_async_callback(running.stop)
-    up = running.upstream(settings)
+    up = running.upstream(settings.gateway)
     stack.push_async_callback(up.client.aclose)
     return up
 

@@ -53,11 +53,12 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         import uvicorn
 
-        from trainer.engine import InferenceEngine, UnsupportedModelError
+        from infra.application.assembly import load_engine
+        from trainer.engine import UnsupportedModelError
         from trainer.engine.app import create_engine_app
 
         try:
-            engine = InferenceEngine.from_pretrained(
+            engine = load_engine(
                 model,
                 threads=threads or os.cpu_count() or 1,
                 model_name=served_model_name,

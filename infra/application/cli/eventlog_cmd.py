@@ -172,14 +172,14 @@ def recorder_command(
 ) -> None:
     """Run the recorder alone: every topic → the event log, with the event-log admin API."""
 
-    from infra.eventlog.app import run_recorder
+    from infra.application.alone import serve_recorder
     from infra.eventlog.errors import EventLogError
 
     settings = _settings()
     if port is not None:
         settings = settings.model_copy(update={"recorder_port": port})
     try:
-        run_service(run_recorder(settings))
+        run_service(serve_recorder(settings))
     except EventLogError as exc:
         _fail(exc, 1)
 

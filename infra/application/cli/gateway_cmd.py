@@ -77,31 +77,17 @@ def gateway_command(
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
 
-    from gateway.app import app_for
-    from gateway.limits import GatewayHttpProtocol
     from infra import service
-    from infra.application.assembly import build_gateway
+    from infra.application.alone import serve_gateway
     from infra.logging import configure_logging
-    from schemas import CONTROL, DEADLETTER, EPISODES
 
     settings = _settings(gateway_host=host, gateway_port=port)
     configure_logging(settings.log_level, settings.log_json)
     ups = _upstreams(settings, upstream, kind)
-    http = service.Http(
-        lambda gateway: app_for(gateway, lifespan=False),
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        protocol=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
-    )
     try:
         service.run(
-            service.serve(
-                settings,
-                lambda bus: build_gateway(settings, bus, ups),
-                name="gateway",
-                topics=[EPISODES, CONTROL, DEADLETTER],
-                http=http,
-                on_started=lambda _, url: typer.echo(f"gateway {settings.gateway_id} on {url}"),
+            serve_gateway(
+                settings, ups, on_started=lambda url: typer.echo(f"gateway {settings.gateway_id} on {url}")
             )
         )
     except service.ServiceStartError as exc:

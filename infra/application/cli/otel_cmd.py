@@ -15,13 +15,13 @@ def otel_export_command(
     ] = None,
 ) -> None:
     """Export recorded episodes as OpenTelemetry GenAI spans (consumer group otel-export) until stopped."""
-    from infra.otel.app import run_exporter
+    from infra.application.alone import serve_otel_exporter
     from infra.otel.settings import OtelSettings
 
     settings = OtelSettings()
     if endpoint is not None:
         settings = settings.model_copy(update={"otlp_endpoint": endpoint})
-    run_service(run_exporter(settings))
+    run_service(serve_otel_exporter(settings))
 
 
 def register(app: typer.Typer) -> None:

@@ -166,8 +166,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
 
+        from infra.application.alone import serve_trainer
         from infra.logging import configure_logging
-        from trainer.app import serve
 
         settings = _settings(directory)
         update: dict[str, Any] = {}
@@ -203,7 +203,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
             raise typer.Exit(2)
         configure_logging(settings.log_level, settings.log_json)
-        run_service(serve(settings, max_steps))
+        run_service(serve_trainer(settings, max_steps))
 
     @trainer.command("pause")
     def pause_command(reason: Annotated[str, typer.Option("--reason")] = "operator", url: Url = None) -> None:

@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a rollout worker: consume tasks, run agents, report episodes (until Ctrl-C)."""
 
+        from infra.application.alone import serve_worker
         from infra.logging import configure_logging
-        from rollout_worker.app import serve
         from rollout_worker.settings import WorkerSettings
 
         overrides: dict[str, object] = {}
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             overrides["gateway_url"] = gateway
         settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
         configure_logging(settings.log_level, settings.log_json)
-        run_service(serve(settings))
+        run_service(serve_worker(settings))
 
     @app.command("reward")
     def reward_command(
@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the reward service: score finished episodes, publish transitions (until Ctrl-C)."""
 
+        from infra.application.alone import serve_reward
         from infra.logging import configure_logging
-        from reward_service.app import serve
         from reward_service.settings import RewardSettings
 
         overrides: dict[str, str] = {"gateway_url": gateway} if gateway else {}
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
             overrides["train_models"] = train_models
         settings = RewardSettings(**overrides)  # type: ignore[arg-type]
         configure_logging(settings.log_level, settings.log_json)
-        run_service(serve(settings))
+        run_service(serve_reward(settings))
 
     @tasks_app.command("submit")
     def submit_command(

@@ -166,7 +166,7 @@ async def run_seed(
     fixed = await _fixed_models(agent, cfg, warm_dir, seed_dir, say)
     if fixed is not None:
         routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
-        settings = settings.model_copy(update={"gateway_model_routes": routes})
+        settings = settings.replace(gateway_model_routes=routes)
     rollouts: dict[str, Any] = {}
     if cfg.source == "rollouts":
         rollouts = {

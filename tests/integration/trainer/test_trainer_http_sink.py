@@ -1,4 +1,5 @@
-"""The HTTP weight sink against the real engine app (``POST /load_weights``), and ``serve`` wiring."""
+"""The HTTP weight sink against the real engine app (``POST /load_weights``), and the trainer run alone
+(``infra.application.alone.serve_trainer``) wired from its settings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import httpx
 import pytest
 import torch
 
-from trainer.app import load_backend, serve
+from infra.application.alone import serve_trainer
+from trainer.app import load_backend
 from trainer.batching import sft_samples
 from trainer.config import AlgorithmConfig
 from trainer.settings import TrainerSettings
@@ -63,9 +65,9 @@ async def test_http_sink_loads_an_exported_checkpoint_into_the_engine(
 @pytest.mark.timeout(60)
 async def test_serve_wires_a_trainer_from_settings(model_dir: Path, tmp_path: Path) -> None:
     settings = TrainerSettings(data_dir=tmp_path, trainer_base_model=model_dir, trainer_expected_gateways=0)
-    await serve(settings, max_steps=0)
+    await serve_trainer(settings, max_steps=0)
     with pytest.raises(SystemExit):
-        await serve(TrainerSettings(data_dir=tmp_path), max_steps=0)
+        await serve_trainer(TrainerSettings(data_dir=tmp_path), max_steps=0)
 
 
 @pytest.mark.timeout(30)

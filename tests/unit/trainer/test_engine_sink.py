@@ -1,12 +1,13 @@
-"""One place maps an engine to the sink that loads weights into it (trainer/app.py::engine_sink):
-``flywheel trainer`` from its settings and the embedded stack from the engine it started."""
+"""One place maps an engine to the sink that loads weights into it (infra/application/assembly.py:
+``choose_engine`` and ``RunningEngine.weight_sink``): ``flywheel trainer`` from its settings
+(``trainer_engine``) and the embedded stack from the engine it started."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import SecretStr
 
-from trainer.app import engine_sink, sinks_from_settings
+from infra.application.assembly import RunningEngine, choose_engine, trainer_engine
 from trainer.settings import TrainerSettings
 from trainer.vllm_sink import VllmSink
 from trainer.weights import HttpSink
@@ -15,22 +16,31 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_each_engine_kind_gets_its_sink() -> None:
-    assert isinstance(engine_sink("vllm", "http://127.0.0.1:8000"), VllmSink)
-    flywheel = engine_sink("flywheel", "http://127.0.0.1:8001/", token="t")
+    assert isinstance(RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000")).weight_sink(), VllmSink)
+    flywheel = RunningEngine(choose_engine(flywheel_url="http://127.0.0.1:8001/", token="t")).weight_sink()
     assert isinstance(flywheel, HttpSink) and flywheel.url == "http://127.0.0.1:8001"
+    assert RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).weight_sink() is None
+    with pytest.raises(ValueError, match="not two"):
+        choose_engine(vllm_url="http://127.0.0.1:8000", flywheel_url="http://127.0.0.1:8001")
     with pytest.raises(ValueError, match="flywheel or vllm, not 'sglang'"):
-        engine_sink("sglang", "http://127.0.0.1:8002")  # type: ignore[arg-type]
+        trainer_engine(
+            TrainerSettings(trainer_engine_url="http://127.0.0.1:8002").model_copy(
+                update={"trainer_engine_kind": "sglang"}
+            )
+        )
 
 
 def test_the_trainers_settings_choose_through_it() -> None:
-    assert sinks_from_settings(TrainerSettings(trainer_engine_url="")) == []
-    (sink,) = sinks_from_settings(
+    assert trainer_engine(TrainerSettings(trainer_engine_url="")) is None
+    choice = trainer_engine(
         TrainerSettings(
             trainer_engine_url="http://127.0.0.1:8000",
             trainer_engine_kind="vllm",
             trainer_engine_token=SecretStr("k"),
         )
     )
-    assert isinstance(sink, VllmSink)
-    (sink,) = sinks_from_settings(TrainerSettings(trainer_engine_url="http://127.0.0.1:8001"))
-    assert isinstance(sink, HttpSink)
+    assert choice is not None and choice.token == "k"
+    assert isinstance(RunningEngine(choice).weight_sink(), VllmSink)
+    choice = trainer_engine(TrainerSettings(trainer_engine_url="http://127.0.0.1:8001"))
+    assert choice is not None
+    assert isinstance(RunningEngine(choice).weight_sink(), HttpSink)

@@ -1,0 +1,187 @@
+"""One part as a process of its own: ``flywheel gateway|worker|reward|trainer|recorder|otel-export``.
+
+Each function here hands ``infra.service.serve`` the part as :mod:`infra.application.assembly` builds it
+(the same builder the embedded stack and ``agl-server`` use), with what running it alone adds: the
+topics it needs, its HTTP app, its Prometheus port, the trainer's step loop. A part that cannot start
+raises ``infra.service.ServiceStartError`` (one line for the CLI).
+
+    serve_gateway(settings, upstreams)   the gateway behind uvicorn (its own HTTP protocol: header limits)
+    serve_worker(settings)               a rollout worker (drains its episodes on SIGTERM)
+    serve_reward(settings)               the reward service
+    serve_recorder(settings)             every topic → the event log, with the event log's admin API
+    serve_otel_exporter(settings)        recorded episodes → OTLP GenAI spans
+    serve_trainer(settings, max_steps)   the trainer on its backend, loading weights into the engine
+                                         its settings name (``assembly.trainer_engine``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from infra import service
+from infra.application import assembly
+from infra.logging import get_logger
+
+if TYPE_CHECKING:
+    from gateway.service import Gateway
+    from gateway.settings import GatewaySettings
+    from gateway.upstream import Upstream
+    from infra.bus.base import Bus
+    from infra.eventlog.settings import EventLogSettings
+    from infra.otel.settings import OtelSettings
+    from reward_service.settings import RewardSettings
+    from rollout_worker.settings import WorkerSettings
+    from trainer.backends.base import Backend
+    from trainer.settings import TrainerSettings
+    from trainer.weights import WeightSink
+
+log = get_logger(__name__)
+
+
+async def serve_gateway(
+    settings: GatewaySettings,
+    upstreams: Sequence[Upstream],
+    *,
+    on_started: Callable[[str], None] | None = None,
+) -> None:
+    """The gateway alone, against ``upstreams`` and the configured bus, until SIGINT/SIGTERM."""
+    from gateway.app import app_for
+    from gateway.limits import GatewayHttpProtocol
+    from schemas import CONTROL, DEADLETTER, EPISODES
+
+    def started(_: Gateway, url: str) -> None:
+        if on_started is not None:
+            on_started(url)
+
+    await service.serve(
+        settings,
+        lambda bus: assembly.build_gateway(settings, bus, upstreams),
+        name="gateway",
+        topics=[EPISODES, CONTROL, DEADLETTER],
+        http=service.Http(
+            lambda gateway: app_for(gateway, lifespan=False),
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            protocol=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
+        ),
+        on_started=started,
+    )
+
+
+async def serve_worker(settings: WorkerSettings) -> None:
+    """One rollout worker until SIGINT/SIGTERM (it drains its episodes before it stops)."""
+    await service.serve(
+        settings,
+        lambda bus: assembly.build_worker(settings, bus),
+        name="worker",
+        metrics_port=settings.metrics_port,
+    )
+
+
+async def serve_reward(settings: RewardSettings) -> None:
+    """The reward service until SIGINT/SIGTERM."""
+    await service.serve(
+        settings,
+        lambda bus: assembly.build_reward(settings, bus),
+        name="reward",
+        metrics_port=settings.metrics_port,
+    )
+
+
+async def serve_recorder(settings: EventLogSettings, stop: asyncio.Event | None = None) -> None:
+    """The recorder until ``stop`` is set (or a signal arrives); its admin API serves event-log reads
+    (the chdb directory this process holds) on ``recorder_port`` unless that is 0."""
+    http = None
+    if settings.recorder_port:
+        token = settings.admin_token.get_secret_value()
+        http = service.Http(
+            lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
+        )
+    await service.serve(
+        settings, lambda bus: assembly.build_recorder(settings, bus), name="recorder", http=http, stop=stop
+    )
+
+
+async def serve_otel_exporter(settings: OtelSettings, stop: asyncio.Event | None = None) -> None:
+    """The OpenTelemetry exporter until ``stop`` is set (or a signal); it needs FLYWHEEL_OTLP_ENDPOINT."""
+    from infra.otel.exporter import OtelExporter
+
+    def build(bus: Bus) -> OtelExporter:
+        exporter = assembly.build_otel_exporter(settings, bus)
+        if exporter is None:
+            raise service.ServiceStartError(
+                "otel-export: set FLYWHEEL_OTLP_ENDPOINT (the OTLP/HTTP collector)"
+            )
+        return exporter
+
+    await service.serve(settings, build, name="otel-export", stop=stop)
+
+
+async def serve_trainer(settings: TrainerSettings, max_steps: int | None = None) -> None:
+    """The trainer against the configured bus until a signal (or ``max_steps``): its backend on
+    ``trainer_base_model``, its weights loaded into the engine its settings name (none: trained only)."""
+    if settings.trainer_base_model is None:
+        raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
+    choice = assembly.trainer_engine(settings)
+    engine = assembly.RunningEngine(choice) if choice is not None else None
+    if settings.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
+        await _serve_policies(settings, engine, max_steps)
+        return
+    from trainer.backends.ddp import start_torchrun_rank, torchrun_world
+
+    backend: Backend
+    if torchrun_world() is not None:  # torchrun: rank 0 runs the service, the others follow it
+        rank0 = start_torchrun_rank(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+        )
+        if rank0 is None:
+            return
+        backend = rank0
+    else:
+        backend = assembly.start_trainer_backend(
+            settings, settings.trainer_base_model, torch_threads=settings.trainer_torch_threads
+        )
+    sink = engine.weight_sink() if engine is not None else None
+    sinks: list[WeightSink] = [sink] if sink is not None else []
+    try:
+        await service.serve(
+            settings,
+            lambda bus: assembly.build_trainer(settings, bus, backend, sinks),
+            name="trainer",
+            metrics_port=settings.trainer_metrics_port,
+            registry=lambda trainer: trainer.metrics.registry,
+            until=lambda trainer: trainer.run(max_steps),
+            interrupt=lambda trainer: trainer.request_stop(),  # the step in progress finishes first
+            on_started=lambda _, __: log.info(
+                "trainer_started",
+                version=backend.version,
+                mode=settings.trainer_mode,
+                objective=settings.trainer_objective,
+                root=str(settings.trainer_root),
+            ),
+        )
+    finally:
+        backend.close()
+
+
+async def _serve_policies(
+    settings: TrainerSettings, engine: assembly.RunningEngine | None, max_steps: int | None
+) -> None:
+    from trainer.policy_service import start_policies
+
+    policies = start_policies(settings)
+    sinks: Callable[[str], list[WeightSink]] = engine.adapter_sinks() if engine is not None else lambda _: []
+    await service.serve(
+        settings,
+        lambda bus: assembly.build_policy_trainer(settings, bus, policies, sinks),
+        name="trainer",
+        metrics_port=settings.trainer_metrics_port,
+        registry=lambda trainer: trainer.metrics.registry,
+        until=lambda trainer: trainer.run(max_steps),
+        interrupt=lambda trainer: trainer.request_stop(),
+    )
