@@ -26,6 +26,7 @@ The LLM-call path does not pass here: this route is FastAPI's, the calls are ``g
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -52,6 +53,7 @@ SESSION_ATTRIBUTE = "session.id"
 MAX_EVENT_BYTES = 256 * 1024  # one event well under Kafka's default message size (1 MiB)
 KEEP_EPISODES = 256  # episodes whose spans `flywheel episodes show` can list from this gateway
 KEEP_SPANS = 1024
+THREAD_ABOVE_BYTES = 64 * 1024  # bodies this large are decoded off the event loop
 
 
 @dataclass
@@ -78,7 +80,7 @@ class SpanIntake:
     ) -> Accepted:
         """Every span of the request is the episode's whose URL (id or ticket) it was sent to."""
         state = await self.gateway.training_episode(segment)
-        spans = decode_request(body, content_type, content_encoding, self.max_body_bytes)
+        spans = await self._decode(body, content_type, content_encoding)
         accepted = Accepted()
         await self._publish(state, [d.span for d in spans], "ticket", "url", accepted)
         return accepted
@@ -87,7 +89,7 @@ class SpanIntake:
         self, key: str | None, body: bytes, content_type: str, content_encoding: str
     ) -> Accepted:
         tenant = tenant_for_key(self.gateway, key)
-        spans = decode_request(body, content_type, content_encoding, self.max_body_bytes)
+        spans = await self._decode(body, content_type, content_encoding)
         groups: dict[str, tuple[EpisodeState, SpanMatch, list[AgentSpan]]] = {}
         unmatched = 0
         for trace_spans in _by_trace(spans):
@@ -118,6 +120,15 @@ class SpanIntake:
         for state, matched_by, episode_spans in groups.values():
             await self._publish(state, episode_spans, "tenant_key", matched_by, accepted)
         return accepted
+
+    async def _decode(self, body: bytes, content_type: str, content_encoding: str) -> list[DecodedSpan]:
+        """Decoded on a thread when large (a 4 MiB body is thousands of spans: ~0.1 s of CPU), so the
+        event loop keeps serving the calls meanwhile."""
+        if len(body) < THREAD_ABOVE_BYTES:
+            return decode_request(body, content_type, content_encoding, self.max_body_bytes)
+        return await asyncio.to_thread(
+            decode_request, body, content_type, content_encoding, self.max_body_bytes
+        )
 
     # --------------------------------------------------------------------------- matching
     def _resolve(self, tenant: str, spans: Sequence[DecodedSpan]) -> tuple[EpisodeState, SpanMatch] | None:
@@ -159,7 +170,8 @@ class SpanIntake:
         matched_by: SpanMatch,
         accepted: Accepted,
     ) -> None:
-        for chunk in _chunks(spans):
+        chunks = _chunks(spans) if len(spans) < 64 else await asyncio.to_thread(lambda: list(_chunks(spans)))
+        for chunk in chunks:
             event = AgentSpansRecorded(
                 producer=f"gateway:{self.gateway.id}",
                 episode_id=state.episode_id,

@@ -25,7 +25,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaError
 from gateway.otlp import JSON, PROTOBUF, decode_request
-from gateway.span_intake import MAX_EVENT_BYTES, _chunks
+from gateway.span_intake import MAX_EVENT_BYTES, THREAD_ABOVE_BYTES, _chunks
 from infra.application.cli.episodes_cmd import print_spans
 from infra.otel.spans import trace_id_for
 from schemas import AgentSpan, AgentSpansRecorded, LLMCallRecorded
@@ -304,3 +304,21 @@ def test_agent_span_ids_are_checked() -> None:
                 "duration_ms": 0,
             }
         )
+
+
+async def test_a_large_export_is_decoded_off_the_loop_and_split_into_events(tmp_path: Any) -> None:
+    def many(tracer: trace_api.Tracer) -> None:
+        with tracer.start_as_current_span("agent run"):
+            for i in range(299):
+                with tracer.start_as_current_span(f"step {i}", attributes={"input.value": "x" * 1000}):
+                    pass
+
+    payload = sdk_payload(many)
+    assert len(payload) > THREAD_ABOVE_BYTES
+    async with GatewayHarness(tmp_path) as h:
+        episode_id = await h.open_episode()
+        r = await h.client.post(f"/episodes/{episode_id}/v1/traces", content=payload, headers=PB)
+        assert r.status_code == 200
+        events = await _spans_of(h, episode_id, count=2)
+        assert sum(len(e.spans) for e in events) == 300
+        assert all(len(e.model_dump_json()) < MAX_EVENT_BYTES + 1024 for e in events)
