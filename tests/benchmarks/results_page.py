@@ -13,7 +13,14 @@ A figure and its command live in one file, so they never drift apart; nobody edi
 
 A benchmark's ``--json`` object (``{"figures": {...}, "goals": {...}}``) goes into its report as it came
 (``runs``), and the page renders a table of every goal's figure per run, then the other figures: a run's
-figures reach the page without being typed by anyone.
+figures reach the page without being typed by anyone. A demo's ``report.json`` likewise: ``--add-demo``
+copies it under ``docs/results/raw/`` as it came and lists it in the report (``demo_runs``); the page
+renders one row per run (warm start, after RL, the gain, steps, the gate, a replay's on-policy gain) and
+the README's headline (``demo_headline``) from those files.
+
+    flywheel demo --seed 0 --out /tmp/d0
+    python tests/benchmarks/results_page.py --add-demo docs/results/01-demo-calc.json /tmp/d0/report.json \
+        --when "2026-12-03, 2 shared cores"
 
 ``tests/unit/test_docs.py`` runs the check.
 """
@@ -25,6 +32,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "docs" / "results"
@@ -51,6 +59,15 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class DemoRun:
+    """One demo run: its ``report.json`` as it came, committed under ``docs/results/raw/``."""
+
+    when: str
+    path: str  # relative to docs/results/
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     slug: str  # the file's name without .json: the order on the page
     title: str
@@ -63,6 +80,8 @@ class Report:
     notes: tuple[str, ...]
     headline: tuple[tuple[str, str], ...]
     runs: tuple[Run, ...] = ()
+    demo_runs: tuple[DemoRun, ...] = ()
+    demo_headline: str = ""
 
 
 _KEYS = {
@@ -76,6 +95,8 @@ _KEYS = {
     "notes",
     "headline",
     "runs",
+    "demo_runs",
+    "demo_headline",
 }
 
 
@@ -125,7 +146,7 @@ def load(path: Path) -> Report:
     if (
         unknown
         or not {"title", "command", "produced_by"} <= set(raw)
-        or not (raw.get("tables") or raw.get("runs"))
+        or not (raw.get("tables") or raw.get("runs") or raw.get("demo_runs"))
     ):
         raise ReportError(
             f"{path.name}: unknown keys {sorted(unknown)} or a missing title/command/produced_by/tables"
@@ -145,7 +166,16 @@ def load(path: Path) -> Report:
             Run(str(r.get("when", "")), dict(r["output"]["figures"]), dict(r["output"].get("goals", {})))
             for r in raw.get("runs", ())
         ),
+        demo_runs=tuple(_demo_run(path.parent, r) for r in raw.get("demo_runs", ())),
+        demo_headline=raw.get("demo_headline", ""),
     )
+
+
+def _demo_run(directory: Path, raw: dict[str, str]) -> DemoRun:
+    report = json.loads((directory / raw["report"]).read_text(encoding="utf-8"))
+    if not {"seed", "source", "before", "after", "delta"} <= set(report):
+        raise ReportError(f"{raw['report']}: not a demo's report.json (seed, source, before, after, delta)")
+    return DemoRun(str(raw.get("when", "")), raw["report"], report)
 
 
 def reports(directory: Path = REPORTS) -> list[Report]:
@@ -184,6 +214,93 @@ def runs_table(runs: tuple[Run, ...]) -> Table:
     return Table("The benchmark's `--json` output, one column per run", columns, rows)
 
 
+def _success(result: dict[str, Any]) -> str:
+    return f"{result['success']:.1%} ({result['calls_per_episode']:.2f})"
+
+
+def _gain(run: DemoRun) -> float:
+    return float(run.report["delta"]["success_points"])
+
+
+def _on_policy_gain(run: DemoRun) -> float | None:
+    on_policy = run.report.get("on_policy")
+    if not on_policy:
+        return None
+    return round(100 * (float(on_policy["after"]["success"]) - float(on_policy["before"]["success"])), 2)
+
+
+def demo_table(runs: tuple[DemoRun, ...]) -> Table:
+    """One row per demo run, every cell read from its report.json."""
+    replay = any(_on_policy_gain(run) is not None for run in runs)
+    columns = (
+        "seed",
+        "source",
+        "engine",
+        "warm start (calls/episode)",
+        "after RL",
+        "Δ points",
+        *(("on-policy run's Δ", "transitions trained") if replay else ()),
+        "RL steps",
+        "RL s",
+        "warm-start gate",
+        "run",
+    )
+    rows = []
+    for run in runs:
+        r = run.report
+        gate = r.get("warm_start_gate") or {}
+        row = [
+            str(r["seed"]),
+            str(r["source"]),
+            str(r.get("engine", "")),
+            _success(r["before"]),
+            _success(r["after"]),
+            f"**{_gain(run):+.1f}**",
+        ]
+        if replay:
+            on_policy = _on_policy_gain(run)
+            row += [
+                "" if on_policy is None else f"{on_policy:+.1f}",
+                _number((r.get("replay") or {}).get("transitions_trained")),
+            ]
+        row += [
+            _number(r.get("rl_steps")),
+            _number(r.get("rl_seconds")),
+            {True: "passed", False: "not passed"}.get(bool(gate["passed"]), "") if "passed" in gate else "",
+            f"[{run.when or run.path}](results/{run.path})",
+        ]
+        rows.append(tuple(row))
+    caption = "Held-out success (LLM calls per episode) before and after RL, one row per run's report.json"
+    return Table(caption, columns, tuple(rows))
+
+
+def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
+    seeds = ", ".join(str(run.report["seed"]) for run in runs)
+    figure = (
+        ", ".join(f"{_gain(run):+.1f}" for run in runs)
+        + f" points (seed{'s' if len(runs) > 1 else ''} {seeds})"
+    )
+    on_policy = [g for g in map(_on_policy_gain, runs) if g is not None]
+    if on_policy:
+        figure += " (on-policy: " + ", ".join(f"{g:+.1f}" for g in on_policy) + ")"
+    return figure
+
+
+def add_demo(path: Path, demo_report: Path, when: str) -> None:
+    """Copy a demo's ``report.json`` under ``docs/results/raw/`` and list it in the report at ``path``."""
+    report = json.loads(demo_report.read_text(encoding="utf-8"))
+    if not {"seed", "source", "before", "after", "delta"} <= set(report):
+        raise ReportError(f"{demo_report}: not a demo's report.json (seed, source, before, after, delta)")
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    runs = raw.setdefault("demo_runs", [])
+    name = f"raw/{path.stem}-run{len(runs) + 1}-seed{report['seed']}.json"
+    (path.parent / name).parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / name).write_text(demo_report.read_text(encoding="utf-8"), encoding="utf-8")
+    runs.append({"when": when, "report": name})
+    path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    load(path)
+
+
 def add_run(path: Path, output: dict[str, object], when: str) -> None:
     """Append one benchmark run (its ``--json`` object) to the report at ``path``."""
     if not isinstance(output.get("figures"), dict):
@@ -219,6 +336,7 @@ def render_page(items: list[Report]) -> str:
         else:
             lines += ["", f"Report: [results/{r.slug}.json](results/{r.slug}.json)."]
         tables = (*r.tables, runs_table(r.runs)) if r.runs else r.tables
+        tables = (demo_table(r.demo_runs), *tables) if r.demo_runs else tables
         for t in tables:
             lines += ["", f"{t.caption}:", "", *_markdown_table(t.columns, t.rows)]
         if r.notes:
@@ -231,7 +349,10 @@ def render_headline(items: list[Report]) -> str:
     rows = tuple(
         (f"[{what}](docs/results.md#{_anchor(r.title)})", figure)
         for r in items
-        for what, figure in r.headline
+        for what, figure in (
+            *(((r.demo_headline, _demo_figure(r.demo_runs)),) if r.demo_headline and r.demo_runs else ()),
+            *r.headline,
+        )
     )
     return "\n".join([START, *_markdown_table(("measured", "figure"), rows), END])
 
@@ -253,8 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("REPORT", "OUTPUT"),
         help="append a benchmark's --json OUTPUT to REPORT",
     )
-    parser.add_argument("--when", default="", help="with --add-run: the run's label (date, machine)")
+    parser.add_argument(
+        "--add-demo",
+        nargs=2,
+        metavar=("REPORT", "DEMO_REPORT"),
+        help="copy a demo's report.json (DEMO_REPORT) under docs/results/raw/ and list it in REPORT",
+    )
+    parser.add_argument(
+        "--when", default="", help="with --add-run/--add-demo: the run's label (date, machine)"
+    )
     args = parser.parse_args(argv)
+    if args.add_demo:
+        report, demo_report = (Path(p) for p in args.add_demo)
+        add_demo(report, demo_report, args.when)
     if args.add_run:
         report, output = (Path(p) for p in args.add_run)
         add_run(report, json.loads(output.read_text(encoding="utf-8")), args.when)

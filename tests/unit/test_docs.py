@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -205,6 +206,42 @@ def test_a_benchmarks_json_output_reaches_the_page_as_it_came(tmp_path: Path) ->
     )
     page = results_page.render_page(results_page.reports(tmp_path))
     assert "## Bus: a benchmark's --json output" in page and "| `x` | ≥ 1 | 2 |" in page
+
+
+def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: Path) -> None:
+    """A demo's report.json is copied under raw/ as it came; its row and the README's headline figure are
+    read from that file, so editing the report's numbers changes the page."""
+    results_page = _results_page()
+    report = tmp_path / "01-demo.json"
+    report.write_text(
+        '{"title": "Demo", "command": "flywheel demo", "produced_by": "x", "demo_headline": "Gain"}'
+    )
+    run = {
+        "seed": 3,
+        "source": "rollouts",
+        "engine": "embedded",
+        "before": {"success": 0.25, "calls_per_episode": 2.7148},
+        "after": {"success": 0.6367, "calls_per_episode": 2.1016},
+        "delta": {"success_points": 38.67},
+        "rl_steps": 47,
+        "rl_seconds": 421.3,
+        "warm_start_gate": {"passed": True},
+    }
+    demo_report = tmp_path / "out" / "report.json"
+    demo_report.parent.mkdir()
+    demo_report.write_text(json.dumps(run))
+    results_page.add_demo(report, demo_report, "run A")
+    copied = tmp_path / "raw" / "01-demo-run1-seed3.json"
+    assert copied.read_text() == demo_report.read_text()
+    items = results_page.reports(tmp_path)
+    page = results_page.render_page(items)
+    row = "| 3 | rollouts | embedded | 25.0% (2.71) | 63.7% (2.10) | **+38.7** | 47 | 421.3 | passed |"
+    assert row + " [run A](results/raw/01-demo-run1-seed3.json) |" in page
+    assert "| [Gain](docs/results.md#demo) | +38.7 points (seed 3) |" in results_page.render_headline(items)
+    copied.write_text(json.dumps({**run, "delta": {"success_points": 12.0}}))
+    assert "+12.0 points (seed 3)" in results_page.render_headline(results_page.reports(tmp_path))
+    with pytest.raises(results_page.ReportError, match=r"not a demo's report\.json"):
+        results_page.add_demo(report, report, "not a demo")
 
 
 def test_the_readme_is_short() -> None:
