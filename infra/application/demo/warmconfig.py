@@ -61,6 +61,7 @@ class GateConfig:
     top_up_steps: int = 250
     max_top_ups: int = 4  # per attempt
     top_up_lr_scale: float = 0.3  # of the scheduled SFT's peak rate (the SFT-only baseline's rate)
+    top_up_best: bool = True  # no attempt passed: top up the best one checked, whatever its score
 
     def key(self, warm: WarmStartConfig) -> str:
         blob = json.dumps({**asdict(self), "warm": warm.key()}, sort_keys=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from demo_agents.calc_agent import tasks
+from infra.application.demo import warmstart
 from infra.application.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
 
 
@@ -44,3 +46,59 @@ def test_gate_key_follows_the_warm_start_and_its_own_settings() -> None:
     }
     assert len(keys) == 3
     assert gate.key(WarmStartConfig()) == GateConfig().key(WarmStartConfig())
+
+
+def _fake_top_ups(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Path, int]]:
+    """``_top_up`` without SFT: each call makes a new directory and is logged."""
+    calls: list[tuple[Path, int]] = []
+
+    def top_up(
+        cfg: WarmStartConfig, gate: GateConfig, model_dir: Path, root: Path, n: int, agent: object
+    ) -> Path:
+        calls.append((model_dir, n))
+        return root / "sft"
+
+    monkeypatch.setattr(warmstart, "_top_up", top_up)
+    return calls
+
+
+@pytest.mark.timeout(30)
+def test_when_every_attempt_fails_below_reinit_the_best_one_is_topped_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _fake_top_ups(monkeypatch, tmp_path)
+    gate = GateConfig(min_success=0.25, reinit_below=0.10, max_top_ups=3)
+    history = [
+        {"model_dir": str(tmp_path / "sft"), "success": 0.016, "attempt": 0, "top_up": 0},
+        {"model_dir": str(tmp_path / "attempt-1" / "sft"), "success": 0.090, "attempt": 1, "top_up": 0},
+        {"model_dir": str(tmp_path / "attempt-2" / "sft"), "success": 0.078, "attempt": 2, "top_up": 0},
+    ]
+    scores = iter([0.15, 0.27])
+
+    def check(model_dir: Path, attempt: int, top_up: int) -> float:
+        history.append({"model_dir": str(model_dir), "success": 0.0, "attempt": attempt, "top_up": top_up})
+        return next(scores)
+
+    passed = warmstart._top_up_best(WarmStartConfig(seed=2), gate, history, check, agent=None)  # type: ignore[arg-type]
+    assert passed
+    assert [n for _, n in calls] == [1, 2]  # stopped at the first that passed, not at max_top_ups
+    assert calls[0][0] == tmp_path / "attempt-1" / "sft"  # the best attempt (9.0 %), not the last
+    assert (
+        calls[1][0] == calls[0][0].parent / f"topup-{gate.top_up_key(WarmStartConfig(seed=2))}" / "1" / "sft"
+    )
+    assert [(h["attempt"], h["top_up"]) for h in history[3:]] == [(1, 1), (1, 2)]
+
+
+@pytest.mark.timeout(30)
+def test_a_best_model_the_loop_already_topped_up_is_not_topped_up_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _fake_top_ups(monkeypatch, tmp_path)
+    gate = GateConfig(min_success=0.25, reinit_below=0.10, max_top_ups=2)
+    history = [
+        {"model_dir": str(tmp_path / "sft"), "success": 0.12, "attempt": 0, "top_up": 0},
+        {"model_dir": str(tmp_path / "t1"), "success": 0.18, "attempt": 0, "top_up": 1},
+        {"model_dir": str(tmp_path / "t2"), "success": 0.20, "attempt": 0, "top_up": 2},
+    ]
+    assert not warmstart._top_up_best(WarmStartConfig(seed=2), gate, history, lambda *a: 1.0, agent=None)  # type: ignore[arg-type]
+    assert calls == []
