@@ -203,10 +203,15 @@ def _shoot(driver: Any, tmp_path: Path, name: str) -> None:
         shutil.copy(path, Path(target) / path.name)
 
 
-def _rows(driver: Any) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [r.get_attribute("data-episode") for r in driver.find_elements(By.CSS_SELECTOR, "tr.episode")]
+def _rows(driver: Any, column: int = 0) -> list[str]:
+    """The list's episode ids (or one column's text), read in one go: the page replaces its rows while
+    it polls, so element handles found one call earlier may be gone."""
+    rows: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('tr.episode')).map(r =>"
+        " arguments[0] ? r.cells[arguments[0]].textContent : r.dataset.episode)",
+        column,
+    )
+    return rows
 
 
 def test_the_view_in_a_browser_shows_what_the_event_log_holds(up: str, browser: Any, tmp_path: Path) -> None:
@@ -264,8 +269,16 @@ def test_the_view_in_a_browser_shows_what_the_event_log_holds(up: str, browser: 
     assert narrowed == liked, (narrowed, ours)
     browser.get(f"{up}/ui/?source=production")
     production = _rows(browser)
-    sources = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "tr.episode td:nth-child(3)")]
+    sources = _rows(browser, column=2)
     assert len(production) == 2 and sources == ["production"] * 2, (production, sources)
+    pages = []
+    for episode in production:  # the liked session's page shows its feedback
+        browser.get(f"{up}/ui/episodes/{episode}")
+        pages.append(browser.find_elements(By.CSS_SELECTOR, "#feedback li.feedback"))
+        if pages[-1]:
+            assert "rating 1" in pages[-1][0].text
+            _shoot(browser, tmp_path, "production")
+    assert sorted(len(p) for p in pages) == [0, 1]
 
     # an episode's page: every token id and behaviour logprob the event log holds for its calls
     episode_id = liked[0]
