@@ -148,6 +148,7 @@ def _summary(v: EpisodeView) -> str:
         ("task", esc(task or (s.task_id if s else "") or "")),
         ("source", esc(started.get("source") or (s.source.value if s else ""))),
         ("tenant", esc(started.get("tenant") or (s.tenant if s else "") or "")),
+        ("session", esc(started.get("session_id") or "")),
         ("status", esc((s.status.value if s else None) or finished.get("status") or "running")),
         ("reward", f'<span id="reward">{num(s.reward if s else finished.get("reported_reward"))}</span>'),
     ]
