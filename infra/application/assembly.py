@@ -255,6 +255,8 @@ class RunningEngine:
                 logprobs_mode=settings.logprobs_mode,
                 api_key=settings.upstream_api_key,
                 timeout_s=settings.upstream_timeout_s,
+                request_weight_versions=settings.request_weight_versions,
+                wire=settings.upstream_client == "wire",
             )
         if kind == "vllm":
             return make_upstream(

@@ -43,7 +43,9 @@ def _settings(**overrides: Any) -> GatewaySettings:
 
 
 def _upstreams(settings: GatewaySettings, urls: list[str] | None, kind: str | None) -> list[Upstream]:
-    from gateway.upstream import make_upstream
+    """One upstream per URL (``--upstream``, else ``FLYWHEEL_UPSTREAM_URLS``), each chosen and built by
+    ``infra.application.assembly`` as for every entry point."""
+    from infra.application.assembly import RunningEngine, choose_engine
     from schemas import UpstreamKind
 
     try:
@@ -55,18 +57,8 @@ def _upstreams(settings: GatewaySettings, urls: list[str] | None, kind: str | No
     for u in chosen:
         if not u.startswith(("http://", "https://")):
             fail(f"upstream URL must start with http:// or https://: {u!r}")
-    return [
-        make_upstream(
-            u,
-            kind=up_kind,
-            logprobs_mode=settings.logprobs_mode,
-            api_key=settings.upstream_api_key,
-            timeout_s=settings.upstream_timeout_s,
-            request_weight_versions=settings.request_weight_versions,
-            wire=settings.upstream_client == "wire",
-        )
-        for u in chosen
-    ]
+    settings = settings.model_copy(update={"upstream_kind": up_kind})
+    return [RunningEngine(choose_engine(upstream_url=u)).upstream(settings) for u in chosen]
 
 
 def gateway_command(
