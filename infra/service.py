@@ -1,8 +1,9 @@
-"""Running a service alone: one way for all of them (``flywheel gateway|worker|reward|trainer|recorder``).
+"""Running a service alone: one way for all of them (``flywheel gateway|worker|reward|trainer|recorder|
+otel-export``).
 
-Each service's ``app.py`` has ``build(settings, bus, ...) -> service`` (the embedded stack calls it
-too, with its own bus) and ``main()``; ``main`` hands :func:`serve` the settings and a ``build``, and
-:func:`serve` does the rest, in this order:
+``infra/application/alone.py`` hands :func:`serve` the settings and a ``build`` (the part as
+``infra/application/assembly.py`` builds it for every entry point, from the service's own
+``app.py::build``), and :func:`serve` does the rest, in this order:
 
 1. the Prometheus endpoint on ``metrics_port``, when one is set (the service's own registry, or the
    process's default);
