@@ -5,7 +5,10 @@ Each function here hands ``infra.service.serve`` the part as :mod:`infra.applica
 topics it needs, its HTTP app, its Prometheus port, the trainer's step loop. A part that cannot start
 raises ``infra.service.ServiceStartError`` (one line for the CLI).
 
-    serve_gateway(settings, upstreams)   the gateway behind uvicorn (its own HTTP protocol: header limits)
+    serve_gateway(settings, upstreams)   the gateway behind uvicorn (its own HTTP protocol: header limits);
+                                         on the in-process bus with FLYWHEEL_OTLP_ENDPOINT set, the
+                                         OpenTelemetry exporter too (a bus consumer: the bus is this
+                                         process's, so its consumers live here)
     serve_worker(settings)               a rollout worker (drains its episodes on SIGTERM)
     serve_reward(settings)               the reward service
     serve_recorder(settings)             every topic → the event log, with the event log's admin API
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra import service
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.upstream import Upstream
     from infra.bus.base import Bus
     from infra.eventlog.settings import EventLogSettings
+    from infra.otel.exporter import OtelExporter
     from infra.otel.settings import OtelSettings
     from reward_service.settings import RewardSettings
     from rollout_worker.settings import WorkerSettings
@@ -40,28 +45,72 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
+@dataclass
+class GatewayProcess:
+    """What ``flywheel gateway`` runs on its bus: the gateway, and the OpenTelemetry exporter consuming
+    its events when there is one.
+
+    The exporter starts first (subscribed before the gateway answers a call) and stops last (it reads
+    what the gateway published, then flushes its queue to the collector)."""
+
+    gateway: Gateway
+    exporter: OtelExporter | None = None
+
+    async def start(self) -> None:
+        if self.exporter is not None:
+            await self.exporter.start()
+        try:
+            await self.gateway.start()
+        except BaseException:
+            if self.exporter is not None:
+                await self.exporter.stop()
+            raise
+
+    async def stop(self) -> None:
+        try:
+            await self.gateway.stop()
+        finally:
+            if self.exporter is not None:
+                await self.exporter.stop()
+
+
 async def serve_gateway(
     settings: GatewaySettings,
     upstreams: Sequence[Upstream],
     *,
     on_started: Callable[[str], None] | None = None,
+    otel: OtelSettings | None = None,
 ) -> None:
-    """The gateway alone, against ``upstreams`` and the configured bus, until SIGINT/SIGTERM."""
+    """The gateway alone, against ``upstreams`` and the configured bus, until SIGINT/SIGTERM.
+
+    On the in-process bus with an OTLP endpoint (``otel``, else ``FLYWHEEL_OTLP_*`` from the environment)
+    the exporter runs here too, consuming the gateway's events after it has answered; on Kafka it is a
+    process of its own (``flywheel otel-export``: one per stack, it must see every episode and score)."""
     from gateway.app import app_for
     from gateway.limits import GatewayHttpProtocol
+    from infra.otel.settings import OtelSettings
     from schemas import CONTROL, DEADLETTER, EPISODES
 
-    def started(_: Gateway, url: str) -> None:
+    otel = otel if otel is not None else OtelSettings()
+    export = bool(otel.otlp_endpoint) and settings.bus == "memory"
+    if otel.otlp_endpoint and not export:
+        log.info("otel_export.not_in_gateway", bus=settings.bus, run="flywheel otel-export")
+
+    def build(bus: Bus) -> GatewayProcess:
+        exporter = assembly.build_otel_exporter(otel, bus) if export else None
+        return GatewayProcess(assembly.build_gateway(settings, bus, upstreams), exporter)
+
+    def started(_: GatewayProcess, url: str) -> None:
         if on_started is not None:
             on_started(url)
 
     await service.serve(
         settings,
-        lambda bus: assembly.build_gateway(settings, bus, upstreams),
+        build,
         name="gateway",
         topics=[EPISODES, CONTROL, DEADLETTER],
         http=service.Http(
-            lambda gateway: app_for(gateway, lifespan=False),
+            lambda process: app_for(process.gateway, lifespan=False),
             host=settings.gateway_host,
             port=settings.gateway_port,
             protocol=GatewayHttpProtocol,  # header limits, OpenAI-format protocol errors (gateway.limits)
@@ -106,7 +155,6 @@ async def serve_recorder(settings: EventLogSettings, stop: asyncio.Event | None 
 
 async def serve_otel_exporter(settings: OtelSettings, stop: asyncio.Event | None = None) -> None:
     """The OpenTelemetry exporter until ``stop`` is set (or a signal); it needs FLYWHEEL_OTLP_ENDPOINT."""
-    from infra.otel.exporter import OtelExporter
 
     def build(bus: Bus) -> OtelExporter:
         exporter = assembly.build_otel_exporter(settings, bus)
