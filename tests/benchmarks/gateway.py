@@ -9,7 +9,15 @@ uvloop):
 - the floor: the fastest forwarder on the same stack, the gateway's server and its upstream client
   (gateway/wire.py), forwarding and recording nothing (FLOOR);
 - the Flywheel gateway via `flywheel gateway`, on the in-process bus, on real Kafka with acks=all, and
-  with httpx as its upstream client; LiteLLM's proxy and Agent Lightning's `agl-server` when they are
+  with httpx as its upstream client; and on the in-process bus with OpenTelemetry export on
+  (`gateway_memory_otel`: FLYWHEEL_OTLP_ENDPOINT set, so the exporter consumes the gateway's events in
+  the gateway's process and sends spans over OTLP/HTTP, batched by the SDK's BatchSpanProcessor). Its
+  receiver is a minimal OTLP/HTTP sink on loopback in its own process (SINK: it decodes each export
+  request, counts the spans and discards them), not Arize Phoenix: Phoenix ingests ~180 spans/s on two
+  cores and a round sends thousands, so it would be busy on the CPUs every later target is measured on.
+  After the target's figures, its gateway's recorded calls (its /metrics) are read, it is stopped
+  (SIGTERM: the exporter flushes its queue) and the sink's count is read: ``spans_dropped`` = calls −
+  call spans received (the SDK's queue drops what does not fit); LiteLLM's proxy and Agent Lightning's `agl-server` when they are
   installed (the peers a user would otherwise pick), and `flywheel agl-server` on AGL's route.
 Two differences come out of it: added = target − direct (what an agent sees), and recording = gateway
 − floor (what the gateway's own work costs, over the least any forwarder here costs). Both are ≥ 0 up
@@ -158,6 +166,46 @@ FLOOR = textwrap.dedent(
         await send({"type": "http.response.body", "body": r.content})
     async def main():
         await GatewayServer(app, port=int(sys.argv[1])).start()
+        await asyncio.Event().wait()
+    run(main())
+    """
+)
+
+
+# The OTLP/HTTP receiver of the export target (gateway_memory_otel): accepts each export request on
+# /v1/traces, decodes it (opentelemetry-proto, as a collector does), counts its spans and discards them;
+# GET /count says how many arrived. Not Phoenix: Phoenix ingests ~180 spans/s on two cores
+# (docs/observability.md), so the thousands of spans a round sends would keep it busy on the CPUs every
+# later target is measured on; this sink's work is a protobuf parse per batch of up to 512 spans.
+SINK = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest, ExportTraceServiceResponse)
+    from infra.service import HttpServer, run
+    seen = {"spans": 0, "requests": 0, "calls": 0}
+    OK = ExportTraceServiceResponse().SerializeToString()
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            m = await receive()
+            body, more = body + m.get("body", b""), m.get("more_body", False)
+        if scope["method"] == "POST":
+            export = ExportTraceServiceRequest.FromString(body)
+            seen["requests"] += 1
+            for rs in export.resource_spans:
+                for ss in rs.scope_spans:
+                    seen["spans"] += len(ss.spans)
+                    seen["calls"] += sum(1 for s in ss.spans if s.name.startswith("chat "))
+            out, kind = OK, b"application/x-protobuf"
+        else:
+            out, kind = json.dumps(seen).encode(), b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        await send({"type": "http.response.body", "body": out})
+    async def main():
+        await HttpServer(app, port=int(sys.argv[1])).start()
         await asyncio.Event().wait()
     run(main())
     """
@@ -526,12 +574,53 @@ async def _start_target(name: str, upstream: str, data_dir: Path) -> tuple[Proc,
         client = {"FLYWHEEL_UPSTREAM_CLIENT": "httpx" if name.endswith("_httpx") else "wire"}
         proc, url, _ = await start_gateway(upstream, bus, data_dir / name, extra=client)
         return proc, url
+    if name == "gateway_memory_otel":
+        port = free_port()
+        sink = Proc([PY, "-c", SINK, str(port)])
+        await wait_http(f"http://127.0.0.1:{port}/count", sink)
+        extra = {"FLYWHEEL_UPSTREAM_CLIENT": "wire", "FLYWHEEL_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        try:
+            proc, url, base = await start_gateway(upstream, "memory", data_dir / name, extra=extra)
+        except RuntimeError:
+            sink.stop()
+            raise
+        EXPORTS[url] = (sink, f"http://127.0.0.1:{port}/count", base)
+        return proc, url
     if name in ("agl", "flywheel_agl"):
         return await start_agl(name, upstream, data_dir)
     lp, lurl, why = await start_litellm(upstream, data_dir)
     if lp is None:
         raise RuntimeError(f"unavailable, {why}")
     return lp, lurl
+
+
+# gateway_memory_otel's receiver, by the target's URL: (the sink, its /count URL, the gateway's base URL)
+EXPORTS: dict[str, tuple[Proc, str, str]] = {}
+
+
+async def export_counts(url: str, gateway: Proc) -> dict[str, float]:
+    """After the export target's measurement: the calls its gateway recorded (its /metrics), then, once
+    SIGTERM has stopped it (the exporter flushes its queue on the way out), the spans the sink received."""
+    sink, count_url, base = EXPORTS.pop(url)
+    try:
+        async with httpx.AsyncClient() as c:
+            text = (await c.get(f"{base}/metrics", timeout=10)).text
+            calls = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("flywheel_gateway_calls_total{")
+            )
+            gateway.stop()
+            got = (await c.get(count_url, timeout=10)).json()
+    finally:
+        sink.stop()
+    return {
+        "calls": calls,
+        "spans": float(got["calls"]),
+        "all_spans": float(got["spans"]),
+        "export_requests": float(got["requests"]),
+        "dropped": calls - float(got["calls"]),
+    }
 
 
 async def _measure(
@@ -586,6 +675,7 @@ async def _measure(
 TARGETS = (
     "floor",  # the fastest forwarder on the gateway's stack, recording nothing (FLOOR)
     "gateway_memory",
+    "gateway_memory_otel",  # the same, with OpenTelemetry export on in its process (to SINK)
     "gateway_kafka",
     "gateway_memory_httpx",  # the same gateway with httpx to the upstream: what gateway/wire.py buys
     "litellm",
@@ -606,6 +696,7 @@ async def _round(
     serial: dict[str, dict[str, float]] = {}
     sweep: dict[float, dict[str, dict[str, float]]] = {}
     ttfts: dict[str, dict[str, float]] = {}
+    exports: dict[str, dict[str, float]] = {}  # the export target's calls and the spans its sink received
     notes: list[str] = []
     headers = {"Authorization": f"Bearer {MASTER_KEY}"}
     direct = f"{upstream}/chat/completions"
@@ -620,9 +711,11 @@ async def _round(
             notes.extend(more)
             for frac, o in runs.items():
                 sweep.setdefault(frac, {})[name] = o
-            if name in ("direct", "floor", "gateway_memory"):
+            if name in ("direct", "floor", "gateway_memory", "gateway_memory_otel"):
                 t = await ttft([url] if url == direct else [url, direct], args.stream, headers)
                 ttfts[name] = {"p50": t[0], "direct_p50": t[-1]}
+            if url in EXPORTS:
+                exports[name] = await export_counts(url, proc)
         except RuntimeError as exc:
             if name in ("direct", "floor", "gateway_memory"):
                 raise
@@ -632,7 +725,17 @@ async def _round(
         finally:
             if proc is not None and proc is not fake:
                 proc.stop()
-    return {"rows": rows, "serial": serial, "sweep": sweep, "ttfts": ttfts, "notes": notes}
+            for sink, _, _ in EXPORTS.values():  # a target that failed before its counts were read
+                sink.stop()
+            EXPORTS.clear()
+    return {
+        "rows": rows,
+        "serial": serial,
+        "sweep": sweep,
+        "ttfts": ttfts,
+        "notes": notes,
+        "exports": exports,
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -690,6 +793,14 @@ GOALS = {
     "gateway_memory_added_p99_ms": "≤ 5",
     "gateway_memory_recording_p50_ms": "≤ 0.5",
     "gateway_memory_serial_recording_p50_ms": "≤ 0.5",
+    # the same gateway with OpenTelemetry export on in its process (gateway_memory_otel): the same goals
+    "gateway_memory_otel_added_p50_ms": "≤ 1",
+    "gateway_memory_otel_added_p99_ms": "≤ 5",
+    "gateway_memory_otel_recording_p50_ms": "≤ 0.5",
+    "gateway_memory_otel_serial_recording_p50_ms": "≤ 0.5",
+    "gateway_memory_otel_throughput_vs_floor": "≥ 0.5",
+    "gateway_memory_otel_stream_ttft_overhead_p50_ms": "≤ 2",
+    "gateway_memory_otel_spans_dropped": "= 0",
     "gateway_kafka_added_p50_ms": "≤ 5",
     "throughput_vs_floor": "≥ 0.5",
     "throughput_vs_litellm": "≥ 2",
@@ -723,7 +834,7 @@ def _figures(r: Round, offered: float) -> dict[str, float]:
             figures[f"{name}_closed_added_p50_ms"] = rows[name]["p50"] - d["p50"]
             figures[f"{name}_closed_added_p99_ms"] = rows[name]["p99"] - d["p99"]
             figures[f"{name}_serial_added_p50_ms"] = serial[name]["p50"] - serial[name]["direct_p50"]
-    for name in ("gateway_memory", "gateway_kafka"):  # what recording costs: the gateway over the floor
+    for name in ("gateway_memory", "gateway_memory_otel", "gateway_kafka"):  # recording: over the floor
         for kind in ("added_p50", "added_p99", "serial_added_p50"):
             if f"{name}_{kind}_ms" in figures and f"floor_{kind}_ms" in figures:
                 what = kind.replace("added", "recording")
@@ -740,6 +851,8 @@ def _figures(r: Round, offered: float) -> dict[str, float]:
         if "floor" in over:
             figures["floor_stream_ttft_overhead_p50_ms"] = over["floor"]
             figures["stream_ttft_recording_p50_ms"] = over["gateway_memory"] - over["floor"]
+        if "gateway_memory_otel" in over:
+            figures["gateway_memory_otel_stream_ttft_overhead_p50_ms"] = over["gateway_memory_otel"]
         if "agl" in rows:  # side by side with Agent Lightning 1.0.2's proxy, same upstream and load
             figures["throughput_vs_agl"] = g / rows["agl"]["rps"]
             # open loop at the goals' rate, else at the highest rate AGL's proxy could carry
@@ -752,7 +865,25 @@ def _figures(r: Round, offered: float) -> dict[str, float]:
                 figures["agl_compared_at_rps"] = runs["direct"]["rate"]
             ours, theirs = (serial[k]["p50"] - serial[k]["direct_p50"] for k in ("gateway_memory", "agl"))
             figures["serial_added_p50_vs_agl"] = ours / theirs
-    for name in ("gateway_memory", "gateway_kafka"):
+    if "gateway_memory_otel" in rows:  # export on, in the gateway's process: beside the same gateway off
+        o = rows["gateway_memory_otel"]
+        if "floor" in rows:
+            figures["gateway_memory_otel_throughput_vs_floor"] = o["rps"] / rows["floor"]["rps"]
+        if "gateway_memory" in rows:
+            figures["otel_export_cpu_ms_per_call"] = o["cpu_ms"] - rows["gateway_memory"]["cpu_ms"]
+            figures["otel_export_throughput_vs_off"] = o["rps"] / rows["gateway_memory"]["rps"]
+        for kind in ("added_p50", "added_p99"):
+            if f"gateway_memory_otel_{kind}_ms" in figures and f"gateway_memory_{kind}_ms" in figures:
+                figures[f"otel_export_{kind}_ms"] = (
+                    figures[f"gateway_memory_otel_{kind}_ms"] - figures[f"gateway_memory_{kind}_ms"]
+                )
+    exports = r.get("exports", {})
+    if "gateway_memory_otel" in exports:  # every call the gateway recorded, as a span at the sink
+        e = exports["gateway_memory_otel"]
+        figures["gateway_memory_otel_calls"] = e["calls"]
+        figures["gateway_memory_otel_spans_received"] = e["spans"]
+        figures["gateway_memory_otel_spans_dropped"] = e["dropped"]
+    for name in ("gateway_memory", "gateway_memory_otel", "gateway_kafka"):
         if name in rows and "floor" in rows:  # CPU the gateway adds over the floor per call
             figures[f"{name}_cpu_over_floor_ms"] = rows[name]["cpu_ms"] - rows["floor"]["cpu_ms"]
     for name in ("direct", "floor", "gateway_memory", "gateway_kafka"):
@@ -842,6 +973,12 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
         ("gateway_kafka_recording_p50_ms", "the gateway on Kafka vs the floor"),
         ("stream_ttft_recording_p50_ms", "streamed TTFT, the gateway vs the floor"),
         ("gateway_memory_cpu_over_floor_ms", "CPU a call the gateway adds over the floor, closed loop"),
+        ("otel_export_added_p50_ms", "export on vs off: the gateway's added p50, open loop"),
+        ("otel_export_added_p99_ms", "export on vs off: the gateway's added p99, open loop"),
+        ("otel_export_cpu_ms_per_call", "export on vs off: the gateway process's CPU a call, closed loop"),
+        ("otel_export_throughput_vs_off", "export on vs off: closed-loop req/s"),
+        ("gateway_memory_otel_calls", "calls the export target's gateway recorded (its /metrics)"),
+        ("gateway_memory_otel_spans_received", "call spans the OTLP/HTTP sink received"),
     ):
         if key in figures:
             print(f"{key:<40}{figures[key]:>10.2f}  ({what})")

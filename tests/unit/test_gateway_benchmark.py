@@ -56,3 +56,26 @@ def test_each_figure_is_the_median_of_the_rounds_that_have_it() -> None:
     f = median_figures(rounds)
     assert f["gateway_memory_added_p50_ms"] == pytest.approx(((1.6 - 1.2) + (1.7 - 1.2)) / 2)
     assert f["gateway_memory_recording_p50_ms"] == pytest.approx(1.7 - 1.2 - 0.2)  # 3 rounds had a floor
+
+
+def test_export_on_is_measured_beside_the_same_gateway_off_and_counts_what_the_sink_got() -> None:
+    r = _round(1.9)
+    for part in ("rows", "serial", "sweep", "ttfts"):  # gateway_memory_otel: 0.3 ms slower everywhere
+        table = r[part][0.1] if part == "sweep" else r[part]
+        on = dict(table["gateway_memory"])
+        on["p50"] += 0.3
+        table["gateway_memory_otel"] = on
+    r["rows"]["gateway_memory_otel"]["rps"] = 800.0
+    r["rows"]["gateway_memory_otel"]["cpu_ms"] += 0.25
+    r["exports"] = {"gateway_memory_otel": {"calls": 2000.0, "spans": 1990.0, "dropped": 10.0}}
+    f = _figures(r, 0.1)
+    assert f["gateway_memory_otel_added_p50_ms"] == pytest.approx(1.9 + 0.3 - 1.2)
+    assert f["gateway_memory_otel_recording_p50_ms"] == pytest.approx((1.9 + 0.3 - 1.2) - (1.3 - 1.1))
+    assert f["otel_export_added_p50_ms"] == pytest.approx(0.3)
+    assert f["otel_export_cpu_ms_per_call"] == pytest.approx(0.25)
+    assert f["gateway_memory_otel_throughput_vs_floor"] == pytest.approx(0.4)
+    assert f["gateway_memory_otel_stream_ttft_overhead_p50_ms"] == pytest.approx(2 * 1.9 + 0.3 - 2 * 1.2)
+    assert f["gateway_memory_otel_spans_dropped"] == 10.0
+    assert f["gateway_memory_otel_spans_received"] == 1990.0
+    for key in ("added_p50_ms", "added_p99_ms", "recording_p50_ms", "spans_dropped"):
+        assert f"gateway_memory_otel_{key}" in GOALS
