@@ -302,10 +302,40 @@ def export_command(
     min_reward: MinRewardOpt = None,
     source: Annotated[str | None, typer.Option("--source", help="live, production or replay.")] = None,
     limit: Annotated[str | None, typer.Option("--limit", help="At most this many rows.")] = None,
+    merged: Annotated[
+        bool,
+        typer.Option(
+            "--merged",
+            help="Not a dataset: write base + one policy's adapter (--policy) as one Hugging Face model "
+            "directory (--output).",
+        ),
+    ] = False,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="With --merged: the policy whose adapter is merged.")
+    ] = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="With --merged: the adapter's version (default: latest).")
+    ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="With --merged: the trainer directory (default FLYWHEEL_DATA_DIR/trainer)."
+        ),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", help="With --merged: the base model (default: the one the checkpoint names)."
+        ),
+    ] = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Export recorded data for other trainers: chat SFT data or token-level RL data."""
+    """Export recorded data for other trainers (chat SFT data or token-level RL data), or with --merged a
+    policy's adapter folded into the base as one model directory."""
+    if merged or policy is not None or version is not None:
+        _export_merged(policy, version, output, directory, model, merged, as_json)
+        return
     from infra.application.export import ExportFilter, export
     from infra.eventlog.errors import EventLogError
 
@@ -348,6 +378,48 @@ def export_command(
         return
     skipped = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
     typer.echo(f"wrote {report.rows} {kind} row(s) to {path}" + (f" (skipped {skipped})" if skipped else ""))
+
+
+def _export_merged(
+    policy: str | None,
+    version: str | None,
+    output: Path | None,
+    directory: Path | None,
+    model: Path | None,
+    merged: bool,
+    as_json: bool,
+) -> None:
+    from infra.application.export import MergeError, export_merged
+
+    if not merged:
+        usage("--policy and --version go with --merged (a policy's adapter merged into the base)")
+    if policy is None:
+        usage("--merged needs --policy NAME (the policy whose adapter is merged into the base)")
+    if version is not None and (not version.isdigit() or int(version) < 1):
+        usage(f"--version must be a positive whole number, got {version!r}")
+    root = directory if directory is not None else _trainer_root()
+    path = output or Path(f"flywheel-merged-{policy}")
+    try:
+        report = export_merged(
+            root, policy, path, version=int(version) if version else None, base_model=model
+        )
+    except MergeError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+    if as_json:
+        print_json(report.as_dict())
+        return
+    typer.echo(
+        f"wrote {report.policy} v{report.version} merged into {report.base_model} to {report.path} "
+        f"({report.bytes / 1e6:.1f} MB, {report.seconds:.1f} s)"
+    )
+
+
+def _trainer_root() -> Path:
+    from trainer.settings import TrainerSettings
+
+    return TrainerSettings().trainer_root
 
 
 # ------------------------------------------------------------------------------------ stats
