@@ -222,8 +222,13 @@ async def _serve_policies(
 ) -> None:
     from trainer.policy_service import start_policies
 
+    try:
+        sinks: Callable[[str], list[WeightSink]] = (
+            engine.adapter_sinks() if engine is not None else lambda _: []
+        )
+    except ValueError as exc:  # an engine adapters cannot be loaded into (vLLM)
+        raise service.ServiceStartError(f"trainer: {exc}") from exc
     policies = start_policies(settings)
-    sinks: Callable[[str], list[WeightSink]] = engine.adapter_sinks() if engine is not None else lambda _: []
     await service.serve(
         settings,
         lambda bus: assembly.build_policy_trainer(settings, bus, policies, sinks),

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import SecretStr
 
@@ -44,3 +46,18 @@ def test_the_trainers_settings_choose_through_it() -> None:
     choice = trainer_engine(TrainerSettings(trainer_engine_url="http://127.0.0.1:8001"))
     assert choice is not None
     assert isinstance(RunningEngine(choice).weight_sink(), HttpSink)
+
+
+async def test_a_policy_map_on_an_engine_adapters_cannot_reach_is_a_one_line_refusal(tmp_path: Path) -> None:
+    from infra.application.alone import serve_trainer
+    from infra.service import ServiceStartError
+
+    settings = TrainerSettings(
+        data_dir=tmp_path,
+        trainer_base_model=tmp_path,  # refused before any model is loaded
+        policies="writer,rewriter",
+        trainer_engine_url="http://127.0.0.1:8000",
+        trainer_engine_kind="vllm",
+    )
+    with pytest.raises(ServiceStartError, match="trainer: LoRA policies load into the embedded engine"):
+        await serve_trainer(settings, max_steps=0)
