@@ -14,6 +14,10 @@ change for the trainer to take it as new data:
 
 The ``episode_id`` stays, so a replayed sample can be traced back to its recorded calls.
 
+With a policy map, ``policy`` replays one policy's data only: each episode keeps the transitions of that
+policy (``Transition.policy``, its adapter's calls), and an episode with none is skipped
+(``other_policy``); the trainer then trains that policy's adapter alone from the replay.
+
 Skipped, with the reason counted: episodes with no transitions (``no_transitions:<why>``),
 transitions without behaviour logprobs (``no_logprobs``), logprobs that do not line up with the
 response (``logprobs_length``), validation episodes (``not_train``), superseded attempts
@@ -103,6 +107,12 @@ class ReplayFilter(BaseModel):
     min_weight_version: int | None = Field(default=None, ge=0)
     max_weight_version: int | None = Field(default=None, ge=0)
     task_pattern: str | None = Field(default=None, description="a glob on task_id: sql-*")
+    policy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="only this policy's transitions (LoRA adapter)",
+    )
     limit: int = Field(default=10_000, ge=1, le=1_000_000)
 
     def to_episode_filter(self) -> EpisodeFilter:
@@ -239,8 +249,20 @@ def replay_group_id(run_id: str, original: str) -> str:
     return f"r{run_id}-{original}"[:MAX_GROUP_ID]
 
 
-def plan_replay(events: Iterable[EpisodeScored], *, run_id: str, report: ReplayReport) -> list[EpisodeScored]:
-    """The events to publish (copies with new ids, grouped per original group); counts skips in ``report``."""
+def for_policy(event: EpisodeScored, policy: str) -> EpisodeScored | None:
+    """``event`` with only ``policy``'s transitions, or None when it has none."""
+    kept = [t for t in event.transitions if t.policy == policy]
+    if not kept:
+        return None
+    return event if len(kept) == len(event.transitions) else event.model_copy(update={"transitions": kept})
+
+
+def plan_replay(
+    events: Iterable[EpisodeScored], *, run_id: str, report: ReplayReport, policy: str | None = None
+) -> list[EpisodeScored]:
+    """The events to publish (copies with new ids, grouped per original group); counts skips in ``report``.
+
+    ``policy``: each event narrowed to that policy's transitions (:func:`for_policy`)."""
     by_group: dict[str, list[EpisodeScored]] = {}
     for event in events:
         report.selected += 1
@@ -248,6 +270,12 @@ def plan_replay(events: Iterable[EpisodeScored], *, run_id: str, report: ReplayR
         if reason is not None:
             report.skipped[reason] += 1
             continue
+        if policy is not None:
+            narrowed = for_policy(event, policy)
+            if narrowed is None:
+                report.skipped["other_policy"] += 1
+                continue
+            event = narrowed
         by_group.setdefault(event.group_id, []).append(event)
     now = datetime.now(UTC)
     out: list[EpisodeScored] = []
@@ -379,7 +407,7 @@ async def replay(
     episode_filter = flt.to_episode_filter()
     # The store's reads are synchronous (chdb / clickhouse-connect): keep the event loop free.
     events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
-    planned = plan_replay(events, run_id=report.run_id, report=report)
+    planned = plan_replay(events, run_id=report.run_id, report=report, policy=flt.policy)
     steps: list[list[list[EpisodeScored]]] = [[[e] for e in planned]]
     if pace is not None:
         groups = completion_order(events, planned)

@@ -196,8 +196,12 @@ def create_eventlog_router(
         until: datetime | None = None,
         bucket: Bucket = "hour",
         success_threshold: float = Query(1.0, ge=-1e12, le=1e12, allow_inf_nan=False),
+        policy: str | None = Query(None, min_length=1, max_length=128),
+        by_policy: bool = False,
     ) -> list[StatsPoint]:
-        return await readers.run(lambda: store.stats(since, until, bucket, success_threshold))
+        return await readers.run(
+            lambda: store.stats(since, until, bucket, success_threshold, policy=policy, by_policy=by_policy)
+        )
 
     @router.get("/counts", response_model=EventCounts)
     async def counts() -> EventCounts:

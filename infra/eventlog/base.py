@@ -74,6 +74,9 @@ class EventStore(Protocol):
         until: datetime | None = None,
         bucket: Bucket = "hour",
         success_threshold: float = 1.0,
+        *,
+        policy: str | None = None,
+        by_policy: bool = False,
     ) -> list[StatsPoint]: ...
 
     def task_history(
@@ -254,9 +257,14 @@ class SqlStore:
         until: datetime | None = None,
         bucket: Bucket = "hour",
         success_threshold: float = 1.0,
+        *,
+        policy: str | None = None,
+        by_policy: bool = False,
     ) -> list[StatsPoint]:
         columns, _, rows = self._select(
-            *queries.stats(self.database, since, until, bucket, success_threshold)
+            *queries.stats(
+                self.database, since, until, bucket, success_threshold, policy=policy, by_policy=by_policy
+            )
         )
         points = []
         for r in rows:

@@ -55,6 +55,9 @@ class EventLogReader(Protocol):
         until: datetime | None = None,
         bucket: Bucket = "hour",
         success_threshold: float = 1.0,
+        *,
+        policy: str | None = None,
+        by_policy: bool = False,
     ) -> list[StatsPoint]: ...
 
     def counts(self) -> EventCounts: ...
@@ -148,12 +151,19 @@ class HttpEventLogReader:
         until: datetime | None = None,
         bucket: Bucket = "hour",
         success_threshold: float = 1.0,
+        *,
+        policy: str | None = None,
+        by_policy: bool = False,
     ) -> list[StatsPoint]:
         params: dict[str, str] = {"bucket": bucket, "success_threshold": str(success_threshold)}
         if since is not None:
             params["since"] = since.isoformat()
         if until is not None:
             params["until"] = until.isoformat()
+        if policy is not None:
+            params["policy"] = policy
+        if by_policy:
+            params["by_policy"] = "true"
         return _STATS.validate_json(self._request("GET", "/stats", params=params).content)
 
     def counts(self) -> EventCounts:

@@ -122,6 +122,10 @@ class StatsPoint(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     bucket: datetime
+    policy: str | None = Field(
+        default=None,
+        description="with a policy map, the policy (LoRA adapter); '' the base (added, optional)",
+    )
     episodes: int
     mean_reward: float | None
     success_rate: float | None = Field(description="share of scored episodes with reward ≥ threshold")

@@ -182,7 +182,14 @@ _BUCKET_FN = {"minute": "toStartOfMinute", "hour": "toStartOfHour", "day": "toSt
 
 
 def stats(
-    db: str, since: datetime | None, until: datetime | None, bucket: Bucket, success_threshold: float
+    db: str,
+    since: datetime | None,
+    until: datetime | None,
+    bucket: Bucket,
+    success_threshold: float,
+    *,
+    policy: str | None = None,
+    by_policy: bool = False,
 ) -> tuple[str, Params]:
     """Scored episodes per time bucket (one row per episode, duplicates absorbed).
 
@@ -191,14 +198,39 @@ def stats(
     Production columns: ``feedback_rate`` is the share of the bucket's production sessions with any
     feedback (``RewardReported`` with origin ``feedback``, at any time); ``thumbs_up_rate`` the share of
     those whose latest feedback is positive (a rating > 0, or, without a rating, a score ≥ threshold).
+
+    With a policy map: ``policy`` keeps the episodes with a call served by that policy's adapter (the
+    calls' ``adapter`` column), and ``by_policy`` gives one row per bucket and policy (``''``: episodes
+    no adapter served, the base); an episode with calls of two policies counts in both. The weight
+    version columns are then the adapter's versions (its calls' ``adapter_version``), not the base's.
     """
     params: Params = {"thr": success_threshold}
+    per_policy = by_policy or policy is not None
+    policy_cols, policy_join, policy_group = "", "", ""
+    version = "s_version"
+    if per_policy:
+        call_conds = ["type = 'llm_call_recorded'", "episode_id != ''"]
+        if policy is not None:
+            call_conds.append("adapter = {policy:String}")
+            params["policy"] = policy
+        else:
+            call_conds.append("adapter != ''")
+        kind = "INNER" if policy is not None else "LEFT"
+        policy_cols, policy_group = "policy,", ", policy"
+        policy_join = f"""
+        {kind} JOIN (
+            SELECT episode_id, adapter AS policy, maxOrNullIf(adapter_version, adapter_version >= 0) AS p_version
+            FROM {db}.events WHERE {" AND ".join(call_conds)}
+            GROUP BY episode_id, adapter
+        ) AS policies USING (episode_id)"""
+        version = "if(policy = '', s_version, ifNull(p_version, -1))"
     conds = ["type = 'episode_scored'", "source != 'replay'", *_time_conds(since, until, params)]
     fn = _BUCKET_FN[bucket]
     prod = "s_source = 'production'"
     sql = f"""
         SELECT
             toDateTime64({fn}(first_at), 3, 'UTC') AS bucket,
+            {policy_cols}
             count() AS episodes,
             avgOrNull(s_reward) AS mean_reward,
             if(countIf(s_reward IS NOT NULL) > 0,
@@ -206,8 +238,8 @@ def stats(
             countIf(s_status = 'ok') / count() AS ok_rate,
             avg(greatest(s_calls, 0)) AS mean_calls,
             avg(greatest(s_transitions, 0)) AS mean_transitions,
-            avgOrNullIf(s_version, s_version >= 0) AS mean_weight_version,
-            maxOrNullIf(s_version, s_version >= 0) AS max_weight_version,
+            avgOrNullIf({version}, {version} >= 0) AS mean_weight_version,
+            maxOrNullIf({version}, {version} >= 0) AS max_weight_version,
             countIf({prod}) AS production_sessions,
             if(countIf({prod}) > 0, countIf({prod} AND has_feedback = 1) / countIf({prod}), NULL)
                 AS feedback_rate,
@@ -239,8 +271,8 @@ def stats(
             FROM {db}.events
             WHERE type = 'reward_reported' AND JSONExtractString(payload, 'origin') = 'feedback'
             GROUP BY episode_id
-        ) AS feedback USING (episode_id)
-        GROUP BY bucket ORDER BY bucket
+        ) AS feedback USING (episode_id){policy_join}
+        GROUP BY bucket{policy_group} ORDER BY bucket{policy_group}
     """
     return sql, params
 

@@ -198,6 +198,12 @@ def replay_command(
     task_filter: Annotated[
         str | None, typer.Option("--task-filter", help="Glob on task_id, e.g. 'sql-*'.")
     ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy", help="With a policy map: only this policy's transitions (its adapter's calls)."
+        ),
+    ] = None,
     rate: Annotated[
         str | None, typer.Option("--rate", help="At most N episodes per second: 20/s, 600/m.")
     ] = None,
@@ -249,6 +255,7 @@ def replay_command(
             min_weight_version=lo,
             max_weight_version=hi,
             task_pattern=task_filter,
+            policy=policy,
             limit=int(limit),
         )
         flt.to_episode_filter()  # cross-field checks (since < until, ...)
@@ -433,6 +440,16 @@ def stats_command(
         str, typer.Option("--success-threshold", help="Reward that counts as success.")
     ] = "1.0",
     plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the curves into this PNG.")] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            help="With a policy map: only episodes with calls of this policy; versions are its adapter's.",
+        ),
+    ] = None,
+    by_policy: Annotated[
+        bool, typer.Option("--by-policy", help="One row per bucket and policy ('-': the base).")
+    ] = False,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -449,9 +466,20 @@ def stats_command(
     lo, hi = _time(since), _time(until)
     if plot is not None and plot.suffix.lower() != ".png":
         usage(f"--plot writes a PNG; give a .png path, got {plot}")
+    if plot is not None and by_policy:
+        usage("--plot draws one series: pick one policy with --policy instead of --by-policy")
+    if policy is not None and not policy.strip():
+        usage("--policy must name a policy")
     reader = _reader(url)
     try:
-        points = reader.stats(since=lo, until=hi, bucket=bucket, success_threshold=threshold or 0.0)  # type: ignore[arg-type]
+        points = reader.stats(
+            since=lo,
+            until=hi,
+            bucket=bucket,  # type: ignore[arg-type]
+            success_threshold=threshold or 0.0,
+            policy=policy,
+            by_policy=by_policy,
+        )
     except EventLogError as exc:
         fail(f"{type(exc).__name__}: {exc}")
     finally:
@@ -467,19 +495,26 @@ def stats_command(
     if as_json:
         print_json({"bucket": bucket, "points": rows, "plot": str(plot) if plot else None})
         return
-    _print_stats(rows, plot)
+    _print_stats(rows, plot, by_policy)
 
 
-def _print_stats(rows: list[dict[str, Any]], plot: Path | None) -> None:
+def _print_stats(rows: list[dict[str, Any]], plot: Path | None, by_policy: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
     def num(v: Any, digits: int = 3) -> str:
         return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
-    table = Table(
-        "bucket", "episodes", "mean reward", "success", "calls/ep", "transitions/ep", "weights (mean/max)"
-    )
+    headers = [
+        "bucket",
+        "episodes",
+        "mean reward",
+        "success",
+        "calls/ep",
+        "transitions/ep",
+        "weights (mean/max)",
+    ]
+    table = Table(*([*headers[:1], "policy", *headers[1:]] if by_policy else headers))
     production = any(r.get("production_sessions") for r in rows)
     if production:
         for column in ("production", "feedback", "thumbs up"):
@@ -490,8 +525,10 @@ def _print_stats(rows: list[dict[str, Any]], plot: Path | None) -> None:
             if production
             else []
         )
+        policy_cell = [r.get("policy") or "-"] if by_policy else []
         table.add_row(
             r["bucket"],
+            *policy_cell,
             str(r["episodes"]),
             num(r["mean_reward"]),
             num(r["success_rate"], 2),

@@ -91,6 +91,9 @@ def test_reader_over_http_matches_the_store(reader: HttpEventLogReader, store: C
     assert reader.episodes(f) == store.episodes(f)
     assert reader.episode_events(EP1) == store.episode_events(EP1)
     assert reader.stats(bucket="day") == store.stats(bucket="day")
+    by_policy = reader.stats(bucket="day", by_policy=True)  # no adapters here: every row the base's
+    assert by_policy == store.stats(bucket="day", by_policy=True) and {p.policy for p in by_policy} == {""}
+    assert reader.stats(bucket="day", policy="writer") == store.stats(bucket="day", policy="writer") == []
     assert reader.counts() == store.counts()
     assert list(reader.select_scored_episodes(EpisodeFilter(min_reward=0.5))) == list(
         store.select_scored_episodes(EpisodeFilter(min_reward=0.5))
