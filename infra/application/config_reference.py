@@ -316,7 +316,7 @@ def sections() -> list[Section]:
 def _stack_section() -> Section:
     """The stack's own knobs, and the fields whose default differs in it (``StackGatewaySettings``); its
     parts (``gateway``, ``worker``, ...) are the sections above, read from the same variables."""
-    from infra.application.stack import PARTS, StackGatewaySettings, StackSettings
+    from infra.application.stack_settings import PARTS, StackGatewaySettings, StackSettings
 
     own = _section("", StackSettings, "")
     changed = _section("", StackGatewaySettings, "")

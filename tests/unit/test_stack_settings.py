@@ -15,8 +15,9 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from gateway.settings import GatewaySettings
-from infra.application import stack
-from infra.application.stack import PARTS, StackSettings
+from infra.application import stack_settings
+from infra.application.stack import StackSettings
+from infra.application.stack_settings import PARTS
 from infra.eventlog.settings import EventLogSettings
 from infra.otel.settings import OtelSettings
 from infra.settings import FlywheelSettings
@@ -46,7 +47,7 @@ def test_a_field_two_services_define_means_the_same_to_both() -> None:
             assert name in SHARED, f"{a.__name__} and {b.__name__} both define {name!r}: rename one"
             fa, fb = a.model_fields[name], b.model_fields[name]
             assert (fa.annotation, fa.default) == (fb.annotation, fb.default), name
-    assert set(SHARED) == set(stack.SHARED)  # the stack documents the same ones
+    assert set(SHARED) == set(stack_settings.SHARED)  # the stack documents the same ones
 
 
 def test_the_stack_carries_every_service_field() -> None:
