@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import gc
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -133,6 +134,7 @@ class Gateway:
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._pause_lock = asyncio.Lock()
+        self._adapters_heard: set[str] = set()  # adapters whose version a live control event set
         self.started = False
         # cleared by start() until the episodes topic was read to its end (a gateway that is never
         # started, as in unit tests, serves at once)
@@ -166,6 +168,8 @@ class Gateway:
         self._subs.append(
             await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
         )
+        if self.calls.policies:
+            await self._learn_adapter_versions(group)
         # Everything alive now (modules, pydantic schemas, the app) lives as long as the process: move it
         # out of the cyclic GC's reach, so a full collection does not walk it in the middle of calls
         # (those pauses were the gateway's p99). Reference counting still frees what is dropped.
@@ -208,6 +212,52 @@ class Gateway:
         finally:
             self.starting.discard("catching-up")
             self.caught_up.set()
+
+    async def _learn_adapter_versions(self, group: str) -> None:
+        """Each adapter serves at the version last activated for it on the control topic.
+
+        A gateway that starts while adapters are trained (a restart, a replica added) would otherwise
+        stamp their calls with version 0 until each adapter's next update. The control topic is read from
+        its beginning to its end by a private consumer group (as ``_catch_up`` reads the episodes topic,
+        bounded by ``catch_up_timeout_s``); the last ``WeightsActivated`` of an adapter (or the serving
+        version of its last ``WeightUpdateFailed``) sets that adapter's version, unless a live control
+        event set it meanwhile (the live subscription is already running).
+        """
+        found: dict[str, int] = {}
+
+        async def on(msg: Message) -> None:
+            event = msg.event
+            adapter = getattr(event, "adapter", None)
+            if adapter is None or getattr(event, "model", None) != self.settings.model:
+                return
+            if isinstance(event, WeightsActivated):
+                found[adapter] = event.version
+            elif isinstance(event, WeightUpdateFailed):
+                found[adapter] = event.serving_version
+
+        history = f"{group}.versions-{uuid.uuid4().hex[:8]}"
+        self.starting.add("adapter-versions")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_timeout_s
+        sub = await self.bus.subscribe(CONTROL, history, on, from_beginning=True)
+        try:
+            while loop.time() < deadline:
+                try:
+                    if await self.bus.lag(CONTROL, history) == 0:
+                        break
+                except Exception as exc:  # the bus could not tell: try again until the deadline
+                    log.debug("control lag unknown", error=type(exc).__name__)
+                await asyncio.sleep(0.05)
+            else:
+                log.warning("serving before the control topic was read to its end", group=history)
+        finally:
+            await sub.stop()
+            self.starting.discard("adapter-versions")
+        for adapter, version in found.items():
+            if adapter not in self._adapters_heard:
+                self.calls.admission_for(adapter).weight_version = version
+        if found:
+            log.info("adapter versions learnt", versions=found)
 
     async def wait_caught_up(self) -> None:
         """Until :meth:`_catch_up` is done; a call that waits longer than that is a 503."""
@@ -309,6 +359,7 @@ class Gateway:
                 )
             )
         elif isinstance(event, WeightsActivated | WeightUpdateFailed) and event.adapter is not None:
+            self._adapters_heard.add(event.adapter)
             adm = self.calls.admission_for(event.adapter)
             was_paused = adm.paused
             version = event.version if isinstance(event, WeightsActivated) else event.serving_version
