@@ -14,6 +14,10 @@ not chat calls, or have no assistant message are skipped with a reason.
 names verl's agent-loop output uses (``AgentLoopOutput``), with ``uid`` = the GRPO group (verl groups
 advantages by ``uid``), ``weight_version``, ``prompt_version``, ``logprobs_mode``, ``source``, ``mode`` (train/val), ``episode_id``, ``task_id``.
 
+With a policy map both carry ``policy`` (the LoRA adapter that served the call / the transition's policy;
+null for the base; ``weight_version`` is then the adapter's version), and ``ExportFilter.policy`` keeps
+one policy's rows.
+
 In Parquet, ``messages`` is a list of structs (role, content, name, tool_call_id, tool_calls) and
 ``tools`` a JSON string (tool schemas have no fixed shape); in JSONL both are plain JSON. Rows are
 written in batches, so an export never holds the whole log in memory.
@@ -65,6 +69,7 @@ class ExportFilter:
     tenant: str | None = None
     min_reward: float | None = None
     source: str | None = None
+    policy: str | None = None  # one policy's (LoRA adapter's) rows
     limit: int | None = None  # rows
 
 
@@ -116,6 +121,7 @@ SFT_SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("tenant", pa.string()),
         ("source", pa.string()),
+        ("policy", pa.string()),
     ]
 )
 
@@ -136,6 +142,7 @@ RL_SCHEMA = pa.schema(
         ("weight_version", pa.int64()),
         ("prompt_version", pa.string()),
         ("logprobs_mode", pa.string()),
+        ("policy", pa.string()),
     ]
 )
 
@@ -209,11 +216,12 @@ def sft_row(call: LLMCallRecorded, reward: float | None) -> tuple[Row | None, st
         "episode_id": call.episode_id,
         "call_seq": call.call_seq,
         "model": call.model,
-        "weight_version": call.weight_version,
+        "weight_version": call.adapter_version if call.adapter is not None else call.weight_version,
         "prompt_version": call.prompt_version,
         "reward": reward,
         "tenant": call.tenant,
         "source": call.source.value,
+        "policy": call.adapter,
     }, None
 
 
@@ -240,6 +248,9 @@ def sft_rows(source: ExportSource, f: ExportFilter, skipped: Counter[str]) -> It
         )
     )
     for call in calls:
+        if f.policy is not None and call.adapter != f.policy:
+            skipped["other_policy"] += 1
+            continue
         row, reason = sft_row(call, rewards.get(call.episode_id))
         if row is None:
             skipped[reason or "unknown"] += 1
@@ -264,6 +275,9 @@ def rl_rows(source: ExportSource, f: ExportFilter, skipped: Counter[str]) -> Ite
             skipped[f"no_transitions:{e.unusable_reason or 'unknown'}"] += 1
             continue
         for t in e.transitions:
+            if f.policy is not None and t.policy != f.policy:
+                skipped["other_policy"] += 1
+                continue
             if len(t.behaviour_logprobs) != len(t.response_ids):
                 skipped["no_logprobs"] += 1
                 continue
@@ -283,6 +297,7 @@ def rl_rows(source: ExportSource, f: ExportFilter, skipped: Counter[str]) -> Ite
                 "weight_version": t.weight_version,
                 "prompt_version": t.prompt_version,
                 "logprobs_mode": t.logprobs_mode.value,
+                "policy": t.policy,
             }
 
 

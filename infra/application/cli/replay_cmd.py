@@ -318,7 +318,10 @@ def export_command(
         ),
     ] = False,
     policy: Annotated[
-        str | None, typer.Option("--policy", help="With --merged: the policy whose adapter is merged.")
+        str | None,
+        typer.Option(
+            "--policy", help="Only this policy's rows; with --merged: the policy whose adapter is merged."
+        ),
     ] = None,
     version: Annotated[
         str | None, typer.Option("--version", help="With --merged: the adapter's version (default: latest).")
@@ -340,7 +343,7 @@ def export_command(
 ) -> None:
     """Export recorded data for other trainers (chat SFT data or token-level RL data), or with --merged a
     policy's adapter folded into the base as one model directory."""
-    if merged or policy is not None or version is not None:
+    if merged or version is not None:
         _export_merged(policy, version, output, directory, model, merged, as_json)
         return
     from infra.application.export import ExportFilter, export
@@ -360,6 +363,7 @@ def export_command(
         tenant=tenant,
         min_reward=_float(min_reward, "--min-reward"),
         source=source,
+        policy=policy,
         limit=int(limit) if limit else None,
     )
     if flt.since and flt.until and flt.since >= flt.until:
@@ -399,7 +403,7 @@ def _export_merged(
     from infra.application.export import MergeError, export_merged
 
     if not merged:
-        usage("--policy and --version go with --merged (a policy's adapter merged into the base)")
+        usage("--version goes with --merged (a policy's adapter merged into the base)")
     if policy is None:
         usage("--merged needs --policy NAME (the policy whose adapter is merged into the base)")
     if version is not None and (not version.isdigit() or int(version) < 1):

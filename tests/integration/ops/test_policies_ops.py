@@ -150,3 +150,19 @@ async def test_replay_of_one_policy_republishes_only_its_transitions(recorded: t
         original = adapted[event.episode_id]
         assert event.transitions[0].behaviour_logprobs == original.transitions[1].behaviour_logprobs
         assert event.transitions[0].weight_version == VERSIONS["rewriter"]
+
+
+@pytest.mark.parametrize("kind", ["rl", "sft"])
+def test_export_of_one_policy_keeps_its_rows(cli: CliRunner, tmp_path: Path, kind: str) -> None:
+    out = tmp_path / f"{kind}.jsonl"
+    args = ["export", "--kind", kind, "--policy", "writer", "-o", str(out), "--json"]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == report["rows"] == 8  # the writer's call (or transition) of each adapted episode
+    assert {r["policy"] for r in rows} == {"writer"} and {r["weight_version"] for r in rows} == {3}
+    everything = tmp_path / f"all-{kind}.jsonl"
+    assert cli.invoke(app, ["export", "--kind", kind, "-o", str(everything)]).exit_code == 0
+    policies = {json.loads(line)["policy"] for line in everything.read_text().splitlines()}
+    assert policies == {"writer", "rewriter", None}  # without --policy: every row, each with its policy
