@@ -91,7 +91,17 @@ async def serve_gateway(
     from infra.otel.settings import OtelSettings
     from schemas import CONTROL, DEADLETTER, EPISODES
 
-    otel = otel if otel is not None else OtelSettings()
+    if otel is None:
+        from pydantic import ValidationError
+
+        try:
+            otel = OtelSettings()
+        except ValidationError as exc:  # a bad FLYWHEEL_OTLP_* value: one line, not a traceback
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            raise service.ServiceStartError(
+                f"gateway: bad OpenTelemetry setting {where}: {first['msg']}"
+            ) from exc
     export = bool(otel.otlp_endpoint) and settings.bus == "memory"
     if otel.otlp_endpoint and not export:
         log.info("otel_export.not_in_gateway", bus=settings.bus, run="flywheel otel-export")

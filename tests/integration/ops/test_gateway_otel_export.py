@@ -173,3 +173,12 @@ async def test_a_stopping_gateway_flushes_the_spans_still_queued(tmp_path: Path)
     calls = [s for s in spans if s.name == "chat policy"]
     assert len(calls) == 2, [s.name for s in spans]
     assert {_attrs(s)["gen_ai.conversation.id"] for s in calls} == {episode_id}
+
+
+def test_a_bad_export_setting_is_a_one_line_error(tmp_path: Path) -> None:
+    proc, _ = _spawn(tmp_path, "http://127.0.0.1:9/v1", {"FLYWHEEL_OTLP_MAX_QUEUE": "1"})
+    assert proc.wait(timeout=60) == 1
+    err = (tmp_path / "gateway.log").read_text()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "otlp_max_queue" in errors[0], err
+    assert "Traceback" not in err
