@@ -7,8 +7,10 @@ raises ``infra.service.ServiceStartError`` (one line for the CLI).
 
     serve_gateway(settings, upstreams)   the gateway behind uvicorn (its own HTTP protocol: header limits);
                                          on the in-process bus with FLYWHEEL_OTLP_ENDPOINT set, the
-                                         OpenTelemetry exporter too (a bus consumer: the bus is this
-                                         process's, so its consumers live here)
+                                         OpenTelemetry export too (a bus consumer: the bus is this
+                                         process's, so its consumer lives here, and hands the events'
+                                         bytes to a child process that builds and sends the spans:
+                                         infra.otel.forward)
     serve_worker(settings)               a rollout worker (drains its episodes on SIGTERM)
     serve_reward(settings)               the reward service
     serve_recorder(settings)             every topic → the event log, with the event log's admin API
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from infra.bus.base import Bus
     from infra.eventlog.settings import EventLogSettings
     from infra.otel.exporter import OtelExporter
+    from infra.otel.forward import ExportForwarder
     from infra.otel.settings import OtelSettings
     from reward_service.settings import RewardSettings
     from rollout_worker.settings import WorkerSettings
@@ -54,7 +57,7 @@ class GatewayProcess:
     what the gateway published, then flushes its queue to the collector)."""
 
     gateway: Gateway
-    exporter: OtelExporter | None = None
+    exporter: ExportForwarder | OtelExporter | None = None
 
     async def start(self) -> None:
         if self.exporter is not None:
@@ -84,7 +87,8 @@ async def serve_gateway(
     """The gateway alone, against ``upstreams`` and the configured bus, until SIGINT/SIGTERM.
 
     On the in-process bus with an OTLP endpoint (``otel``, else ``FLYWHEEL_OTLP_*`` from the environment)
-    the exporter runs here too, consuming the gateway's events after it has answered; on Kafka it is a
+    the export's consumer runs here too, reading the gateway's events after it has answered and handing
+    their bytes to a child process that builds and sends the spans (``infra.otel.forward``); on Kafka it is a
     process of its own (``flywheel otel-export``: one per stack, it must see every episode and score)."""
     from gateway.app import app_for
     from gateway.limits import GatewayHttpProtocol
@@ -107,8 +111,13 @@ async def serve_gateway(
         log.info("otel_export.not_in_gateway", bus=settings.bus, run="flywheel otel-export")
 
     def build(bus: Bus) -> GatewayProcess:
-        exporter = assembly.build_otel_exporter(otel, bus) if export else None
-        return GatewayProcess(assembly.build_gateway(settings, bus, upstreams), exporter)
+        gateway = assembly.build_gateway(settings, bus, upstreams)
+        if not export:
+            return GatewayProcess(gateway)
+        from infra.otel.forward import ExportForwarder
+
+        # the export work (spans, the SDK, OTLP) in a child process: here only the events' bytes
+        return GatewayProcess(gateway, ExportForwarder(bus, otel, registry=gateway.metrics.registry))
 
     def started(_: GatewayProcess, url: str) -> None:
         if on_started is not None:

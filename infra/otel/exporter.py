@@ -175,8 +175,21 @@ class OtelExporter:
                 topic, self.group, self._handle, max_batch=1000, max_wait_s=0.2, from_beginning=False
             )
             self._subs.append(sub)
-        self._sweeper = asyncio.create_task(self._sweep_loop(), name="otel-export-sweep")
+        self.start_sweeping()
         log.info("otel_export.started", group=self.group)
+
+    def start_sweeping(self) -> None:
+        """Send finished episodes that wait too long for their score (``start`` does it; a process that
+        feeds :meth:`consume` itself, ``infra.otel.child``, calls it instead of ``start``)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="otel-export-sweep")
+
+    def consume(self, events: Sequence[object]) -> None:
+        """Events read elsewhere (``infra.otel.child``: forwarded by the gateway's process) → spans."""
+        for event in events:
+            for span in self._spans_of(event):
+                self.writer.write(span)
+                self.stats.spans += 1
 
     async def stop(self) -> None:
         """Stop consuming, send the episodes still waiting for a score, flush the SDK's queue."""
@@ -195,10 +208,7 @@ class OtelExporter:
         log.info("otel_export.stopped", spans=self.stats.spans, episodes=self.stats.episodes)
 
     async def _handle(self, messages: Sequence[Message]) -> None:
-        for message in messages:
-            for span in self._spans_of(message.event):
-                self.writer.write(span)
-                self.stats.spans += 1
+        self.consume([message.event for message in messages])
 
     def _spans_of(self, event: object) -> Iterator[SpanData]:
         if isinstance(event, LLMCallRecorded):

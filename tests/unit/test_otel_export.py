@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -18,9 +19,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
 
 from infra.bus.memory import MemoryBus
 from infra.otel.exporter import OtelExporter, SpanWriter, traces_url
+from infra.otel.forward import ExportForwarder
+from infra.otel.settings import OtelSettings
 from infra.otel.spans import call_span, call_span_id, episode_span_id, trace_id_for
 from schemas import (
     EPISODES,
@@ -292,3 +296,39 @@ async def test_the_agents_own_spans_are_exported_under_the_episodes_span(
 def test_traces_url_appends_the_otlp_path_once() -> None:
     assert traces_url("http://h:6006") == "http://h:6006/v1/traces"
     assert traces_url("http://h:4318/v1/traces/") == "http://h:4318/v1/traces"
+
+
+async def test_a_forwarder_whose_child_falls_behind_drops_and_counts_instead_of_blocking() -> None:
+    """``infra.otel.forward``: the gateway's side of the export child. Here the child never reads its
+    stdin (a stalled exporter): once the bounded buffer is full, later batches are dropped and counted,
+    and every event is accounted for at once rather than waiting for the child."""
+    registry = CollectorRegistry()
+    async with MemoryBus() as bus:
+        forwarder = ExportForwarder(
+            bus,
+            OtelSettings(otlp_endpoint="http://127.0.0.1:9"),
+            flush_interval_s=0.01,
+            max_buffer_bytes=256 * 1024,
+            stop_timeout_s=1.0,
+            registry=registry,
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        )
+        await forwarder.start()
+        big = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "x" * 100_000}]})
+        ep, sent = new_episode_id(), 0
+        for _round in range(10):
+            for _ in range(5):
+                await bus.publish(EPISODES, call(ep, sent, request=big), key=ep)
+                sent += 1
+            await asyncio.sleep(0.05)
+        for _ in range(200):
+            if forwarder.stats.events + forwarder.stats.dropped == sent:
+                break
+            await asyncio.sleep(0.01)
+        assert forwarder.stats.events + forwarder.stats.dropped == sent
+        assert 0 < forwarder.stats.events < sent  # the first batches were written, the rest dropped
+        assert (
+            registry.get_sample_value("flywheel_otel_forward_dropped_events_total") == forwarder.stats.dropped
+        )
+        await forwarder.stop()  # the child does not read to the end: killed after stop_timeout_s
+        assert forwarder.stats.child_exit is not None and forwarder.stats.child_exit != 0

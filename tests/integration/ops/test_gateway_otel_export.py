@@ -10,6 +10,7 @@ export request with ``opentelemetry-proto`` (what a collector does with the body
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -182,3 +183,56 @@ def test_a_bad_export_setting_is_a_one_line_error(tmp_path: Path) -> None:
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "otlp_max_queue" in errors[0], err
     assert "Traceback" not in err
+
+
+async def test_the_gateway_keeps_serving_when_its_export_child_dies(tmp_path: Path) -> None:
+    """The spans are built and sent by a child process (``infra.otel.forward``); killing it stops the
+    export, is logged, and the gateway keeps answering and stops cleanly."""
+    spans: list[Span] = []
+    collector = HttpServer(_collector(spans), port=0)
+    upstream = HttpServer(create_fake_upstream(FakeUpstreamConfig(keep_requests=False, reply="4")), port=0)
+    collector_url, upstream_url = await collector.start(), await upstream.start()
+    try:
+        proc, url = await _start_gateway(
+            tmp_path,
+            f"{upstream_url}/v1",
+            {"FLYWHEEL_OTLP_ENDPOINT": collector_url, "FLYWHEEL_LOG_LEVEL": "INFO"},
+        )
+        try:
+            await _calls(url, 1)
+            for _ in range(100):  # the child sends the first call's span
+                if spans:
+                    break
+                await asyncio.sleep(0.1)
+            assert [s.name for s in spans] == ["chat policy"]
+            started = [
+                json.loads(line)
+                for line in (tmp_path / "gateway.log").read_text().splitlines()
+                if "otel_export.forwarding" in line
+            ]
+            child = int(started[0]["child"])
+            assert child != proc.pid
+            os.kill(child, signal.SIGKILL)
+            for _ in range(100):
+                if "otel_export.child_died" in (tmp_path / "gateway.log").read_text():
+                    break
+                await asyncio.sleep(0.1)
+            assert "otel_export.child_died" in (tmp_path / "gateway.log").read_text()
+            await _calls(url, 3)  # still answered: the events are dropped and counted, not queued
+            dropped = 0.0
+            async with httpx.AsyncClient() as c:
+                for _ in range(100):  # the consumer reads the calls' events within its batch wait
+                    metrics = (await c.get(f"{url}/metrics", timeout=5)).text
+                    name = "flywheel_otel_forward_dropped_events_total "
+                    dropped = sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(name))
+                    if dropped >= 3:
+                        break
+                    await asyncio.sleep(0.1)
+            assert dropped >= 3
+        finally:
+            await _stop(proc, tmp_path)
+    finally:
+        await collector.stop()
+        await upstream.stop()
+    assert proc.returncode == 0
+    assert [s.name for s in spans] == ["chat policy"]  # nothing after the child died
