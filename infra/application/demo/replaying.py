@@ -277,7 +277,7 @@ async def serve(trainer: TrainerService, weights: Path) -> int:
 @dataclass(frozen=True)
 class ReplayOptions:
     order: ReplayOrder = "recorded"
-    checkpoints: int = 3  # validation evaluations after the warm start's, evenly spaced over the steps
+    checkpoints: int = 6  # validation evaluations after the warm start's, evenly spaced over the steps
     min_signal_groups: int = 16  # fewer groups with signal than this: too little to train on
     step_timeout_s: float = 180.0  # one step's data taken and trained (a failing backend stops the replay)
     # For comparisons only (docs/replay.md): publish every group at once, as the replay first did, and
