@@ -114,10 +114,8 @@ async def serve_gateway(
         gateway = assembly.build_gateway(settings, bus, upstreams)
         if not export:
             return GatewayProcess(gateway)
-        from infra.otel.forward import ExportForwarder
-
         # the export work (spans, the SDK, OTLP) in a child process: here only the events' bytes
-        return GatewayProcess(gateway, ExportForwarder(bus, otel, registry=gateway.metrics.registry))
+        return GatewayProcess(gateway, assembly.build_otel_forwarder(otel, bus, gateway.metrics.registry))
 
     def started(_: GatewayProcess, url: str) -> None:
         if on_started is not None:

@@ -17,6 +17,7 @@ it:
     build_trainer(settings, bus, backend, sinks)     trainer.service.TrainerService
     build_policy_trainer(settings, bus, ...)         the trainer with a policy map (a LoRA adapter each)
     build_otel_exporter(settings, bus)               infra.otel's exporter (None without an endpoint)
+    build_otel_forwarder(settings, bus, registry)    its consumer, the export work in a child process
     start_trainer_backend(settings, model_dir)       the trainer's backend (torch, process, DDP, verl)
     load_engine(model_dir, ...)                      the embedded engine (``flywheel engine``, the stack)
 
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from gateway.keys import KeyStore
     from gateway.service import Gateway
     from gateway.settings import GatewaySettings
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from infra.eventlog.app import RecorderProcess
     from infra.eventlog.settings import EventLogSettings
     from infra.otel.exporter import OtelExporter
+    from infra.otel.forward import ExportForwarder
     from infra.otel.settings import OtelSettings
     from reward_service.service import RewardService
     from reward_service.settings import RewardSettings
@@ -83,6 +87,17 @@ def build_worker(settings: WorkerSettings, bus: Bus) -> RolloutWorker:
     from rollout_worker.app import build
 
     return build(settings, bus)
+
+
+def build_otel_forwarder(
+    settings: OtelSettings, bus: Bus, registry: CollectorRegistry | None = None
+) -> ExportForwarder | None:
+    """The OpenTelemetry export of a process whose bus is its own (the embedded stack, ``flywheel gateway``
+    on the in-process bus): a consumer handing the events' bytes to a child process that builds and
+    sends the spans (``infra.otel.forward``); None without an endpoint."""
+    from infra.otel.app import build_forwarder
+
+    return build_forwarder(settings, bus, registry)
 
 
 def build_reward(settings: RewardSettings, bus: Bus) -> RewardService:

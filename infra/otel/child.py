@@ -5,13 +5,15 @@ event's JSON), decodes each event and hands it to an :class:`infra.otel.exporter
 from ``SETTINGS_JSON`` (``FLYWHEEL_OTLP_*`` as JSON), which builds the spans and sends them over
 OTLP/HTTP on the SDK's thread. At the end of its stdin (the gateway stopping, or dying) it sends the
 episodes still waiting for a score, flushes and exits 0. It ignores SIGINT: the gateway's terminal's
-Ctrl-C is the gateway's to handle; this process ends when its stdin does.
+Ctrl-C is the gateway's to handle; this process ends when its stdin does. It runs at a lower priority
+than the gateway (``NICENESS``): where the two compete for cores, the gateway's calls go first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 
@@ -23,6 +25,8 @@ from infra.otel.settings import OtelSettings
 from schemas import EventDecodeError, decode
 
 log = get_logger(__name__)
+
+NICENESS = 10  # added to the gateway's: the export yields the CPU to it
 
 
 async def run(settings: OtelSettings) -> int:
@@ -59,6 +63,9 @@ async def run(settings: OtelSettings) -> int:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # background work: on cores the gateway saturates, the gateway goes first and this catches up after
+    # (the forwarder's bounded buffer takes the lag; past it, events are dropped and counted)
+    os.nice(NICENESS)
     settings = OtelSettings(**json.loads(argv[1])) if len(argv) > 1 else OtelSettings()
     configure_logging(settings.log_level, settings.log_json)
     return asyncio.run(run(settings))

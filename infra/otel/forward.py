@@ -67,7 +67,7 @@ class ExportForwarder:
         *,
         group: str = EXPORT_GROUP,
         flush_interval_s: float = 0.05,
-        max_buffer_bytes: int = 32 * 1024 * 1024,
+        max_buffer_bytes: int = 64 * 1024 * 1024,
         stop_timeout_s: float = 30.0,
         registry: CollectorRegistry | None = None,
         command: Sequence[str] | None = None,
