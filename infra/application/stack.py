@@ -243,9 +243,10 @@ class EmbeddedStack:
         self.recorder = process.recorder
 
     async def _start_otel_exporter(self) -> None:
-        from infra.application.assembly import build_otel_exporter
+        from infra.application.assembly import build_otel_forwarder
 
-        exporter = build_otel_exporter(self.settings.otel, await self._connect("otel"))
+        # this process is the stack's: the spans are built and sent by a child process (infra.otel.forward)
+        exporter = build_otel_forwarder(self.settings.otel, await self._connect("otel"))
         if exporter is None:
             raise StackError("the OpenTelemetry exporter needs FLYWHEEL_OTLP_ENDPOINT")
         await exporter.start()
