@@ -2,6 +2,8 @@
 
 - :mod:`infra.otel.spans` — events → span data (ids, names, ``gen_ai.*`` and ``flywheel.*`` attributes)
 - :mod:`infra.otel.exporter` — the ``otel-export`` consumer group: episodes and scores → OTLP/HTTP
+- :mod:`infra.otel.forward` — that consumer in a process whose bus is its own: the events' bytes to
+  :mod:`infra.otel.child`, a child process running the exporter
 - :mod:`infra.otel.settings` — ``FLYWHEEL_OTLP_*``
 
 Contract and tests: docs/observability.md.
