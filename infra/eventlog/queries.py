@@ -181,6 +181,23 @@ def calls_page(db: str, f: CallFilter, after: tuple[str, int, str] | None, page:
 _BUCKET_FN = {"minute": "toStartOfMinute", "hour": "toStartOfHour", "day": "toStartOfDay"}
 
 
+# The latest feedback of a production session is positive when its rating is > 0, or, without a
+# rating, when its value reaches the success threshold (``stats`` and the training view's trends).
+FEEDBACK_BY_EPISODE = """
+    SELECT
+        episode_id,
+        1 AS has_feedback,
+        argMax(
+            if(JSONExtract(payload, 'rating', 'Nullable(Int64)') IS NOT NULL,
+               JSONExtract(payload, 'rating', 'Nullable(Int64)') > 0,
+               ifNull(reward >= {{thr:Float64}}, 0)),
+            emitted_at) AS positive
+    FROM {db}.events
+    WHERE type = 'reward_reported' AND JSONExtractString(payload, 'origin') = 'feedback'
+    GROUP BY episode_id
+"""
+
+
 def stats(
     db: str,
     since: datetime | None,
@@ -259,19 +276,7 @@ def stats(
             FROM {db}.events WHERE {" AND ".join(conds)}
             GROUP BY episode_id
         ) AS scored
-        LEFT JOIN (
-            SELECT
-                episode_id,
-                1 AS has_feedback,
-                argMax(
-                    if(JSONExtract(payload, 'rating', 'Nullable(Int64)') IS NOT NULL,
-                       JSONExtract(payload, 'rating', 'Nullable(Int64)') > 0,
-                       ifNull(reward >= {{thr:Float64}}, 0)),
-                    emitted_at) AS positive
-            FROM {db}.events
-            WHERE type = 'reward_reported' AND JSONExtractString(payload, 'origin') = 'feedback'
-            GROUP BY episode_id
-        ) AS feedback USING (episode_id){policy_join}
+        LEFT JOIN ({FEEDBACK_BY_EPISODE.format(db=db)}) AS feedback USING (episode_id){policy_join}
         GROUP BY bucket{policy_group} ORDER BY bucket{policy_group}
     """
     return sql, params

@@ -9,23 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from infra.eventlog.queries import Params, _time_conds
-
-# The latest feedback of a production session is positive when its rating is > 0, or, without a
-# rating, when its value reaches the success threshold (the same rule as ``queries.stats``).
-_FEEDBACK = """
-    SELECT
-        episode_id,
-        1 AS has_feedback,
-        argMax(
-            if(JSONExtract(payload, 'rating', 'Nullable(Int64)') IS NOT NULL,
-               JSONExtract(payload, 'rating', 'Nullable(Int64)') > 0,
-               ifNull(reward >= {{thr:Float64}}, 0)),
-            emitted_at) AS positive
-    FROM {db}.events
-    WHERE type = 'reward_reported' AND JSONExtractString(payload, 'origin') = 'feedback'
-    GROUP BY episode_id
-"""
+from infra.eventlog.queries import FEEDBACK_BY_EPISODE, Params, _time_conds
 
 
 def trainer_steps(db: str, since: datetime | None, limit: int) -> tuple[str, Params]:
@@ -97,7 +81,7 @@ def tenant_feedback(
             FROM {db}.events WHERE {" AND ".join(conds)}
             GROUP BY episode_id
         ) AS scored
-        LEFT JOIN ({_FEEDBACK.format(db=db)}) AS feedback USING (episode_id)
+        LEFT JOIN ({FEEDBACK_BY_EPISODE.format(db=db)}) AS feedback USING (episode_id)
         GROUP BY tenant ORDER BY sessions DESC, tenant
         LIMIT {{limit:UInt64}}
     """
