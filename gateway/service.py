@@ -198,20 +198,28 @@ class Gateway:
         Bounded by ``catch_up_timeout_s``: a bus that cannot say its lag (down) does not keep the
         gateway from serving; an episode it could not learn about is unknown to it anyway (404).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.catch_up_timeout_s
         try:
-            while loop.time() < deadline:
-                try:
-                    if await self.bus.lag(EPISODES, group) == 0:
-                        return
-                except Exception as exc:  # the bus could not tell: try again until the deadline
-                    log.debug("catch-up lag unknown", error=type(exc).__name__)
-                await asyncio.sleep(0.05)
-            log.warning("serving before the episodes topic was read to its end", group=group)
+            if not await self._read_to_end(EPISODES, group):
+                log.warning("serving before the episodes topic was read to its end", group=group)
         finally:
             self.starting.discard("catching-up")
             self.caught_up.set()
+
+    async def _read_to_end(self, topic: str, group: str) -> bool:
+        """Until ``group`` has no lag on ``topic``, at most ``catch_up_timeout_s``; False when time ran out.
+
+        A bus that cannot say its lag (down) is asked again until the deadline.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.catch_up_timeout_s
+        while loop.time() < deadline:
+            try:
+                if await self.bus.lag(topic, group) == 0:
+                    return True
+            except Exception as exc:  # the bus could not tell: try again until the deadline
+                log.debug("lag unknown", topic=topic, error=type(exc).__name__)
+            await asyncio.sleep(0.05)
+        return False
 
     async def _learn_adapter_versions(self, group: str) -> None:
         """Each adapter serves at the version last activated for it on the control topic.
@@ -237,18 +245,9 @@ class Gateway:
 
         history = f"{group}.versions-{uuid.uuid4().hex[:8]}"
         self.starting.add("adapter-versions")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.catch_up_timeout_s
         sub = await self.bus.subscribe(CONTROL, history, on, from_beginning=True)
         try:
-            while loop.time() < deadline:
-                try:
-                    if await self.bus.lag(CONTROL, history) == 0:
-                        break
-                except Exception as exc:  # the bus could not tell: try again until the deadline
-                    log.debug("control lag unknown", error=type(exc).__name__)
-                await asyncio.sleep(0.05)
-            else:
+            if not await self._read_to_end(CONTROL, history):
                 log.warning("serving before the control topic was read to its end", group=history)
         finally:
             await sub.stop()
