@@ -167,6 +167,7 @@ class PolicyTrainerService(TrainerService):
                     await self.adapter_weights[name].update(
                         WeightUpdate(adapter.version, adapter.state_dict, path)
                     )
+        await self._load_untrained()
         self._subs.append(
             await self.bus.subscribe_batch(
                 TRANSITIONS,
@@ -177,6 +178,20 @@ class PolicyTrainerService(TrainerService):
             )
         )
         self._write_status()
+
+    async def _load_untrained(self) -> None:
+        """Version 0 of each untrained adapter into the engines that serve an adapter's name only once
+        loaded (vLLM: ``loads_untrained``); its ``B`` factors are zero, so it answers as the base does.
+        No gateway drains for it: no call of that adapter could be served before. A failure (vLLM started
+        without ``--enable-lora``, a rank above its ``--max-lora-rank``) raises :class:`WeightLoadError`."""
+        for name, adapter in self.policies.adapters.items():
+            sinks = [s for s in self.adapter_weights[name].sinks if getattr(s, "loads_untrained", False)]
+            if adapter.version > 0 or not sinks:
+                continue
+            path = await asyncio.to_thread(self._export_adapter, name)
+            for sink in sinks:
+                await sink.load(WeightUpdate(0, adapter.state_dict, path))
+            log.info("adapter_loaded_untrained", adapter=name, sinks=[s.name for s in sinks])
 
     async def run(self, max_steps: int | None = None) -> None:
         await super().run(max_steps)
@@ -384,17 +399,23 @@ def start_policies(settings: TrainerSettings, model_dir: Path | None = None) -> 
 def adapter_sinks(
     kind: str, target: str | Callable[[str, Path, int], Awaitable[Any]], *, token: str | None = None
 ) -> Callable[[str], list[WeightSink]]:
-    """Each adapter's sink: ``in-process`` (``target`` is the engine's ``load_adapter``) or ``flywheel``
-    (``target`` is ``flywheel engine``'s URL). vLLM's runtime LoRA loading is not wired yet."""
+    """Each adapter's sink: ``in-process`` (``target`` is the engine's ``load_adapter``), ``flywheel``
+    (``target`` is ``flywheel engine``'s URL) or ``vllm`` (``target`` is a vLLM server's URL, started with
+    ``--enable-lora`` and runtime LoRA updating: :class:`trainer.vllm_sink.VllmAdapterSink`)."""
+    from trainer.vllm_sink import VllmAdapterSink
 
     def sinks(adapter: str) -> list[WeightSink]:
         if kind == "in-process" and callable(target):
             return [InProcessAdapterSink(target, adapter, name="embedded-engine")]
         if kind == "flywheel" and isinstance(target, str):
             return [HttpAdapterSink(target, adapter, token=token)]
+        if kind == "vllm" and isinstance(target, str):
+            return [VllmAdapterSink(target, adapter, token=token)]
         if kind == "none":
             return []
-        raise ValueError(f"LoRA policies load into the embedded engine or flywheel engine, not {kind!r}")
+        raise ValueError(
+            f"LoRA policies load into the embedded engine, flywheel engine or vLLM, not {kind!r}"
+        )
 
     return sinks
 

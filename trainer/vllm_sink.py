@@ -173,9 +173,15 @@ class VllmAdapterSink:
     directory under the adapter's name (a new version replaces the one loaded, in place), then
     ``POST /reset_prefix_cache`` drops KV the previous version computed (dev mode). Requests naming the
     adapter as their ``model`` are served by it; the base and the other adapters are not paused.
+
+    vLLM answers an adapter's name only once it is loaded (an unknown ``model`` is a 404), so the trainer
+    loads each adapter's untrained version 0 (its ``B`` factors zero: the base's outputs) when it starts
+    (``loads_untrained``, :meth:`trainer.policy_service.PolicyTrainerService.start`). :meth:`unload`
+    (``POST /v1/unload_lora_adapter``) removes it again.
     """
 
     needs_path = True
+    loads_untrained = True
 
     def __init__(self, url: str, adapter: str, *, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.url = url.rstrip("/").removesuffix("/v1")
@@ -198,3 +204,9 @@ class VllmAdapterSink:
                 await client.post(self.url + "/reset_prefix_cache")
         except httpx.HTTPError as exc:
             raise WeightLoadError(self.name, update.version, f"{type(exc).__name__}: {exc}") from exc
+
+    async def unload(self) -> bool:
+        """Remove the adapter from vLLM; False when it was not loaded."""
+        async with httpx.AsyncClient(timeout=self._timeout, headers=self._headers) as client:
+            resp = await client.post(self.url + "/v1/unload_lora_adapter", json={"lora_name": self.adapter})
+        return resp.status_code < 400

@@ -238,20 +238,24 @@ async def _serve_policies(
     settings: TrainerSettings, engine: assembly.RunningEngine | None, max_steps: int | None
 ) -> None:
     from trainer.policy_service import start_policies
+    from trainer.weights import WeightLoadError
 
     try:
         sinks: Callable[[str], list[WeightSink]] = (
             engine.adapter_sinks() if engine is not None else lambda _: []
         )
-    except ValueError as exc:  # an engine adapters cannot be loaded into (vLLM)
+    except ValueError as exc:  # an engine adapters cannot be loaded into
         raise service.ServiceStartError(f"trainer: {exc}") from exc
     policies = start_policies(settings)
-    await service.serve(
-        settings,
-        lambda bus: assembly.build_policy_trainer(settings, bus, policies, sinks),
-        name="trainer",
-        metrics_port=settings.trainer_metrics_port,
-        registry=lambda trainer: trainer.metrics.registry,
-        until=lambda trainer: trainer.run(max_steps),
-        interrupt=lambda trainer: trainer.request_stop(),
-    )
+    try:
+        await service.serve(
+            settings,
+            lambda bus: assembly.build_policy_trainer(settings, bus, policies, sinks),
+            name="trainer",
+            metrics_port=settings.trainer_metrics_port,
+            registry=lambda trainer: trainer.metrics.registry,
+            until=lambda trainer: trainer.run(max_steps),
+            interrupt=lambda trainer: trainer.request_stop(),
+        )
+    except WeightLoadError as exc:  # the engine refused an adapter at start (vLLM without --enable-lora)
+        raise service.ServiceStartError(f"trainer: {exc}") from exc

@@ -319,12 +319,14 @@ class RunningEngine:
         return InProcessSink(self._engine.load_weights, name="embedded-engine")
 
     def adapter_sinks(self) -> Callable[[str], list[WeightSink]]:
-        """Each LoRA adapter's sink (``trainer.policy_service``): the embedded engine or a ``flywheel
-        engine`` (its process, or one at a URL)."""
+        """Each LoRA adapter's sink (``trainer.policy_service``): the embedded engine, a ``flywheel
+        engine`` (its process, or one at a URL) or a vLLM server (``--enable-lora``, runtime loading)."""
         from trainer.policy_service import adapter_sinks
 
-        if self.choice.kind in ("vllm", "upstream"):
-            raise ValueError("LoRA policies load into the embedded engine or flywheel engine; not vLLM yet")
+        if self.choice.kind == "upstream":
+            raise ValueError("LoRA policies load into the embedded engine, flywheel engine or vLLM")
+        if self.choice.kind == "vllm":
+            return adapter_sinks("vllm", self.choice.url or "", token=self.choice.token)
         if self.choice.kind == "flywheel":
             return adapter_sinks("flywheel", self.choice.url or "", token=self.choice.token)
         if self.process is not None:

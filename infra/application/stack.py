@@ -90,7 +90,9 @@ class EmbeddedStack:
         bus_factory: BusFactory | None = None,
     ) -> None:
         """``vllm_url``: serve from that vLLM server (dev mode) instead of starting the embedded engine;
-        the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink`.
+        the trainer then loads each version into it with :class:`trainer.vllm_sink.VllmSink` (with a policy
+        map, each adapter's with :class:`trainer.vllm_sink.VllmAdapterSink`: the server needs
+        ``--enable-lora``).
         ``curriculum_revisit``: the trainer's requests go through a :class:`trainer.curriculum.SignalCurriculum`
         (revisit probability), seeded with the event log's per-task history.
         ``upstream``: serve from it instead (no engine, no ``model_dir`` needed; nothing loads weights into
@@ -361,6 +363,7 @@ class EmbeddedStack:
     async def _start_policy_trainer(self) -> None:
         from infra.application.assembly import build_policy_trainer
         from trainer.policy_service import start_policies
+        from trainer.weights import WeightLoadError
 
         s = self.settings
         try:
@@ -370,7 +373,10 @@ class EmbeddedStack:
         policies = await asyncio.to_thread(start_policies, s.trainer, self._model_dir)
         bus = await self._connect("trainer")
         service = build_policy_trainer(s.trainer, bus, policies, sinks, planner=await self._planner(bus))
-        await service.start()
+        try:
+            await service.start()
+        except WeightLoadError as exc:  # the engine refused an adapter (vLLM without --enable-lora)
+            raise StackError(str(exc)) from exc
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service
 

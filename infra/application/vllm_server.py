@@ -71,6 +71,7 @@ class VllmLaunch:
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
     enable_lora: bool = False
     max_lora_rank: int = 16
+    max_loras: int = 4  # adapters one batch may mix (vLLM's default 1 runs two adapters' calls in turns)
     scratch: Path | None = None  # TMPDIR and VLLM_CACHE_ROOT; None: <python's env>/scratch
     extra_args: tuple[str, ...] = ()
 
@@ -113,7 +114,13 @@ class VllmLaunch:
         if cpu:
             cmd.append("--enforce-eager")
         if self.enable_lora:
-            cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+            cmd += [
+                "--enable-lora",
+                "--max-lora-rank",
+                str(self.max_lora_rank),
+                "--max-loras",
+                str(self.max_loras),
+            ]
         return [*cmd, *self.extra_args]
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:

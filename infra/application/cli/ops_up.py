@@ -284,7 +284,8 @@ def up_command(
 @contextlib.contextmanager
 def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | None]:
     """``--engine vllm``: a vLLM server on ``model`` (served as the stack's model name) for the stack's
-    lifetime, on a free loopback port; its log is ``<data_dir>/vllm.log``."""
+    lifetime, on a free loopback port; its log is ``<data_dir>/vllm.log``. With a policy map
+    (``FLYWHEEL_POLICIES``) it serves LoRA adapters, loadable at runtime, up to the adapters' rank."""
     if not start:
         yield None
         return
@@ -299,7 +300,14 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
     typer.echo(f"starting vLLM on {model} (2-4 minutes on a CPU); log: {log_path}", err=True)
     try:
         server = VllmServer.start(
-            VllmLaunch(model=model.resolve(), served_model_name=settings.model, port=port), log_path=log_path
+            VllmLaunch(
+                model=model.resolve(),
+                served_model_name=settings.model,
+                port=port,
+                enable_lora=bool(settings.policies),
+                max_lora_rank=max(16, settings.trainer.trainer_lora.rank),
+            ),
+            log_path=log_path,
         )
     except VllmServerError as exc:
         fail(str(exc))

@@ -48,16 +48,43 @@ def test_the_trainers_settings_choose_through_it() -> None:
     assert isinstance(RunningEngine(choice).weight_sink(), HttpSink)
 
 
-async def test_a_policy_map_on_an_engine_adapters_cannot_reach_is_a_one_line_refusal(tmp_path: Path) -> None:
+def test_each_policys_adapter_loads_into_vllm_through_its_own_sink() -> None:
+    from trainer.vllm_sink import VllmAdapterSink
+
+    sinks = RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000/", token="k")).adapter_sinks()
+    [writer], [rewriter] = sinks("writer"), sinks("rewriter")
+    assert isinstance(writer, VllmAdapterSink) and isinstance(rewriter, VllmAdapterSink)
+    assert (writer.adapter, rewriter.adapter) == ("writer", "rewriter")
+    assert writer.url == "http://127.0.0.1:8000" and writer.loads_untrained
+    with pytest.raises(ValueError, match="embedded engine, flywheel engine or vLLM"):
+        RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).adapter_sinks()
+
+
+async def test_a_policy_map_on_a_vllm_that_does_not_answer_is_a_one_line_error(tmp_path: Path) -> None:
+    """The trainer loads each untrained adapter into vLLM when it starts (vLLM answers an adapter's name
+    only once loaded); a server that cannot take it stops the start with one line naming the adapter."""
+    import socket
+
     from infra.application.alone import serve_trainer
     from infra.service import ServiceStartError
+    from trainer.models.tiny import build_tiny
 
+    model = build_tiny(
+        tmp_path / "m", ["What is 1 plus 2? 3."], vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1
+    )
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     settings = TrainerSettings(
         data_dir=tmp_path,
-        trainer_base_model=tmp_path,  # refused before any model is loaded
+        trainer_base_model=model,
+        trainer_torch_threads=1,
         policies="writer,rewriter",
-        trainer_engine_url="http://127.0.0.1:8000",
+        trainer_engine_url=f"http://127.0.0.1:{port}",
         trainer_engine_kind="vllm",
     )
-    with pytest.raises(ServiceStartError, match="trainer: LoRA policies load into the embedded engine"):
+    with pytest.raises(
+        ServiceStartError,
+        match=r"trainer: sink vllm:http://127.0.0.1:\d+:writer could not load version 0: ConnectError",
+    ):
         await serve_trainer(settings, max_steps=0)
