@@ -21,6 +21,13 @@
 # (FLYWHEEL_PHOENIX_ENV); the export test starts `phoenix serve` from it and reads the spans back
 # (FLYWHEEL_REQUIRE_PHOENIX=1: a missing Phoenix is a failure). FLYWHEEL_SKIP_PHOENIX=1 skips it.
 #
+# The compose stack (tests/compose): infra/scripts/docker_engine.sh installs Debian's docker.io and
+# docker-compose where missing and starts `dockerd` (data root ~/.cache/flywheel/docker, outside the
+# checkout: image layers survive between runs) when no engine answers; the test builds the images from
+# packages (infra/scripts/build_images.sh) and runs `docker-compose --profile cpu up`. A daemon started
+# here is stopped at the end. With CI=true an engine that cannot be started fails the run.
+# FLYWHEEL_SKIP_DOCKER=1 skips it.
+#
 # The broker listens on free ports (never 9092: a development broker may run there) with a fresh data
 # dir, and FLYWHEEL_KAFKA_BOOTSTRAP points the tests at it. With CI=true a broker that cannot be
 # started fails the run; otherwise the kafka-marked tests are skipped with the reason.
@@ -83,8 +90,12 @@ stop_vllm() {
         VLLM_PID=""
     fi
 }
+DOCKER_STARTED=""
 stop_kafka() {
     stop_vllm
+    if [ -n "$DOCKER_STARTED" ]; then
+        bash infra/scripts/docker_engine.sh stop || true
+    fi
     "$BIN/flywheel" kafka stop --port "$PORT" --data-dir "$KAFKA_DIR" >/dev/null 2>&1 || true
     rm -rf "$KAFKA_DIR"
 }
@@ -100,6 +111,19 @@ elif [ "${CI:-}" = "true" ]; then
 else
     echo "test.sh: warning: the Kafka broker could not be started; kafka tests will be skipped" >&2
     export FLYWHEEL_KAFKA_BOOTSTRAP="127.0.0.1:$PORT"
+fi
+
+if [ "${FLYWHEEL_SKIP_DOCKER:-}" != "1" ]; then
+    bash infra/scripts/docker_engine.sh status || DOCKER_STARTED=1
+    if DOCKER_HOST="$(bash infra/scripts/docker_engine.sh start)"; then
+        export DOCKER_HOST
+    elif [ "${CI:-}" = "true" ]; then
+        echo "test.sh: no Docker engine could be started (CI=true: failing)" >&2
+        exit 1
+    else
+        DOCKER_STARTED=""
+        echo "test.sh: warning: no Docker engine could be started; the compose test will be skipped" >&2
+    fi
 fi
 
 if [ "${FLYWHEEL_SKIP_VLLM:-}" != "1" ]; then
