@@ -22,8 +22,9 @@ Options (``FLYWHEEL_TRAINER_LORA__<FIELD>``), with their sources:
     target_modules: the projections adapted. ``q_proj, v_proj``: Hu et al. §7.1, Table 5 — under a
         fixed parameter budget, adapting W_q and W_v together is best. Any of q, k, v, o, gate, up, down
         projections (the embedded engine adapts those).
-    learning_rate: Adam's for the adapters (the full fine-tune's ``learning_rate`` is for the whole
-        model). 2e-4: Hu et al. Table 11 (GPT-2 M/L on E2E).
+    learning_rate: Adam's for the adapters, in RL and in SFT mode (the full fine-tune's
+        ``learning_rate`` and ``sft_learning_rate`` are for the whole model). 2e-4: Hu et al. Table 11
+        (GPT-2 M/L on E2E).
     dropout: 0. LoRA dropout (Hu et al. use 0.1 for GPT-2) would make the trainer's logprobs differ
         from the engine's, which serves without dropout, and every importance ratio would be noise.
 """
@@ -79,7 +80,9 @@ class AdapterBackend(TorchBackend):
                 f"adapter {name} has no LoRA parameters (target modules {options.target_modules})"
             )
         reference = _BaseOnly(peft_model) if cfg.kl_coef > 0 or cfg.reference_kl else None
-        lora_cfg = cfg.model_copy(update={"learning_rate": options.learning_rate})
+        # the adapter's rate for its RL and its SFT steps alike (SFT mode: trainer/policy_service.py)
+        lr = options.learning_rate
+        lora_cfg = cfg.model_copy(update={"learning_rate": lr, "sft_learning_rate": lr})
         super().__init__(peft_model, lora_cfg, params=params, reference=reference, share_prompts=False, **kw)
         self.params = params
 

@@ -14,6 +14,9 @@ step does with its groups differs::
         pause only that adapter's calls, the engine swaps only that adapter's tensors)
     transitions of no policy in the map are counted (skipped "no_policy") and not trained: the base is
         frozen
+    SFT mode (``FLYWHEEL_TRAINER_OBJECTIVE=sft``): a policy's batch is its sub-groups' episodes that pass
+        ``trainer.sft.select_episodes`` (reward ≥ ``sft_reward_threshold``) with that policy's transitions
+        only, and its adapter takes a cross-entropy step on them (no advantages, no baselines)
 
 One step may so update several adapters from one batch. Each adapter has its own Adam state, version
 counter, production baselines and checkpoints (``<trainer_root>/policies/<name>/checkpoints/...``,
@@ -58,6 +61,7 @@ from trainer.lora import AdapterBackend, LoraPolicies
 from trainer.rollouts import RolloutPlanner
 from trainer.service import LoopConfig, TrainerService
 from trainer.settings import TrainerSettings
+from trainer.sft import sft_batch
 from trainer.status import TrainerStatus
 from trainer.weights import (
     HttpAdapterSink,
@@ -221,14 +225,17 @@ class PolicyTrainerService(TrainerService):
         trained: list[str] = []
         for name, subgroups in by_policy.items():
             adapter = self.policies.adapters[name]
-            batch = build_batch(
-                subgroups,
-                self.algo,
-                adapter.version,
-                success_threshold=self.loop.success_threshold,
-                baselines=self.adapter_baselines[name],
-            )
-            self.adapter_baselines[name].update(batch.production, self.algo)
+            if self.loop.objective == "sft":  # cross-entropy on the policy's transitions of good episodes
+                batch = sft_batch(subgroups, self.algo.sft_reward_threshold)
+            else:
+                batch = build_batch(
+                    subgroups,
+                    self.algo,
+                    adapter.version,
+                    success_threshold=self.loop.success_threshold,
+                    baselines=self.adapter_baselines[name],
+                )
+                self.adapter_baselines[name].update(batch.production, self.algo)
             for reason, n in batch.stats.skipped.items():
                 self.metrics.skipped.labels(reason).inc(n)
             if batch.samples and await self._train_adapter(name, adapter, batch, gen_seconds):
@@ -249,7 +256,10 @@ class PolicyTrainerService(TrainerService):
     ) -> bool:
         t0 = time.perf_counter()
         try:
-            train_metrics = await asyncio.to_thread(adapter.train_step, batch)
+            if self.loop.objective == "sft":
+                train_metrics = await asyncio.to_thread(adapter.sft_step, batch.samples)
+            else:
+                train_metrics = await asyncio.to_thread(adapter.train_step, batch)
         except (BackendError, RuntimeError, ValueError) as exc:
             log.error("adapter_step_failed", adapter=name, error=str(exc), groups=len(batch.group_ids))
             return False
