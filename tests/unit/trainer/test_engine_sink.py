@@ -88,3 +88,18 @@ async def test_a_policy_map_on_a_vllm_that_does_not_answer_is_a_one_line_error(t
         match=r"trainer: sink vllm:http://127.0.0.1:\d+:writer could not load version 0: ConnectError",
     ):
         await serve_trainer(settings, max_steps=0)
+
+
+def test_vllm_started_for_adapters_loads_them_at_runtime_and_mixes_them_in_a_batch() -> None:
+    from infra.application.vllm_server import VllmLaunch
+
+    launch = VllmLaunch(model=Path("/models/policy"), device="cpu", enable_lora=True, max_lora_rank=32)
+    command = launch.command()
+    assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "32"
+    assert command[command.index("--max-loras") + 1] == "4"
+    assert launch.environment({})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = VllmLaunch(model=Path("/models/policy"), device="cpu")
+    assert (
+        "--enable-lora" not in plain.command()
+        and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.environment({})
+    )
