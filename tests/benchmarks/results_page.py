@@ -13,7 +13,9 @@ A figure and its command live in one file, so they never drift apart; nobody edi
 
 A benchmark's ``--json`` object (``{"figures": {...}, "goals": {...}}``) goes into its report as it came
 (``runs``), and the page renders a table of every goal's figure per run, then the other figures: a run's
-figures reach the page without being typed by anyone. A demo's ``report.json`` likewise: ``--add-demo``
+figures reach the page without being typed by anyone. Its README rows (``headline_runs``: the label and a
+``str.format`` string over figure names, e.g. ``"{throughput_vs_agl:.1f}×"``) are filled from the latest
+run that has every figure named. A demo's ``report.json`` likewise: ``--add-demo``
 copies it under ``docs/results/raw/`` as it came and lists it in the report (``demo_runs``); the page
 renders one row per run (warm start, after RL, the gain, steps, the gate, a replay's on-policy gain) and
 the README's headline (``demo_headline``) from those files.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +85,7 @@ class Report:
     runs: tuple[Run, ...] = ()
     demo_runs: tuple[DemoRun, ...] = ()
     demo_headline: str = ""
+    headline_runs: tuple[tuple[str, str], ...] = ()  # (what, a format string over a run's figures)
 
 
 _KEYS = {
@@ -97,6 +101,7 @@ _KEYS = {
     "runs",
     "demo_runs",
     "demo_headline",
+    "headline_runs",
 }
 
 
@@ -168,12 +173,21 @@ def load(path: Path) -> Report:
         ),
         demo_runs=tuple(_demo_run(path.parent, r) for r in raw.get("demo_runs", ())),
         demo_headline=raw.get("demo_headline", ""),
+        headline_runs=tuple((str(a), str(b)) for a, b in raw.get("headline_runs", ())),
     )
+
+
+DEMO_KEYS = {"seed", "source", "before", "after", "delta"}
+TENANTS_KEYS = {"seed", "source", "tenants_config", "tenants", "adapters"}  # flywheel demo --tenants
+
+
+def _is_demo_report(report: dict[str, Any]) -> bool:
+    return set(report) >= DEMO_KEYS or set(report) >= TENANTS_KEYS
 
 
 def _demo_run(directory: Path, raw: dict[str, str]) -> DemoRun:
     report = json.loads((directory / raw["report"]).read_text(encoding="utf-8"))
-    if not {"seed", "source", "before", "after", "delta"} <= set(report):
+    if not _is_demo_report(report):
         raise ReportError(f"{raw['report']}: not a demo's report.json (seed, source, before, after, delta)")
     return DemoRun(str(raw.get("when", "")), raw["report"], report)
 
@@ -274,6 +288,64 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     return Table(caption, columns, tuple(rows))
 
 
+def _pct(value: object) -> str:
+    return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
+
+
+def tenants_table(runs: tuple[DemoRun, ...]) -> Table:
+    """The two-tenant demo (``flywheel demo --source production --tenants ...``): one row per run and
+    tenant, every cell read from its report.json."""
+    columns = (
+        "seed",
+        "policies",
+        "tenant (its users like)",
+        "served and trained by",
+        "thumbs up, first → last minute",
+        "rated sessions",
+        "held-out: liked form, before → after",
+        "held-out: right, before → after",
+        "adapter versions",
+        "adapter bytes",
+        "s per update",
+        "RL s",
+        "run",
+    )
+    rows = []
+    for run in runs:
+        r = run.report
+        for tenant, t in r["tenants"].items():
+            adapter = r["adapters"].get(t["policy"], {})
+            held = t["heldout"]
+            likes = t["likes"]
+            rows.append(
+                (
+                    str(r["seed"]),
+                    str(r["tenants_config"]),
+                    f"{tenant} ({likes})",
+                    str(t["policy"]),
+                    f"{_pct(t['thumbs_up']['first_minute'])} → {_pct(t['thumbs_up']['last_minute'])}",
+                    _number(t["feedback"]),
+                    f"{_pct(held['before']['style_share'][likes])} → {_pct(held['after']['style_share'][likes])}",
+                    f"{_pct(held['before']['accuracy'])} → {_pct(held['after']['accuracy'])}",
+                    _number(adapter.get("versions")),
+                    _number(adapter.get("adapter_bytes")),
+                    _number((adapter.get("seconds_per_update") or {}).get("mean")),
+                    _number(r.get("rl_seconds")),
+                    f"[{run.when or run.path}](results/{run.path})",
+                )
+            )
+    caption = (
+        "Per tenant: its users' thumbs-up rate and its policy's held-out answers, one row per run and tenant"
+    )
+    return Table(caption, columns, tuple(rows))
+
+
+def demo_tables(runs: tuple[DemoRun, ...]) -> tuple[Table, ...]:
+    tenants = tuple(run for run in runs if set(run.report) >= TENANTS_KEYS)
+    others = tuple(run for run in runs if run not in tenants)
+    return (*((demo_table(others),) if others else ()), *((tenants_table(tenants),) if tenants else ()))
+
+
 def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
     seeds = ", ".join(str(run.report["seed"]) for run in runs)
     figure = (
@@ -289,7 +361,7 @@ def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
 def add_demo(path: Path, demo_report: Path, when: str) -> None:
     """Copy a demo's ``report.json`` under ``docs/results/raw/`` and list it in the report at ``path``."""
     report = json.loads(demo_report.read_text(encoding="utf-8"))
-    if not {"seed", "source", "before", "after", "delta"} <= set(report):
+    if not _is_demo_report(report):
         raise ReportError(f"{demo_report}: not a demo's report.json (seed, source, before, after, delta)")
     raw = json.loads(path.read_text(encoding="utf-8"))
     runs = raw.setdefault("demo_runs", [])
@@ -336,7 +408,7 @@ def render_page(items: list[Report]) -> str:
         else:
             lines += ["", f"Report: [results/{r.slug}.json](results/{r.slug}.json)."]
         tables = (*r.tables, runs_table(r.runs)) if r.runs else r.tables
-        tables = (demo_table(r.demo_runs), *tables) if r.demo_runs else tables
+        tables = (*demo_tables(r.demo_runs), *tables) if r.demo_runs else tables
         for t in tables:
             lines += ["", f"{t.caption}:", "", *_markdown_table(t.columns, t.rows)]
         if r.notes:
@@ -345,12 +417,23 @@ def render_page(items: list[Report]) -> str:
     return "\n".join(lines)
 
 
+def run_figure(runs: tuple[Run, ...], template: str) -> str:
+    """``template`` (``str.format`` fields named after figures) filled from the latest run that has a
+    number for every field it names: a headline figure read from a benchmark's output, never typed."""
+    fields = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    for run in reversed(runs):
+        if all(isinstance(run.figures.get(f), int | float) for f in fields):
+            return template.format(**{f: run.figures[f] for f in fields})
+    raise ReportError(f"no run has every figure of the headline {template!r}: {fields}")
+
+
 def render_headline(items: list[Report]) -> str:
     rows = tuple(
         (f"[{what}](docs/results.md#{_anchor(r.title)})", figure)
         for r in items
         for what, figure in (
             *(((r.demo_headline, _demo_figure(r.demo_runs)),) if r.demo_headline and r.demo_runs else ()),
+            *((what, run_figure(r.runs, template)) for what, template in r.headline_runs),
             *r.headline,
         )
     )

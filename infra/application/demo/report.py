@@ -150,3 +150,46 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plot_tenants(path: Path, runs: Sequence[dict[str, Any]]) -> None:
+    """The two-tenant demo: one row per seed, each tenant's thumbs-up rate over time and its held-out
+    share of the answer form its users like, before and after RL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.6 * len(runs)), squeeze=False)
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+    for row, run in zip(axes, runs, strict=True):
+        names, before, after = [], [], []
+        for (tenant, t), color in zip(run["tenants"].items(), colors, strict=False):
+            thumbs = t["thumbs_up"]
+            row[0].plot(
+                [p["t"] for p in thumbs["series"]],
+                [p["rate"] for p in thumbs["series"]],
+                color=color,
+                marker=".",
+                label=f"{tenant} (likes {t['likes']}), policy {t['policy']}",
+            )
+            names.append(tenant)
+            before.append(100.0 * t["heldout"]["before"]["style_share"][t["likes"]])
+            after.append(100.0 * t["heldout"]["after"]["style_share"][t["likes"]])
+        row[0].set_title(
+            f"seed {run['seed']} ({run['tenants_config']}): thumbs-up rate ({thumbs['window_s']:.0f} s windows)"
+        )
+        row[0].set_xlabel("seconds of RL")
+        row[0].set_ylim(-0.05, 1.05)
+        row[0].legend(loc="upper left", fontsize=8)
+        xs = range(len(names))
+        row[1].bar([x - 0.2 for x in xs], before, width=0.4, color="tab:gray", label="before RL (base)")
+        row[1].bar([x + 0.2 for x in xs], after, width=0.4, color="tab:green", label="after RL")
+        row[1].set_xticks(list(xs), names)
+        row[1].set_ylim(0, 105)
+        row[1].set_title("held-out: share of answers in the form the tenant likes (%)")
+        row[1].legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
