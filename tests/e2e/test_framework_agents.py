@@ -251,7 +251,7 @@ async def test_framework_agent_tool_loop_through_the_stack(
             assert [c.extends_previous for c in calls][1:] == [True, True]
         for t in s.transitions:
             assert len(t.response_ids) == len(t.response_mask) == len(t.behaviour_logprobs)
-        table.append(stats)
+        table.append({"json": "compact" if compact else "canonical", **stats})
     mode = "tokens-in" if tokens_in else "rendered"
     print(f"\nFRAMEWORK-MERGE {framework} {endpoint} {mode} {json.dumps(table)}")
     await events.stop()

@@ -208,6 +208,33 @@ def test_a_benchmarks_json_output_reaches_the_page_as_it_came(tmp_path: Path) ->
     assert "## Bus: a benchmark's --json output" in page and "| `x` | ≥ 1 | 2 |" in page
 
 
+def test_a_benchmarks_headline_is_read_from_its_latest_run(tmp_path: Path) -> None:
+    """A headline row names figures; the latest run that has all of them fills it in."""
+    results_page = _results_page()
+    report = tmp_path / "01-bench.json"
+    report.write_text(
+        json.dumps(
+            {
+                "title": "Bench",
+                "command": "python tests/benchmarks/gateway.py --json",
+                "produced_by": "x",
+                "headline_runs": [["Throughput / latency", "{ratio:.1f}× / {p50:+.2f} ms"]],
+            }
+        )
+    )
+    results_page.add_run(report, {"figures": {"ratio": 4.71, "p50": 1.234}, "goals": {}}, "run A")
+    results_page.add_run(report, {"figures": {"ratio": 9.0}, "goals": {}}, "run B (no p50)")
+    headline = results_page.render_headline(results_page.reports(tmp_path))
+    assert "| [Throughput / latency](docs/results.md#bench) | 4.7× / +1.23 ms |" in headline
+    results_page.add_run(report, {"figures": {"ratio": 5.04, "p50": 0.5}, "goals": {}}, "run C")
+    assert "5.0× / +0.50 ms" in results_page.render_headline(results_page.reports(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "01-bench.json").write_text(report.read_text().replace('"p50"', '"p99"'))
+    with pytest.raises(results_page.ReportError, match="no run has every figure"):
+        results_page.render_headline(results_page.reports(empty))
+
+
 def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: Path) -> None:
     """A demo's report.json is copied under raw/ as it came; its row and the README's headline figure are
     read from that file, so editing the report's numbers changes the page."""
