@@ -21,7 +21,10 @@ at minute 2, at minute 5 and at the end; the slope of the tree's RSS against cal
 1,000 calls, and of the stack process's allocated interpreter blocks (``sys.getallocatedblocks()``)
 per call, both Theil–Sen (the median of the pairwise slopes) from minute 5 (a fifth of a shorter run)
 to the end; p50 and p99 of a chat call per minute, and their drift (last minute over minute 5, or over
-the fitted window's first minute in a run shorter than 6 minutes). The heap slope is what a short run
+the fitted window's first minute in a run shorter than 6 minutes). Per minute (``by_minute`` in ``--json``): p50
+and p99, mean completion tokens a call (so a drift of the model's answers shows apart from the stack's),
+the trainer's steps, and CPU ms a call served by each thread group of the stack process (its threads by
+name: ``python`` for the interpreter's and torch's, ClickHouse's own for chdb) and by each child process. The heap slope is what a short run
 can show: RSS warms up for minutes (malloc arenas, torch's and chdb's high-water marks), while a
 structure that grows with the calls served shows in the heap at once.
 
@@ -107,6 +110,7 @@ class Tally:
     failed: int = 0
     episodes: dict[str, int] = field(default_factory=dict)  # kind -> count
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (t since start, seconds)
+    tokens: list[tuple[float, int, int]] = field(default_factory=list)  # (t, prompt, completion tokens)
     errors: list[str] = field(default_factory=list)
 
 
@@ -133,7 +137,13 @@ def _tree(root: psutil.Process) -> dict[str, float]:
 
 
 async def _agent(
-    i: int, url: str, key: str, tally: Tally, t0: float, stop_at: float, http: httpx.AsyncClient
+    i: int,
+    url: str,
+    key: str,
+    tally: Tally,
+    t0: float,
+    stop_at: float,
+    http: httpx.AsyncClient,
 ) -> None:
     from openai import AsyncOpenAI
 
@@ -158,7 +168,10 @@ async def _agent(
                 started = time.monotonic()
                 try:
                     reply = await client.chat.completions.create(
-                        model="policy", messages=messages, max_tokens=8, extra_headers=headers
+                        model="policy",
+                        messages=messages,
+                        max_tokens=8,
+                        extra_headers=headers,
                     )
                 except Exception as exc:
                     tally.failed += 1
@@ -167,6 +180,10 @@ async def _agent(
                     break
                 tally.answered += 1
                 tally.latencies.append((started - t0, time.monotonic() - started))
+                if reply.usage is not None:
+                    tally.tokens.append(
+                        (started - t0, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+                    )
                 text = reply.choices[0].message.content or ""
                 messages += [
                     {"role": "assistant", "content": text},
@@ -209,8 +226,27 @@ def _blocks(root: psutil.Process, path: Path, n: int) -> int | None:
     return None
 
 
+def _cpu(root: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far: the stack process's threads by name (``python`` for the interpreter's and
+    torch's, ClickHouse's own for chdb: ``MergeMutate``, ``ThreadPool``, …) and each child's total."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{root.pid}/task").glob("*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = child.cpu_times()
+            role = "trainer" if "trainer" in " ".join(child.cmdline()) else child.name()
+            out[f"child:{role}"] = out.get(f"child:{role}", 0.0) + times.user + times.system
+    return out
+
+
 async def _sampler(
     root: psutil.Process,
+    url: str,
     tally: Tally,
     t0: float,
     stop_at: float,
@@ -222,8 +258,20 @@ async def _sampler(
         now = time.monotonic()
         rss = await asyncio.to_thread(_tree, root)
         heap = await asyncio.to_thread(_blocks, root, blocks, len(out) + 1)
+        cpu = await asyncio.to_thread(_cpu, root)
+        step = await asyncio.to_thread(_trainer_step, url)
         load = os.getloadavg()[0]
-        out.append({"t": now - t0, "calls": tally.answered, "rss": rss, "blocks": heap, "load1": load})
+        out.append(
+            {
+                "t": now - t0,
+                "calls": tally.answered,
+                "rss": rss,
+                "blocks": heap,
+                "load1": load,
+                "cpu": cpu,
+                "trainer_step": step,
+            }
+        )
         if now >= stop_at:
             return
         await asyncio.sleep(min(every_s, max(0.0, stop_at - now)))
@@ -260,6 +308,28 @@ def _minute(latencies: list[tuple[float, float]], lo: float, hi: float) -> tuple
         return 0.0, 0.0
     q = statistics.quantiles(window, n=100)
     return q[49] * 1000, q[98] * 1000
+
+
+def _minute_work(samples: list[dict[str, Any]], lo: float, hi: float) -> dict[str, Any]:
+    """Between the samples nearest ``lo`` and ``hi``: the trainer's steps, and CPU ms a call served by
+    each thread group of the stack process and each child (where the time goes as the run ages)."""
+    a, b = _at(samples, lo), _at(samples, hi)
+    calls = b["calls"] - a["calls"]
+    steps = None
+    if a.get("trainer_step") is not None and b.get("trainer_step") is not None:
+        steps = b["trainer_step"] - a["trainer_step"]
+    cpu = {
+        k: round(1000 * (b["cpu"][k] - a["cpu"].get(k, 0.0)) / calls, 2)
+        for k in b.get("cpu", {})
+        if calls > 0 and b["cpu"][k] - a["cpu"].get(k, 0.0) > 0
+    }
+    return {"calls": calls, "trainer_steps": steps, "cpu_ms_per_call": cpu}
+
+
+def _mean_tokens(tokens: list[tuple[float, int, int]], lo: float, hi: float, column: int) -> float | None:
+    """Mean prompt (``column`` 1) or completion (2) tokens a call in ``[lo, hi)``."""
+    window = [row[column] for row in tokens if lo <= row[0] < hi]
+    return round(statistics.fmean(window), 2) if window else None
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
@@ -373,7 +443,17 @@ def run(
             key = created.stdout.strip()
             fit_from = fit_from_s if fit_from_s is not None else min(300.0, minutes * 60 / 5)
             result = asyncio.run(
-                _drive(proc, url, key, minutes, agents, sample_s, trace, fit_from, Path(tmp) / "blocks")
+                _drive(
+                    proc,
+                    url,
+                    key,
+                    minutes,
+                    agents,
+                    sample_s,
+                    trace,
+                    fit_from,
+                    Path(tmp) / "blocks",
+                )
             )
             result["trainer_step"] = _trainer_step(url)
             result["gateway_open_episodes_end"] = _open_episodes(url)
@@ -411,7 +491,7 @@ async def _drive(
     limits = httpx.Limits(max_connections=agents * 2, max_keepalive_connections=agents * 2)
     traced_from = 0
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-        sampler = asyncio.create_task(_sampler(root, tally, t0, stop_at, sample_s, samples, blocks))
+        sampler = asyncio.create_task(_sampler(root, url, tally, t0, stop_at, sample_s, samples, blocks))
         tasks = [asyncio.create_task(_agent(i, url, key, tally, t0, stop_at, http)) for i in range(agents)]
         if trace is not None:
             await asyncio.sleep(fit_from)
@@ -448,6 +528,20 @@ async def _drive(
         "p50_ms_end": round(p50_end, 1),
         "p99_ms_end": round(p99_end, 1),
         "p99_drift": round(p99_end / p99_base, 3) if p99_base else None,
+        "completion_tokens_base": _mean_tokens(tally.tokens, base_t - 60, base_t, 2),
+        "completion_tokens_end": _mean_tokens(tally.tokens, end - 60, end, 2),
+        "prompt_tokens_base": _mean_tokens(tally.tokens, base_t - 60, base_t, 1),
+        "prompt_tokens_end": _mean_tokens(tally.tokens, end - 60, end, 1),
+        "by_minute": [
+            {
+                "minute": m + 1,
+                "p50_ms": round(_minute(tally.latencies, m * 60, m * 60 + 60)[0], 1),
+                "p99_ms": round(_minute(tally.latencies, m * 60, m * 60 + 60)[1], 1),
+                "completion_tokens": _mean_tokens(tally.tokens, m * 60, m * 60 + 60, 2),
+                **_minute_work(samples, m * 60, m * 60 + 60),
+            }
+            for m in range(int(end // 60))
+        ],
         "p50_drift": round(p50_end / p50_base, 3) if p50_base else None,
         "load1_median": round(statistics.median(s["load1"] for s in samples), 2),
         "samples": [
@@ -457,6 +551,7 @@ async def _drive(
                 "rss": {k: round(v) for k, v in s["rss"].items()},
                 "blocks": s["blocks"],
                 "load1": round(s["load1"], 1),
+                "trainer_step": s["trainer_step"],
             }
             for s in samples
         ],
@@ -502,7 +597,7 @@ def flat_figures(result: dict[str, Any]) -> dict[str, Any]:
     """The run's figures, one level deep (``rss_mb_end: {"stack": …}`` becomes ``rss_mb_end_stack``)."""
     figures: dict[str, Any] = {}
     for key, value in result.items():
-        if key in ("samples", "log_tail", "trace"):
+        if key in ("samples", "log_tail", "trace", "by_minute"):
             continue
         if isinstance(value, dict):
             figures.update({f"{key}_{sub}": v for sub, v in value.items()})
@@ -524,7 +619,14 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=None, help="tracemalloc snapshots under this path prefix")
     a = ap.parse_args()
     env = {"FLYWHEEL_IDLE_TIMEOUT_S": str(a.idle_timeout_s)} if a.idle_timeout_s is not None else None
-    r = run(a.minutes, a.agents, trainer=not a.no_trainer, sample_s=a.sample_s, trace=a.trace, env_extra=env)
+    r = run(
+        a.minutes,
+        a.agents,
+        trainer=not a.no_trainer,
+        sample_s=a.sample_s,
+        trace=a.trace,
+        env_extra=env,
+    )
     lost = r["answered"] - r["recorded"]
     figures = flat_figures(r)
     figures["lost"] = lost
@@ -545,7 +647,8 @@ def main() -> None:
     }
     if a.json:
         trace = {"trace": r["trace"]} if r.get("trace") else {}
-        print(json.dumps({"figures": figures, "goals": goals, "samples": r["samples"], **trace}, indent=1))
+        out = {"figures": figures, "goals": goals, "by_minute": r["by_minute"], "samples": r["samples"]}
+        print(json.dumps({**out, **trace}, indent=1))
         return
     for k, v in figures.items():
         print(f"{k:28} {v}")
