@@ -223,9 +223,16 @@ class Ledger:
                 "train_seconds_per_update": _summary(
                     [s["train_seconds"] for s in steps if "train_seconds" in s]
                 ),
-                "versions_served": sorted(self.versions.get(name, ())),
+                # the adapter versions its calls were recorded with: how many, the first and the last
+                "versions_served": _span(self.versions.get(name, set())),
             }
         return out
+
+
+def _span(versions: set[int]) -> dict[str, int] | None:
+    if not versions:
+        return None
+    return {"distinct": len(versions), "first": min(versions), "last": max(versions)}
 
 
 def _summary(values: list[float]) -> dict[str, float] | None:
