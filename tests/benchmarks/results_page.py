@@ -211,7 +211,11 @@ def _markdown_table(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...])
 def _number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "" if value is None else str(value)
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}".rstrip("0").rstrip(".")
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if 0 < abs(value) < 0.01:  # two decimals would show 0 or 0.01: keep two significant digits
+        return f"{value:.2g}"
+    return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 def runs_table(runs: tuple[Run, ...]) -> Table:
