@@ -310,6 +310,19 @@ def _minute(latencies: list[tuple[float, float]], lo: float, hi: float) -> tuple
     return q[49] * 1000, q[98] * 1000
 
 
+def _by_minute(tally: Tally, samples: list[dict[str, Any]], m: int) -> dict[str, Any]:
+    """Minute ``m`` (from 0) of the run: latency, completion tokens, trainer steps, CPU a call."""
+    lo, hi = m * 60, m * 60 + 60
+    p50, p99 = _minute(tally.latencies, lo, hi)
+    return {
+        "minute": m + 1,
+        "p50_ms": round(p50, 1),
+        "p99_ms": round(p99, 1),
+        "completion_tokens": _mean_tokens(tally.tokens, lo, hi, 2),
+        **_minute_work(samples, lo, hi),
+    }
+
+
 def _minute_work(samples: list[dict[str, Any]], lo: float, hi: float) -> dict[str, Any]:
     """Between the samples nearest ``lo`` and ``hi``: the trainer's steps, and CPU ms a call served by
     each thread group of the stack process and each child (where the time goes as the run ages)."""
@@ -532,16 +545,7 @@ async def _drive(
         "completion_tokens_end": _mean_tokens(tally.tokens, end - 60, end, 2),
         "prompt_tokens_base": _mean_tokens(tally.tokens, base_t - 60, base_t, 1),
         "prompt_tokens_end": _mean_tokens(tally.tokens, end - 60, end, 1),
-        "by_minute": [
-            {
-                "minute": m + 1,
-                "p50_ms": round(_minute(tally.latencies, m * 60, m * 60 + 60)[0], 1),
-                "p99_ms": round(_minute(tally.latencies, m * 60, m * 60 + 60)[1], 1),
-                "completion_tokens": _mean_tokens(tally.tokens, m * 60, m * 60 + 60, 2),
-                **_minute_work(samples, m * 60, m * 60 + 60),
-            }
-            for m in range(int(end // 60))
-        ],
+        "by_minute": [_by_minute(tally, samples, m) for m in range(int(end // 60))],
         "p50_drift": round(p50_end / p50_base, 3) if p50_base else None,
         "load1_median": round(statistics.median(s["load1"] for s in samples), 2),
         "samples": [

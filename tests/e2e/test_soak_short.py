@@ -36,6 +36,10 @@ def test_memory_stays_flat_and_nothing_is_lost_under_steady_traffic() -> None:
     assert r["recorded"] == r["answered"], "calls answered but not in the event log"
     assert set(r["episodes"]) == {"finished", "abandoned", "production"}
     assert r["trainer_step"] and r["trainer_step"] > 0, "the trainer never stepped"
+    minutes = r["by_minute"]  # where the time goes, per minute
+    assert minutes and all(m["completion_tokens"] for m in minutes), minutes
+    assert all(m["cpu_ms_per_call"].get("python", 0) > 0 for m in minutes), minutes
+    assert sum(m["trainer_steps"] or 0 for m in minutes) > 0, minutes
     # abandoned episodes and idle sessions (3 in 8 episodes of 3 calls) are forgotten after ~20 s: held
     # forever, they would be answered / 8 at the end; forgotten, those of the last ~22 s of 180
     assert r["gateway_open_episodes_end"] is not None and r["gateway_open_episodes_end"] <= r["answered"] / 16

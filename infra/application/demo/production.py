@@ -199,11 +199,12 @@ class Users:
         await self._post(f"/v1/sessions/{session_id}/end")
 
 
-def create_key(data_dir: Path) -> str:
-    """A tenant key for the demo's users, in the gateway's key store (as ``flywheel keys create`` does)."""
+def create_key(data_dir: Path, tenant: str = TENANT) -> str:
+    """A key of ``tenant`` for the demo's users, in the gateway's key store (as ``flywheel keys create``
+    does)."""
     from gateway.keys import KeyStore
 
-    _, key = KeyStore(data_dir / "gateway" / "keys.json").create(TENANT)
+    _, key = KeyStore(data_dir / "gateway" / "keys.json").create(tenant)
     return key
 
 

@@ -322,10 +322,7 @@ LORA_LEARNING_RATE = 2e-3  # the adapters' Adam rate when the command line gives
 
 def create_keys(data_dir: Path) -> dict[str, str]:
     """A key for each tenant in the gateway's key store (as ``flywheel keys create`` does)."""
-    from gateway.keys import KeyStore
-
-    store = KeyStore(data_dir / "gateway" / "keys.json")
-    return {tenant: store.create(tenant)[1] for tenant in TENANTS}
+    return {tenant: production.create_key(data_dir, tenant) for tenant in TENANTS}
 
 
 async def run_seed(
