@@ -247,9 +247,14 @@ def _on_policy_gain(run: DemoRun) -> float | None:
     return round(100 * (float(on_policy["after"]["success"]) - float(on_policy["before"]["success"])), 2)
 
 
+def _pct(value: object) -> str:
+    return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
+
+
 def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     """One row per demo run, every cell read from its report.json."""
     replay = any(_on_policy_gain(run) is not None for run in runs)
+    production = any(run.report.get("thumbs_up") for run in runs)  # --source production: users' ratings
     columns = (
         "seed",
         "source",
@@ -260,6 +265,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
         *(("on-policy run's Δ", "transitions trained") if replay else ()),
         "RL steps",
         "RL s",
+        *(("thumbs up, first → last minute", "rated sessions") if production else ()),
         "warm-start gate",
         "run",
     )
@@ -281,19 +287,20 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
                 "" if on_policy is None else f"{on_policy:+.1f}",
                 _number((r.get("replay") or {}).get("transitions_trained")),
             ]
+        row += [_number(r.get("rl_steps")), _number(r.get("rl_seconds"))]
+        if production:
+            thumbs = r.get("thumbs_up") or {}
+            row += [
+                f"{_pct(thumbs.get('first_minute'))} → {_pct(thumbs.get('last_minute'))}" if thumbs else "",
+                _number(r.get("feedback")),
+            ]
         row += [
-            _number(r.get("rl_steps")),
-            _number(r.get("rl_seconds")),
             {True: "passed", False: "not passed"}.get(bool(gate["passed"]), "") if "passed" in gate else "",
             f"[{run.when or run.path}](results/{run.path})",
         ]
         rows.append(tuple(row))
     caption = "Held-out success (LLM calls per episode) before and after RL, one row per run's report.json"
     return Table(caption, columns, tuple(rows))
-
-
-def _pct(value: object) -> str:
-    return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
 
 
 def tenants_table(runs: tuple[DemoRun, ...]) -> Table:

@@ -271,6 +271,33 @@ def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: P
         results_page.add_demo(report, report, "not a demo")
 
 
+def test_a_production_demos_ratings_reach_its_row(tmp_path: Path) -> None:
+    """A ``--source production`` run's users' thumbs-up rate (first and last minute) and its rated sessions
+    are read from its report.json; a run without them leaves those cells empty."""
+    results_page = _results_page()
+    report = tmp_path / "04-demo.json"
+    report.write_text('{"title": "Demo", "command": "flywheel demo --source production", "produced_by": "x"}')
+    base = {
+        "seed": 1,
+        "source": "production",
+        "before": {"success": 0.256, "calls_per_episode": 2.65},
+        "after": {"success": 0.74, "calls_per_episode": 2.06},
+        "delta": {"success_points": 48.4},
+        "rl_steps": 122,
+        "rl_seconds": 420.5,
+    }
+    rated = {**base, "feedback": 8155, "thumbs_up": {"first_minute": 0.406, "last_minute": 0.733}}
+    for i, run in enumerate((rated, base)):
+        out = tmp_path / f"out{i}" / "report.json"
+        out.parent.mkdir()
+        out.write_text(json.dumps(run))
+        results_page.add_demo(report, out, f"run {i}")
+    page = results_page.render_page(results_page.reports(tmp_path))
+    assert "| thumbs up, first → last minute | rated sessions |" in page
+    assert "| **+48.4** | 122 | 420.5 | 40.6% → 73.3% | 8,155 |  | [run 0]" in page
+    assert "| **+48.4** | 122 | 420.5 |  |  |  | [run 1]" in page
+
+
 def test_the_readme_is_short() -> None:
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
 
