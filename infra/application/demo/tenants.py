@@ -1,14 +1,15 @@
 """``flywheel demo --source production --tenants per-tenant|shared``: two tenants whose users like opposite things.
 
 The production demo (:mod:`infra.application.demo.production`) with two tenants of one deployed calculator
-agent, each with its own key and its own simulated users. What the users judge is the form of the agent's
-final reply, not whether the number is right:
+agent, each with its own key and its own simulated users. The users like a right answer in the form
+their tenant prefers (:func:`rates_up`):
 
-* ``formal``'s users give a thumbs up to a labelled answer, ``ANSWER: 1786``;
-* ``terse``'s users give a thumbs up to the bare number, ``1786``;
+* ``formal``'s users give a thumbs up to a right labelled answer, ``ANSWER: 1786``;
+* ``terse``'s users give a thumbs up to the right bare number, ``1786``;
 
-any other ending (no answer in :data:`~demo_agents.calc_agent.agent.MAX_CALLS` calls) gets a thumbs down
-from both. The deployed agent is ``demo_agents/calc_agent``'s loop with one difference
+a wrong number, the other form, or no answer in :data:`~demo_agents.calc_agent.agent.MAX_CALLS` calls
+gets a thumbs down. (Users who judged the form alone taught the bare-number tenant's adapter to answer
+without the calculator: every held-out answer bare, none right.) The deployed agent is ``demo_agents/calc_agent``'s loop with one difference
 (:func:`solve`): it also takes a reply that is a bare integer as the answer, where the training demo's
 agent asks again. The warm-started model writes both forms after the calculator's result (the sloppy
 teacher's demonstrations write the bare number in a fifth of their malformed replies), so both tenants'
@@ -119,8 +120,14 @@ class TenantStats:
     right: int = 0
 
 
+def rates_up(likes: Style, reply: Reply, answer: str) -> bool:
+    """A tenant's user's rating of ``reply`` to a problem whose answer is ``answer``: up when it is right
+    and in the form the tenant likes, down otherwise."""
+    return reply.style == likes and reply.answer == answer
+
+
 class TenantUsers(production.Users):
-    """One tenant's users: a thumbs up when the reply has the form they like (``likes``)."""
+    """One tenant's users: a thumbs up when the reply is right and has the form they like (``likes``)."""
 
     def __init__(
         self, service: TenantService, gateway_url: str, key: str, *, likes: Style, **kw: Any
@@ -135,7 +142,7 @@ class TenantUsers(production.Users):
         reply = await self.tenant_service.reply(task["input"]["question"], session_id)
         self.tenant_stats.styles[reply.style] += 1
         self.tenant_stats.right += reply.answer == task["answer"]
-        liked = (reply.style == self.likes) != mistaken
+        liked = rates_up(self.likes, reply, task["answer"]) != mistaken
         await self._post("/v1/feedback", {"session_id": session_id, "rating": 1 if liked else -1})
         self.stats.feedback += 1
         self.stats.ratings.append(
