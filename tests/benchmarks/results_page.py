@@ -357,7 +357,28 @@ def demo_tables(runs: tuple[DemoRun, ...]) -> tuple[Table, ...]:
     return (*((demo_table(others),) if others else ()), *((tenants_table(tenants),) if tenants else ()))
 
 
+def _tenants_figure(runs: tuple[DemoRun, ...]) -> str:
+    """The two-tenant demo's headline: per configuration and tenant, the thumbs-up rate's change from the
+    first to the last minute of RL in points, one per run."""
+    parts = []
+    for config in dict.fromkeys(str(run.report["tenants_config"]) for run in runs):
+        mine = [run for run in runs if run.report["tenants_config"] == config]
+        tenants = "; ".join(
+            f"{tenant} "
+            + ", ".join(
+                f"{100 * (t['thumbs_up']['last_minute'] - t['thumbs_up']['first_minute']):+.1f}"
+                for t in (run.report["tenants"][tenant] for run in mine)
+            )
+            for tenant in mine[0].report["tenants"]
+        )
+        parts.append(f"{config}: {tenants}")
+    seeds = ", ".join(dict.fromkeys(str(run.report["seed"]) for run in runs))
+    return " · ".join(parts) + f" points (seed{'s' if ',' in seeds else ''} {seeds})"
+
+
 def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
+    if all(set(run.report) >= TENANTS_KEYS for run in runs):
+        return _tenants_figure(runs)
     seeds = ", ".join(str(run.report["seed"]) for run in runs)
     figure = (
         ", ".join(f"{_gain(run):+.1f}" for run in runs)
