@@ -122,6 +122,8 @@ class CallService:
         self.policies = policies or PolicyMap()
         # one admission per adapter: an adapter's weight update drains and pauses only its own calls
         self.adapter_admission: dict[str, Admission] = {}
+        self._base_names: dict[str, str] = {}  # upstream URL -> the base model's name there
+        self._unloaded_warned: set[str] = set()  # adapters served by the base because not loaded upstream
 
     def admission_for(self, adapter: str | None) -> Admission:
         """The base's admission, or the adapter's (made on its first call or update, at version 0)."""
@@ -197,9 +199,20 @@ class CallService:
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
             try:
-                response = await self.pool.send(
-                    upstream, PATHS[call.endpoint], orjson.dumps(body), stream=stream
-                )
+                try:
+                    response = await self.pool.send(
+                        upstream, PATHS[call.endpoint], orjson.dumps(body), stream=stream
+                    )
+                except UpstreamError as exc:
+                    base = await self._base_for_unloaded(ctx, exc)
+                    if base is None:
+                        raise
+                    # the adapter's version 0 is the base (its B factors are zero): served by the base and
+                    # recorded as that version, the call is neither lost nor mislabelled
+                    body["model"], ctx.adapter_version = base, 0
+                    response = await self.pool.send(
+                        upstream, PATHS[call.endpoint], orjson.dumps(body), stream=stream
+                    )
             except UpstreamError as exc:
                 await self._record_failure(ctx, exc.status_code, exc.message, stream)
                 raise
@@ -225,6 +238,36 @@ class CallService:
         finally:
             if not handed_off:
                 admission.leave()
+
+    async def _base_for_unloaded(self, ctx: _Ctx, exc: UpstreamError) -> str | None:
+        """The base's name at the upstream when it refused ``ctx``'s adapter as an unknown model, else None.
+
+        vLLM answers an adapter's name only once that adapter is loaded (404 before: a call that comes
+        before the trainer has loaded the adapter's version 0, or after vLLM restarted without it); the
+        embedded engine serves the base for a name it has not loaded. The base's name is the entry of the
+        upstream's ``/v1/models`` that names no parent (vLLM lists each adapter with its base as parent),
+        else the model the agent asked for when that is not the adapter's name."""
+        adapter = ctx.adapter
+        if adapter is None or exc.status_code != 404 or adapter not in exc.message:
+            return None
+        url = ctx.upstream.url
+        base = self._base_names.get(url)
+        if base is None:
+            base = await ctx.upstream.base_model()
+            if base is not None:
+                self._base_names[url] = base
+        asked = str(ctx.call.data.get("model") or "")
+        if base is None and asked and asked != adapter:
+            base = asked
+        if base is not None and adapter not in self._unloaded_warned:
+            self._unloaded_warned.add(adapter)
+            log.warning(
+                "adapter not loaded upstream: served by the base as its version 0",
+                adapter=adapter,
+                upstream=url,
+                base=base,
+            )
+        return base
 
     async def _stream(self, ctx: _Ctx, response: UpstreamResponse) -> AsyncIterator[bytes]:
         endpoint = ctx.call.endpoint

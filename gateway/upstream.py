@@ -65,6 +65,21 @@ class Upstream:
         )
         return await self.client.send(request, stream=stream)
 
+    async def base_model(self) -> str | None:
+        """The base model's name in the server's ``/v1/models``: the first entry that names no parent
+        (vLLM lists each LoRA adapter with its base as ``parent``); None when it does not answer."""
+        root = str(self.client.base_url).rstrip("/").removesuffix("/v1")
+        try:
+            r = await self.client.get(root + "/v1/models", timeout=min(30.0, self.timeout_s))
+            listing = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        data = listing.get("data") if isinstance(listing, dict) else None
+        for entry in data if isinstance(data, list) else []:
+            if isinstance(entry, dict) and entry.get("id") and not entry.get("parent"):
+                return str(entry["id"])
+        return None
+
     async def tokenize_chat(self, body: dict[str, Any]) -> list[int] | None:
         """vLLM's ``/tokenize`` (beside ``/v1``) for a chat body: the ids its template renders; None when
         it does not answer with them (another server, an older vLLM, a template error)."""

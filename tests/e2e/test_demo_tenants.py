@@ -4,9 +4,11 @@ Two tenants' simulated users (``formal`` and ``terse``, each with its own key) u
 agent through the gateway's production endpoint at once; the policy map selects a LoRA adapter by the
 tenant of the call's key. Through the real services (gateway, in-process bus, reward service, trainer,
 ``flywheel engine`` child, chdb event log): both adapters get trained versions, and every call of a
-tenant is served by (and recorded with) that tenant's adapter, never the other's or the base. The toy
-model never answers, so its users mis-rate a quarter of the sessions (as in ``--source production
---tiny``): the rewards then vary and each adapter has sessions to train on. That the tenants' rates
+tenant is served by (and recorded with) that tenant's adapter, never the other's or the base. The users
+rate a right answer in their tenant's form up and anything else down
+(``tests/unit/demo/test_tenant_users.py``); the toy model never answers, so its users mis-rate a quarter
+of the sessions (as in ``--source production --tiny``): the rewards then vary and each adapter has
+sessions to train on. That the tenants' rates
 separate is the full demo's figure (docs/policies.md), not this test's.
 """
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from infra.application.ops.api import OpsContext
     from infra.application.stack import EmbeddedStack
+    from infra.application.vllm_server import VllmLaunch
     from infra.eventlog.models import EpisodeFilter
     from schemas import EpisodeScored
 
@@ -281,6 +282,20 @@ def up_command(
     raise typer.Exit(code)
 
 
+def vllm_launch(model: Path, settings: Any, port: int) -> VllmLaunch:
+    """How ``--engine vllm`` starts vLLM for the stack's ``settings``: ``model`` served as the stack's
+    model name; with a policy map, LoRA enabled (runtime loading allowed), up to the adapters' rank."""
+    from infra.application.vllm_server import VllmLaunch
+
+    return VllmLaunch(
+        model=model.resolve(),
+        served_model_name=settings.model,
+        port=port,
+        enable_lora=bool(settings.policies),
+        max_lora_rank=max(16, settings.trainer.trainer_lora.rank),
+    )
+
+
 @contextlib.contextmanager
 def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | None]:
     """``--engine vllm``: a vLLM server on ``model`` (served as the stack's model name) for the stack's
@@ -291,7 +306,7 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
         return
     import socket
 
-    from infra.application.vllm_server import VllmLaunch, VllmServer, VllmServerError
+    from infra.application.vllm_server import VllmServer, VllmServerError
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -299,16 +314,7 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
     log_path = settings.data_dir / "vllm.log"
     typer.echo(f"starting vLLM on {model} (2-4 minutes on a CPU); log: {log_path}", err=True)
     try:
-        server = VllmServer.start(
-            VllmLaunch(
-                model=model.resolve(),
-                served_model_name=settings.model,
-                port=port,
-                enable_lora=bool(settings.policies),
-                max_lora_rank=max(16, settings.trainer.trainer_lora.rank),
-            ),
-            log_path=log_path,
-        )
+        server = VllmServer.start(vllm_launch(model, settings, port), log_path=log_path)
     except VllmServerError as exc:
         fail(str(exc))
     try:

@@ -103,3 +103,19 @@ def test_vllm_started_for_adapters_loads_them_at_runtime_and_mixes_them_in_a_bat
         "--enable-lora" not in plain.command()
         and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.environment({})
     )
+
+
+def test_up_with_engine_vllm_and_a_policy_map_starts_vllm_for_runtime_adapters(tmp_path: Path) -> None:
+    """``flywheel up --engine vllm`` with ``FLYWHEEL_POLICIES``: the launch it starts vLLM with."""
+    from infra.application.cli.ops_up import vllm_launch
+    from infra.application.stack import StackSettings
+    from trainer.config import LoraOptions
+
+    lora = StackSettings(data_dir=tmp_path, policies="writer,rewriter", trainer_lora=LoraOptions(rank=32))
+    launch = vllm_launch(tmp_path, lora, 8123)
+    command = launch.command()
+    assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "32"
+    assert command[command.index("--served-model-name") + 1] == lora.model
+    assert launch.environment({})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = vllm_launch(tmp_path, StackSettings(data_dir=tmp_path), 8123)
+    assert "--enable-lora" not in plain.command()
