@@ -20,16 +20,24 @@ RSS of each process of the tree (``stack``: the ``flywheel up`` process; ``train
 at minute 2, at minute 5 and at the end; the slope of the tree's RSS against calls served, in KB per
 1,000 calls, and of the stack process's allocated interpreter blocks (``sys.getallocatedblocks()``)
 per call, both Theil–Sen (the median of the pairwise slopes) from minute 5 (a fifth of a shorter run)
-to the end; p50 and p99 of a chat call per minute, and their drift (last minute over minute 5, or over
-the fitted window's first minute in a run shorter than 6 minutes). Per minute (``by_minute`` in ``--json``): p50
+to the end; p50 and p99 of a chat call, and their drift (the end over minute 5, or over the fitted
+window's first minute in a run shorter than 6 minutes). Per minute (``by_minute`` in ``--json``): p50
 and p99, mean completion tokens a call (so a drift of the model's answers shows apart from the stack's),
 the trainer's steps, and CPU ms a call served by each thread group of the stack process (its threads by
-name: ``python`` for the interpreter's and torch's, ClickHouse's own for chdb) and by each child process. The heap slope is what a short run
-can show: RSS warms up for minutes (malloc arenas, torch's and chdb's high-water marks), while a
-structure that grows with the calls served shows in the heap at once.
+name: ``python`` for the interpreter's and torch's, ClickHouse's own for chdb) and by each child
+process. The heap slope is what a short run can show: RSS warms up for minutes (malloc arenas, torch's
+and chdb's high-water marks), while a structure that grows with the calls served shows in the heap at
+once.
 
-Goals (a 30-minute run): nothing lost; RSS at the end ≤ 1.05 × RSS at minute 5; p99 in the last minute
-≤ 1.5 × p99 at minute 5; RSS slope ≤ ``SLOPE_BOUND_KB`` KB per 1,000 calls.
+A reading "at" a time pools a window, because one sample is noise on two shared cores: RSS is each
+process's median over the samples of the minute around it (one sample swings by ±40 MB with a forward
+pass's buffers), and in a run of 15 minutes or more the latency quantiles pool three minutes of calls,
+minutes 4–6 for "minute 5" and the last three for "the end" (a single minute's p99 moved between 195
+and 425 ms within one 30-minute run with no trend). The single-sample and single-minute ratios are
+reported beside them (``rss_ratio_last_vs_base_sample``, ``p99_drift_last_minute``).
+
+Goals (a 30-minute run): nothing lost; RSS at the end ≤ 1.05 × RSS at minute 5; p99 at the end ≤ 1.5 ×
+p99 at minute 5; RSS slope ≤ ``SLOPE_BOUND_KB`` KB per 1,000 calls.
 
 ``--trace PREFIX``: ``tracemalloc`` (8 frames) starts in the stack process at the start of the fitted
 window and a snapshot is taken at the end; what it holds was allocated in the window and is still
@@ -281,6 +289,14 @@ def _at(samples: list[dict[str, Any]], t: float) -> dict[str, Any]:
     return min(samples, key=lambda s: abs(s["t"] - t))
 
 
+def _rss_around(samples: list[dict[str, Any]], lo: float, hi: float) -> dict[str, float]:
+    """Each process's median RSS over the samples in ``[lo, hi)`` (the nearest sample if none): one
+    sample catches a transient (a forward pass's buffers, a batch being written) as often as not."""
+    window = [s for s in samples if lo <= s["t"] < hi] or [_at(samples, (lo + hi) / 2)]
+    roles = {role for s in window for role in s["rss"]}
+    return {role: statistics.median(s["rss"].get(role, 0.0) for s in window) for role in sorted(roles)}
+
+
 def _theil_sen(points: list[tuple[float, float]]) -> float:
     """The median of the slopes between every two points: a sawtooth (cyclic garbage waiting for the GC
     policy's release, malloc keeping what it freed for a while) pulls a least-squares line about, while
@@ -517,9 +533,16 @@ async def _drive(
     end = samples[-1]["t"]
     fitted = [s for s in samples if s["t"] >= fit_from]
     base_t = 300.0 if duration >= 360 else fit_from
-    p50_base, p99_base = _minute(tally.latencies, base_t - 60, base_t)
-    p50_end, p99_end = _minute(tally.latencies, end - 60, end)
-    rss2, rss5, rss_end = _at(samples, 120.0)["rss"], _at(samples, 300.0)["rss"], samples[-1]["rss"]
+    # A reading "at" a time pools a window around it (module docstring): three minutes of calls for the
+    # quantiles and a minute of samples for RSS in a run long enough to hold them apart, else one minute.
+    half = 90.0 if duration >= 900 else 30.0
+    p50_base, p99_base = _minute(tally.latencies, base_t - 30 - half, base_t - 30 + half)
+    p50_end, p99_end = _minute(tally.latencies, end - 2 * half, end)
+    _, p99_base_minute = _minute(tally.latencies, base_t - 60, base_t)
+    _, p99_end_minute = _minute(tally.latencies, end - 60, end)
+    rss2 = _rss_around(samples, 90.0, 150.0)
+    rss5 = _rss_around(samples, base_t - 30, base_t + 30)
+    rss_end = _rss_around(samples, end - 60, end + 1)
     return {
         "minutes": round(end / 60, 2),
         "agents": agents,
@@ -533,6 +556,9 @@ async def _drive(
         "rss_ratio_end_vs_base": round(
             sum(rss_end.values()) / sum((rss5 if duration >= 300 else rss2).values()), 4
         ),
+        "rss_ratio_last_vs_base_sample": round(
+            sum(samples[-1]["rss"].values()) / sum(_at(samples, base_t)["rss"].values()), 4
+        ),
         "slope_kb_per_1k_calls": round(_slope_kb_per_1k(fitted), 1),
         "heap_blocks_per_call": _round(_blocks_per_call(fitted)),
         "latency_base_minute": base_t / 60,
@@ -541,6 +567,8 @@ async def _drive(
         "p50_ms_end": round(p50_end, 1),
         "p99_ms_end": round(p99_end, 1),
         "p99_drift": round(p99_end / p99_base, 3) if p99_base else None,
+        "latency_window_minutes": round(2 * half / 60, 1),
+        "p99_drift_last_minute": round(p99_end_minute / p99_base_minute, 3) if p99_base_minute else None,
         "completion_tokens_base": _mean_tokens(tally.tokens, base_t - 60, base_t, 2),
         "completion_tokens_end": _mean_tokens(tally.tokens, end - 60, end, 2),
         "prompt_tokens_base": _mean_tokens(tally.tokens, base_t - 60, base_t, 1),
