@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,10 @@ class CheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         write_weights(tmp)
-        (tmp / META).write_text(json.dumps(asdict(meta), indent=1))
+        # one line, from the fields as they are: the consumed ids run to 200,000, this runs on the event
+        # loop every ``checkpoint_every`` steps, and both asdict's deep copy and json's indenting encoder
+        # (pure Python) cost ten times what the C encoder does
+        (tmp / META).write_text(json.dumps({f.name: getattr(meta, f.name) for f in fields(meta)}))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -228,6 +228,11 @@ class Intake:
             out.append(Group(event.group_id, 1, self._clock(), {eid: event}))
         return out
 
+    def consumed_ids(self, excluding: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """The consumed group ids, oldest first, less ``excluding`` (what a checkpoint keeps: in the order
+        ``_consume`` evicts them, so a restored trainer forgets the same ones first)."""
+        return [gid for gid in self._consumed_order if gid not in excluding]
+
     def _consume(self, gid: str) -> None:
         if gid in self.consumed:
             return

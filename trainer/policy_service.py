@@ -359,7 +359,7 @@ class PolicyTrainerService(TrainerService):
             model=self.loop.model,
             base_model=self.base_model,
             config=config,
-            consumed_groups=sorted(self.intake.consumed - pending_groups)[-200_000:],
+            consumed_groups=self.intake.consumed_ids(excluding=pending_groups)[-200_000:],
             offsets=dict(self._offsets),
             samples=dict(self.samples_trained),
         )

@@ -450,7 +450,7 @@ class TrainerService:
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:
         pending_groups = {g.group_id for g in self._ready}
-        consumed = sorted(self.intake.consumed - pending_groups)
+        consumed = self.intake.consumed_ids(excluding=pending_groups)
         meta = CheckpointMeta(
             version=self.backend.version,
             step=self.step,

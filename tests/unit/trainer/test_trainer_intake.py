@@ -114,3 +114,9 @@ def test_consumed_groups_are_bounded_oldest_out() -> None:
     assert intake.consumed == {"g2", "g3", "g4"}
     intake.mark_consumed(["g4", "g5"])  # again and new
     assert intake.consumed == {"g3", "g4", "g5"}
+    # a checkpoint keeps them oldest first, so a trainer restored from it forgets the same ones first
+    assert intake.consumed_ids() == ["g3", "g4", "g5"]
+    assert intake.consumed_ids(excluding={"g4"}) == ["g3", "g5"]
+    restored = Intake(seen_capacity=3, consumed=intake.consumed_ids())
+    restored.mark_consumed(["g6"])
+    assert restored.consumed_ids() == ["g4", "g5", "g6"]
