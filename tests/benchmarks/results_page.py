@@ -247,6 +247,14 @@ def _on_policy_gain(run: DemoRun) -> float | None:
     return round(100 * (float(on_policy["after"]["success"]) - float(on_policy["before"]["success"])), 2)
 
 
+def _sft_only_gain(run: DemoRun) -> float | None:
+    """The equal-time SFT-only baseline's gain over the warm start, in points (``--baseline``)."""
+    sft = run.report.get("sft_only_baseline")
+    if not sft:
+        return None
+    return round(100 * (float(sft["success"]) - float(run.report["before"]["success"])), 2)
+
+
 def _pct(value: object) -> str:
     return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
 
@@ -255,6 +263,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     """One row per demo run, every cell read from its report.json."""
     replay = any(_on_policy_gain(run) is not None for run in runs)
     production = any(run.report.get("thumbs_up") for run in runs)  # --source production: users' ratings
+    baseline = any(run.report.get("sft_only_baseline") for run in runs)  # the equal-time SFT-only baseline
     columns = (
         "seed",
         "source",
@@ -262,6 +271,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
         "warm start (calls/episode)",
         "after RL",
         "Δ points",
+        *(("SFT only, equal time", "Δ SFT only") if baseline else ()),
         *(("on-policy run's Δ", "transitions trained") if replay else ()),
         "RL steps",
         "RL s",
@@ -281,6 +291,9 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
             _success(r["after"]),
             f"**{_gain(run):+.1f}**",
         ]
+        if baseline:
+            sft_gain = _sft_only_gain(run)
+            row += ["", ""] if sft_gain is None else [_success(r["sft_only_baseline"]), f"{sft_gain:+.1f}"]
         if replay:
             on_policy = _on_policy_gain(run)
             row += [
@@ -387,6 +400,9 @@ def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
     on_policy = [g for g in map(_on_policy_gain, runs) if g is not None]
     if on_policy:
         figure += " (on-policy: " + ", ".join(f"{g:+.1f}" for g in on_policy) + ")"
+    sft_only = [g for g in map(_sft_only_gain, runs) if g is not None]
+    if sft_only:
+        figure += " (SFT only, equal time: " + ", ".join(f"{g:+.1f}" for g in sft_only) + ")"
     return figure
 
 

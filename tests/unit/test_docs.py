@@ -324,3 +324,34 @@ def test_nothing_cites_notes_outside_the_repository() -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
         hits += [f"{path.relative_to(ROOT)}: {n}" for n in names if n in text]
     assert not hits, "\n".join(hits)
+
+
+def test_a_demos_sft_only_baseline_reaches_its_row_and_the_headline(tmp_path: Path) -> None:
+    """A ``--baseline`` run's equal-time SFT-only result and its gain over the warm start are read from
+    its report.json, in the row and in the headline figure; a run without one leaves those cells empty."""
+    results_page = _results_page()
+    report = tmp_path / "02-demo.json"
+    report.write_text(
+        '{"title": "Demo", "command": "flywheel demo --baseline", "produced_by": "x", "demo_headline": "Gain"}'
+    )
+    base = {
+        "seed": 0,
+        "source": "rollouts",
+        "before": {"success": 0.533, "calls_per_episode": 2.98},
+        "after": {"success": 0.879, "calls_per_episode": 2.21},
+        "delta": {"success_points": 34.6},
+        "rl_steps": 136,
+        "rl_seconds": 390.2,
+    }
+    with_baseline = {**base, "sft_only_baseline": {"success": 0.725, "calls_per_episode": 3.09}}
+    for i, run in enumerate((with_baseline, {**base, "sft_only_baseline": None})):
+        out = tmp_path / f"out{i}" / "report.json"
+        out.parent.mkdir()
+        out.write_text(json.dumps(run))
+        results_page.add_demo(report, out, f"run {i}")
+    items = results_page.reports(tmp_path)
+    page = results_page.render_page(items)
+    assert "| Δ points | SFT only, equal time | Δ SFT only | RL steps |" in page
+    assert "| **+34.6** | 72.5% (3.09) | +19.2 | 136 |" in page
+    assert "| **+34.6** |  |  | 136 |" in page
+    assert "(SFT only, equal time: +19.2)" in results_page.render_headline(items)
