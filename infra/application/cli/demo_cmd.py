@@ -2,7 +2,9 @@
 
 ``--agent calc`` (the default) is the calculator agent of ``demo_agents/calc_agent``; ``--agent sql`` the
 LangGraph SQL agent of ``demo_agents/sql_agent`` (writer and rewriter trained, checker recorded as
-context). What differs between them is in ``infra/application/demo/agents.py``.
+context). What differs between them is in ``infra/application/demo/agents.py``. ``--policies`` trains the
+SQL agent's roles as LoRA adapters over the frozen warm start, one per role or one shared
+(``infra/application/demo/roles.py``).
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ def demo(
             "start (its own environment: infra/scripts/vllm_env.sh), each version reloaded into it"
         ),
     ] = EngineChoice.embedded,
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            help="--agent sql: train its roles as LoRA adapters over the frozen warm start, one per role "
+            "named (writer,rewriter) or one for both (shared); without it the whole model is fine-tuned. "
+            "--lr is then the adapters' rate (default 2e-3)"
+        ),
+    ] = None,
 ) -> None:
     """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
@@ -182,6 +192,7 @@ def demo(
     from infra.application.demo.prompt_stage import PromptStageConfig
     from infra.application.demo.replaying import RecordedRunError
     from infra.application.demo.report import plot, write_json
+    from infra.application.demo.roles import RolePoliciesError, role_policies
     from infra.application.demo.run import DemoConfig, run_seed
     from infra.application.demo.tenants import LORA_LEARNING_RATE
     from infra.application.demo.tenants import run_seed as run_tenants_seed
@@ -194,6 +205,16 @@ def demo(
         )
         raise typer.Exit(2)
     chosen = demo_agent(agent.value, cache or DEFAULT_CACHE)
+    roles = None
+    if policies is not None:
+        try:
+            roles = role_policies(chosen, policies)
+        except RolePoliciesError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if baseline or engine is not EngineChoice.embedded:
+            typer.echo("error: --policies runs on the embedded engine, without --baseline", err=True)
+            raise typer.Exit(2)
     stage = None
     if optimize_prompt:
         if not reflection_url or not reflection_model:
@@ -241,7 +262,9 @@ def demo(
             batch_groups=batch_groups,
             group_size=group_size,
             max_in_flight=batch_groups + max(2, batch_groups // 2),
-            learning_rate=lr if lr is not None else (LORA_LEARNING_RATE if tenants else chosen.learning_rate),
+            learning_rate=lr
+            if lr is not None
+            else (LORA_LEARNING_RATE if tenants or roles else chosen.learning_rate),
             eval_tasks=eval_tasks,
             baseline=baseline,
             baseline_seconds=5.0 if tiny else None,
@@ -257,6 +280,7 @@ def demo(
             agent=agent.value,
             curriculum=curriculum,
             engine=engine.value,
+            policies=policies or "",
         )
         display = LiveDisplay(console)
         display.title = f"flywheel demo, seed {s}: {TITLES[source.value]}"
@@ -264,6 +288,8 @@ def demo(
             display.title += f", two tenants ({tenants.value} adapter)"
         if agent is not AgentChoice.calc:
             display.title += f" ({chosen.title})"
+        if roles is not None:
+            display.title += f", LoRA: {roles.config} ({', '.join(sorted(roles.policies))})"
         try:
             with display:
                 if tenants is not None:
@@ -292,6 +318,8 @@ def demo(
         report = {k: report[k] for k in ("seed", "wall_seconds")}
         report.update({k: _aggregate(runs, k) for k in ("before", "after", "sft_only_baseline")})
         report["source"] = source.value
+        if "policies_config" in runs[0]:
+            report["policies_config"] = runs[0]["policies_config"]
         report["seeds"] = [r["seed"] for r in runs]
         report["per_seed"] = [_jsonable(r) for r in runs]
     write_json(out / "report.json", report)
@@ -410,6 +438,7 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
     console.print(table)
     for run in runs:
         _calls_by_model(console, run)
+        _updates_by_policy(console, run)
 
 
 def _calls_by_model(console: Any, run: dict[str, Any]) -> None:
@@ -425,6 +454,23 @@ def _calls_by_model(console: Any, run: dict[str, Any]) -> None:
             cells = ", ".join(f"{m} {c['trained']:.2f}/{c['context']:.2f}" for m, c in by_model.items())
             parts.append(f"{key}: {cells}")
     console.print(f"seed {run['seed']}, calls per episode by model (trained/context): " + "; ".join(parts))
+
+
+def _updates_by_policy(console: Any, run: dict[str, Any]) -> None:
+    """An agent with roles: each policy's updates, seconds per update and adapter bytes."""
+    updates = run.get("updates_by_policy")
+    if not updates:
+        return
+    parts = []
+    for name, u in updates.items():
+        per = u.get("seconds_per_update") or {}
+        size = u["adapter_bytes"] if u.get("adapter_bytes") is not None else u.get("model_bytes")
+        what = "adapter" if u.get("adapter_bytes") is not None else "model"
+        parts.append(
+            f"{name} {u['updates']} updates, {per.get('mean', 0.0):.2f} s/update, {what} {size or 0:,} bytes"
+        )
+    config = run.get("policies_config", "full")
+    console.print(f"seed {run['seed']}, {config}: " + "; ".join(parts))
 
 
 def _pct(value: float | None) -> str:

@@ -4,7 +4,9 @@ An evaluation publishes one ``RolloutRequested(mode=val)`` per held-out task (a 
 waits for the reward service's ``EpisodeScored`` of each: the same worker → agent → gateway → engine
 → reward path as training, and the trainer skips ``val`` episodes. With ``by_model`` it also reads the
 episodes' ``LLMCallRecorded`` and counts, per requested model name, the calls that became transitions
-(``trained``) and those the reward service's selector kept as context. Training progress is read from the
+(``trained``) and those the reward service's selector kept as context, and which LoRA adapter (and
+version) served them: with a policy map the gateway picks each call's adapter, so an evaluation measures
+the adapters as the agent's roles are served by them. Training progress is read from the
 trainer's ``TrainerStepCompleted`` events on ``flywheel.control``.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.application.demo.ledger import BASE
 from infra.bus.base import Bus, Message
 from schemas import (
     CONTROL,
@@ -56,9 +59,14 @@ class EvalResult:
     weight_versions: list[int] = field(default_factory=list)
     # per requested model name: {"calls", "trained", "context"} per episode (``evaluate(by_model=True)``)
     calls_by_model: dict[str, dict[str, float]] | None = None
+    # per requested model name: the adapters that served its calls (``(base)``: none) and the adapter
+    # versions they were recorded with; only when an adapter served one of the episodes' calls
+    adapters_by_model: dict[str, dict[str, list[int]]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        extra = {} if self.calls_by_model is None else {"calls_by_model": self.calls_by_model}
+        extra: dict[str, Any] = {} if self.calls_by_model is None else {"calls_by_model": self.calls_by_model}
+        if self.adapters_by_model is not None:
+            extra["adapters_by_model"] = self.adapters_by_model
         return {
             "success": round(self.success, 4),
             "reward": round(self.reward, 4),
@@ -74,6 +82,8 @@ class EvalResult:
 
 
 Models = dict[str, dict[int, str]]  # episode_id → call_seq → the model name the call asked for
+# episode_id → call_seq → the adapter that served the call (None: no adapter) and its version
+Served = dict[str, dict[int, tuple[str | None, int | None]]]
 
 
 def calls_by_model(scored: Sequence[EpisodeScored], models: Models) -> dict[str, dict[str, float]]:
@@ -89,7 +99,30 @@ def calls_by_model(scored: Sequence[EpisodeScored], models: Models) -> dict[str,
     return {m: {k: round(v / n, 4) for k, v in row.items()} for m, row in sorted(counts.items())}
 
 
-def summarise(scored: Sequence[EpisodeScored], seconds: float, models: Models | None = None) -> EvalResult:
+def adapters_by_model(
+    scored: Sequence[EpisodeScored], models: Models, served: Served
+) -> dict[str, dict[str, list[int]]] | None:
+    """Per model name, the adapters that served the episodes' calls (``(base)``: none) with the adapter
+    versions recorded; None when no adapter served any of them."""
+    seen: dict[str, dict[str, set[int]]] = {}
+    for e in scored:
+        calls = served.get(e.episode_id, {})
+        for seq, model in models.get(e.episode_id, {}).items():
+            adapter, version = calls.get(seq, (None, None))
+            versions = seen.setdefault(model, {}).setdefault(adapter or BASE, set())
+            if adapter is not None and version is not None:
+                versions.add(version)
+    if not any(a != BASE for by in seen.values() for a in by):
+        return None
+    return {m: {a: sorted(v) for a, v in sorted(by.items())} for m, by in sorted(seen.items())}
+
+
+def summarise(
+    scored: Sequence[EpisodeScored],
+    seconds: float,
+    models: Models | None = None,
+    served: Served | None = None,
+) -> EvalResult:
     n = max(1, len(scored))
     versions = sorted({t.weight_version for e in scored for t in e.transitions})
     return EvalResult(
@@ -103,6 +136,7 @@ def summarise(scored: Sequence[EpisodeScored], seconds: float, models: Models | 
         seconds=seconds,
         weight_versions=versions,
         calls_by_model=None if models is None else calls_by_model(scored, models),
+        adapters_by_model=None if models is None else adapters_by_model(scored, models, served or {}),
     )
 
 
@@ -121,12 +155,14 @@ async def evaluate(
     got: dict[str, EpisodeScored] = {}
     done = asyncio.Event()
     models: Models = {}
+    served: Served = {}
     new_call = asyncio.Event()
 
     async def on_call(msg: Message) -> None:
         event = msg.event
         if isinstance(event, LLMCallRecorded):
             models.setdefault(event.episode_id, {})[event.call_seq] = event.model
+            served.setdefault(event.episode_id, {})[event.call_seq] = (event.adapter, event.adapter_version)
             new_call.set()
 
     async def on_scored(msg: Message) -> None:
@@ -163,7 +199,7 @@ async def evaluate(
         if calls is not None:
             await calls.stop()
     seconds = time.perf_counter() - t0
-    return summarise(list(got.values()), seconds, models if by_model else None)
+    return summarise(list(got.values()), seconds, models if by_model else None, served)
 
 
 async def _calls_seen(

@@ -32,8 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.application.demo import production, replaying
+from infra.application.demo import production, replaying, roles
 from infra.application.demo.agents import CALC_REF, DemoAgent, demo_agent
+from infra.application.demo.ledger import Ledger, model_of
 from infra.application.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
 from infra.application.demo.prompt_stage import PromptStageConfig, optimize_stage
 from infra.application.demo.warmstart import (
@@ -90,6 +91,9 @@ class DemoConfig:
     agent: str = "calc"  # which demo agent (infra/application/demo/agents.py); ``warm`` is its recipe
     curriculum: float | None = None  # rollouts: the signal curriculum's revisit probability (None: off)
     engine: Literal["embedded", "vllm"] = "embedded"  # vllm: a real vLLM serves the policy (_vllm_server)
+    # an agent with roles: a LoRA adapter per role ("writer,rewriter") or one shared ("shared") over the
+    # frozen warm start (infra/application/demo/roles.py); "": the whole model, fully fine-tuned
+    policies: str = ""
 
 
 Say = Callable[[str], None]
@@ -155,6 +159,10 @@ async def run_seed(
     if cfg.agent != "calc" and (cfg.source != "rollouts" or cfg.optimize is not None):
         # production users, replayed runs and the prompt stage are written for the calculator's tasks
         raise ValueError(f"agent {cfg.agent!r} runs with source 'rollouts' only, without a prompt stage")
+    policies = roles.role_policies(agent, cfg.policies) if cfg.policies else None
+    if policies is not None and (cfg.baseline or cfg.engine != "embedded"):
+        # the SFT-only baseline replaces the whole model; vLLM would need LoRA enabled at its launch
+        raise roles.RolePoliciesError("--policies runs on the embedded engine, without --baseline")
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
     say(f"[seed {cfg.seed}] warm start (cache {cfg.cache / warm_cfg.key()})")
     warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say, cfg.gate)
@@ -163,6 +171,9 @@ async def run_seed(
     by_model = bool(agent.train_models)  # a selective agent: report trained vs context calls per model
     # One event-log directory per process (chdb's rule): every seed of this run records into it.
     settings = stack_settings(cfg, data_dir, trainer_dir, agent)
+    lora: dict[str, Any] | None = None
+    if policies is not None:  # adapters over the frozen warm start, at the rate the command line gave
+        settings, lora = roles.with_adapters(settings, policies, cfg.learning_rate)
     fixed = await _fixed_models(agent, cfg, warm_dir, seed_dir, say)
     if fixed is not None:
         routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
@@ -190,6 +201,7 @@ async def run_seed(
     report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source, "engine": cfg.engine}
     if cfg.agent != "calc":
         report["agent"] = cfg.agent
+        report.update(roles.report_fields(policies, lora))
     if fixed is not None:
         report["fixed_models"] = {name: fixed.url for name in agent.fixed_models}
     try:
@@ -205,6 +217,10 @@ async def run_seed(
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)
         await monitor.start()
+        # an agent with roles: each role's calls by adapter, and each policy's updates
+        ledger = Ledger(stack.bus, by=model_of) if by_model else None
+        if ledger is not None:
+            await ledger.start()
         since = datetime.now(UTC)
         if cfg.source == "production":
             phase = await production.production_phase(
@@ -242,6 +258,9 @@ async def run_seed(
         rl_seconds = float(phase.pop("rl_seconds"))
         until = datetime.now(UTC)
         await monitor.stop()
+        if ledger is not None:
+            await ledger.stop()
+            report.update(roles.update_figures(ledger, policies, warm_dir))
         say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
         after = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
@@ -268,7 +287,8 @@ async def run_seed(
                 "rl_seconds": round(rl_seconds, 1),
                 "rl_run_seconds": round(rl_run_seconds, 1),
                 "rl_window": {"since": since.isoformat(), "until": until.isoformat()},
-                "rl_steps": len(monitor.points),
+                # with adapters a point is one adapter's update; a step may update several
+                "rl_steps": stack.trainer.step if policies is not None else len(monitor.points),
                 "rl_batches_without_signal": stack.trainer.batches_without_signal,
                 "rl_groups_received": len(stack.trainer.intake.consumed),
                 "trainer_samples": stack.trainer.status().samples,

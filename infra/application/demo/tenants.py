@@ -48,9 +48,7 @@ from openai import AsyncOpenAI
 from demo_agents.calc_agent import tasks as calc_tasks
 from demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
 from infra.application.demo import production
-from infra.bus.base import Bus, Message
-from schemas import CONTROL, EPISODES, LLMCallRecorded
-from schemas.control import TrainerStepCompleted
+from infra.application.demo.ledger import Ledger
 
 if TYPE_CHECKING:
     from infra.application.demo.pipeline import StepPoint
@@ -179,77 +177,6 @@ async def probe(
 
 def heldout_tasks(seed: int, n: int) -> list[dict[str, Any]]:
     return calc_tasks.sample("heldout", 10_000 + seed, n)
-
-
-class Ledger:
-    """What the bus says about the tenants during RL: each tenant's calls by the adapter (and version)
-    that served them, and each adapter's trainer steps."""
-
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-        self.calls: dict[str, Counter[str]] = {}
-        self.versions: dict[str, set[int]] = {}
-        self.steps: dict[str, list[dict[str, float]]] = {}
-        self._subs: list[Any] = []
-
-    async def start(self) -> None:
-        group = f"demo-tenants-{time.monotonic_ns()}"
-        self._subs = [
-            await self.bus.subscribe(EPISODES, group, self._on_event, from_beginning=False),
-            await self.bus.subscribe(CONTROL, group, self._on_event, from_beginning=False),
-        ]
-
-    async def stop(self) -> None:
-        subs, self._subs = self._subs, []
-        for sub in subs:
-            await sub.stop()
-
-    async def _on_event(self, msg: Message) -> None:
-        event = msg.event
-        if isinstance(event, LLMCallRecorded) and event.tenant:
-            adapter = event.adapter or "(base)"
-            self.calls.setdefault(event.tenant, Counter())[adapter] += 1
-            if event.adapter_version is not None:
-                self.versions.setdefault(adapter, set()).add(event.adapter_version)
-        elif isinstance(event, TrainerStepCompleted) and event.adapter:
-            m = event.metrics.as_dict()
-            keep = ("step_seconds", "train_seconds", "export_seconds", "adapter_bytes", "reward", "load_ms")
-            self.steps.setdefault(event.adapter, []).append(
-                {"version": float(event.version), **{k: m[k] for k in keep if k in m}}
-            )
-
-    def adapters(self) -> dict[str, dict[str, Any]]:
-        """Per adapter: versions trained, bytes of its export, seconds per update (mean, min, max)."""
-        out: dict[str, dict[str, Any]] = {}
-        for name, steps in sorted(self.steps.items()):
-            seconds = [s["step_seconds"] for s in steps if "step_seconds" in s]
-            out[name] = {
-                "versions": int(max(s["version"] for s in steps)),
-                "adapter_bytes": int(steps[-1].get("adapter_bytes", 0)),
-                "seconds_per_update": _summary(seconds),
-                "train_seconds_per_update": _summary(
-                    [s["train_seconds"] for s in steps if "train_seconds" in s]
-                ),
-                # the adapter versions its calls were recorded with: how many, the first and the last
-                "versions_served": _span(self.versions.get(name, set())),
-            }
-        return out
-
-
-def _span(versions: set[int]) -> dict[str, int] | None:
-    if not versions:
-        return None
-    return {"distinct": len(versions), "first": min(versions), "last": max(versions)}
-
-
-def _summary(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "mean": round(sum(values) / len(values), 4),
-        "min": round(min(values), 4),
-        "max": round(max(values), 4),
-    }
 
 
 async def tenants_phase(
