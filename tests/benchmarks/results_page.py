@@ -255,6 +255,16 @@ def _sft_only_gain(run: DemoRun) -> float | None:
     return round(100 * (float(sft["success"]) - float(run.report["before"]["success"])), 2)
 
 
+def _without_signal(run: DemoRun) -> float | None:
+    """The share of trained groups whose rewards were all equal (no GRPO signal), from the per-step
+    figures a seed's own report.json keeps (``steps``); None without them."""
+    steps = run.report.get("steps") or []
+    groups = sum(float(s.get("groups", 0)) for s in steps)
+    if not groups:
+        return None
+    return sum(float(s.get("groups_zero_variance", 0)) for s in steps) / groups
+
+
 def _pct(value: object) -> str:
     return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
 
@@ -264,6 +274,8 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     replay = any(_on_policy_gain(run) is not None for run in runs)
     production = any(run.report.get("thumbs_up") for run in runs)  # --source production: users' ratings
     baseline = any(run.report.get("sft_only_baseline") for run in runs)  # the equal-time SFT-only baseline
+    signal = any(_without_signal(run) is not None for run in runs)  # a seed's report.json with its steps
+    curriculum = any(run.report.get("curriculum") for run in runs)  # --curriculum: its revisit probability
     columns = (
         "seed",
         "source",
@@ -273,6 +285,8 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
         "Δ points",
         *(("SFT only, equal time", "Δ SFT only") if baseline else ()),
         *(("on-policy run's Δ", "transitions trained") if replay else ()),
+        *(("curriculum revisit",) if curriculum else ()),
+        *(("trained groups without signal",) if signal else ()),
         "RL steps",
         "RL s",
         *(("thumbs up, first → last minute", "rated sessions") if production else ()),
@@ -300,6 +314,11 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
                 "" if on_policy is None else f"{on_policy:+.1f}",
                 _number((r.get("replay") or {}).get("transitions_trained")),
             ]
+        if curriculum:
+            row.append(_number((r.get("curriculum") or {}).get("revisit")))
+        if signal:
+            share = _without_signal(run)
+            row.append("" if share is None else f"{share:.0%}")
         row += [_number(r.get("rl_steps")), _number(r.get("rl_seconds"))]
         if production:
             thumbs = r.get("thumbs_up") or {}

@@ -355,3 +355,31 @@ def test_a_demos_sft_only_baseline_reaches_its_row_and_the_headline(tmp_path: Pa
     assert "| **+34.6** | 72.5% (3.09) | +19.2 | 136 |" in page
     assert "| **+34.6** |  |  | 136 |" in page
     assert "(SFT only, equal time: +19.2)" in results_page.render_headline(items)
+
+
+def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_path: Path) -> None:
+    """The share of trained groups without signal is read from a seed's per-step figures (``steps``) and
+    the curriculum's revisit probability from its report; a run without them leaves the cells empty."""
+    results_page = _results_page()
+    report = tmp_path / "03-demo.json"
+    report.write_text('{"title": "Demo", "command": "flywheel demo --curriculum 0.5", "produced_by": "x"}')
+    base = {
+        "seed": 0,
+        "source": "rollouts",
+        "before": {"success": 0.5, "calls_per_episode": 2.9},
+        "after": {"success": 0.82, "calls_per_episode": 2.3},
+        "delta": {"success_points": 32.0},
+        "rl_steps": 2,
+        "rl_seconds": 390.0,
+    }
+    steps = [{"groups": 8.0, "groups_zero_variance": 2.0}, {"groups": 8.0, "groups_zero_variance": 1.0}]
+    runs = ({**base, "curriculum": {"revisit": 0.5}, "steps": steps}, base)
+    for i, run in enumerate(runs):
+        out = tmp_path / f"out{i}" / "report.json"
+        out.parent.mkdir()
+        out.write_text(json.dumps(run))
+        results_page.add_demo(report, out, f"run {i}")
+    page = results_page.render_page(results_page.reports(tmp_path))
+    assert "| curriculum revisit | trained groups without signal | RL steps |" in page
+    assert "| **+32.0** | 0.5 | 19% | 2 | 390 |" in page
+    assert "| **+32.0** |  |  | 2 | 390 |" in page
