@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -271,6 +272,15 @@ def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: P
         results_page.add_demo(report, report, "not a demo")
 
 
+def _add_demo_runs(results_page: ModuleType, report: Path, runs: tuple[dict[str, Any], ...]) -> None:
+    """Each of ``runs`` written as a demo's report.json and added to ``report`` as ``run i``."""
+    for i, run in enumerate(runs):
+        out = report.parent / f"out{i}" / "report.json"
+        out.parent.mkdir()
+        out.write_text(json.dumps(run))
+        results_page.add_demo(report, out, f"run {i}")
+
+
 def test_a_production_demos_ratings_reach_its_row(tmp_path: Path) -> None:
     """A ``--source production`` run's users' thumbs-up rate (first and last minute) and its rated sessions
     are read from its report.json; a run without them leaves those cells empty."""
@@ -287,11 +297,7 @@ def test_a_production_demos_ratings_reach_its_row(tmp_path: Path) -> None:
         "rl_seconds": 420.5,
     }
     rated = {**base, "feedback": 8155, "thumbs_up": {"first_minute": 0.406, "last_minute": 0.733}}
-    for i, run in enumerate((rated, base)):
-        out = tmp_path / f"out{i}" / "report.json"
-        out.parent.mkdir()
-        out.write_text(json.dumps(run))
-        results_page.add_demo(report, out, f"run {i}")
+    _add_demo_runs(results_page, report, (rated, base))
     page = results_page.render_page(results_page.reports(tmp_path))
     assert "| thumbs up, first → last minute | rated sessions |" in page
     assert "| **+48.4** | 122 | 420.5 | 40.6% → 73.3% | 8,155 |  | [run 0]" in page
@@ -344,11 +350,7 @@ def test_a_demos_sft_only_baseline_reaches_its_row_and_the_headline(tmp_path: Pa
         "rl_seconds": 390.2,
     }
     with_baseline = {**base, "sft_only_baseline": {"success": 0.725, "calls_per_episode": 3.09}}
-    for i, run in enumerate((with_baseline, {**base, "sft_only_baseline": None})):
-        out = tmp_path / f"out{i}" / "report.json"
-        out.parent.mkdir()
-        out.write_text(json.dumps(run))
-        results_page.add_demo(report, out, f"run {i}")
+    _add_demo_runs(results_page, report, (with_baseline, {**base, "sft_only_baseline": None}))
     items = results_page.reports(tmp_path)
     page = results_page.render_page(items)
     assert "| Δ points | SFT only, equal time | Δ SFT only | RL steps |" in page
@@ -374,11 +376,7 @@ def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_p
     }
     steps = [{"groups": 8.0, "groups_zero_variance": 2.0}, {"groups": 8.0, "groups_zero_variance": 1.0}]
     runs = ({**base, "curriculum": {"revisit": 0.5}, "steps": steps}, base)
-    for i, run in enumerate(runs):
-        out = tmp_path / f"out{i}" / "report.json"
-        out.parent.mkdir()
-        out.write_text(json.dumps(run))
-        results_page.add_demo(report, out, f"run {i}")
+    _add_demo_runs(results_page, report, runs)
     page = results_page.render_page(results_page.reports(tmp_path))
     assert "| curriculum revisit | trained groups without signal | RL steps |" in page
     assert "| **+32.0** | 0.5 | 19% | 2 | 390 |" in page

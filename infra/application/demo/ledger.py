@@ -83,8 +83,8 @@ class Ledger:
                 "updates": len(steps),
                 "versions": int(max(s["version"] for s in steps)),
                 "adapter_bytes": None if size is None else int(size),
-                "seconds_per_update": _summary(seconds),
-                "train_seconds_per_update": _summary(
+                "seconds_per_update": summary(seconds),
+                "train_seconds_per_update": summary(
                     [s["train_seconds"] for s in steps if "train_seconds" in s]
                 ),
                 # the adapter versions its calls were recorded with: how many, the first and the last
@@ -99,11 +99,12 @@ def _span(versions: set[int]) -> dict[str, int] | None:
     return {"distinct": len(versions), "first": min(versions), "last": max(versions)}
 
 
-def _summary(values: list[float]) -> dict[str, float] | None:
+def summary(values: list[float], digits: int = 4) -> dict[str, float] | None:
+    """Mean, min and max of ``values`` rounded to ``digits`` (None when there are none)."""
     if not values:
         return None
     return {
-        "mean": round(sum(values) / len(values), 4),
-        "min": round(min(values), 4),
-        "max": round(max(values), 4),
+        "mean": round(sum(values) / len(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
     }

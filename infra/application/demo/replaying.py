@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from infra.application.demo.ledger import summary
 from infra.application.replay import ReplayFilter, ReplayReport, completion_order, has_signal, plan_replay
 from infra.eventlog.models import EpisodeFilter
 from schemas import TRANSITIONS, EpisodeScored
@@ -153,16 +154,6 @@ def stale_counts(trainer: TrainerService) -> dict[str, int]:
             registry.get_sample_value("flywheel_trainer_skipped_events_total", {"reason": reason}) or 0
         )
         for reason in ("stale_transition", "stale_episode")
-    }
-
-
-def _summary(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "mean": round(sum(values) / len(values), 5),
-        "min": round(min(values), 5),
-        "max": round(max(values), 5),
     }
 
 
@@ -433,7 +424,9 @@ async def replay_phase(
         "checkpoints": [p.as_dict() for p in points],
         "chosen": {**best.as_dict(), "served_version": served, "last": best is points[-1]},
         # Per-step means as the trainer reports them, summarised over the steps (mean, min, max).
-        "importance": {name: _summary([m[name] for m in seen if name in m]) for name in STEP_METRICS},
+        "importance": {
+            name: summary([m[name] for m in seen if name in m], digits=5) for name in STEP_METRICS
+        },
         "stale": {
             **stale,
             "share_of_sent_transitions": round(stale["stale_transition"] / sent_transitions, 4)
