@@ -31,12 +31,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.errors import NotFoundError
 from gateway.seqs import BLOCK, SeqJournal
 from gateway.tokens_in import Turn
 from infra.tickets import EpisodeTicket
 from schemas import EpisodeSource, EpisodeStarted, Mode, is_valid_episode_id
+
+if TYPE_CHECKING:
+    from gateway.prompts import ActivePrompt
 
 
 @dataclass(slots=True)
@@ -60,6 +64,10 @@ class EpisodeState:
     prev_prompt: list[int] | None = None
     prev_responses: list[list[int]] = field(default_factory=list)
     turn: Turn | None = None  # the previous chat call, for tokens-in (gateway/tokens_in.py)
+    # the prompt version that serves it (gateway/prompts.py), set at its first call: an episode without
+    # a group keeps its own pin, so it is forgotten with the episode
+    prompt_pinned: bool = False
+    prompt_pin: ActivePrompt | None = None
 
     def take_seq(self) -> int:
         seq = self.next_seq

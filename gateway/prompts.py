@@ -18,9 +18,10 @@ substituted body, so the recorded prompt ids are what the model saw (token faith
 ``flywheel.control``, kept in ``<data_dir>/gateway/prompt.json`` across restarts) and *pins* a version
 per GRPO group (per episode when it has no group) at the group's first call: a version activated while
 a group is being sampled serves only groups that start after it, so a group never mixes prompt
-versions (its advantages compare like with like). Pins live in this gateway's memory (bounded, least
-recently used out): replicas each pin their own, which keeps a group whole as long as its episodes go
-through one gateway, as the embedded stack and one-gateway deployments do.
+versions (its advantages compare like with like). Pins live in this gateway's memory: a group's in a
+map bounded by count (least recently used out), an episode's own on its state, forgotten with it.
+Replicas each pin their own, which keeps a group whole as long as its episodes go through one gateway,
+as the embedded stack and one-gateway deployments do.
 """
 
 from __future__ import annotations
@@ -172,15 +173,21 @@ class PromptStore:
         return active
 
     def for_episode(self, episode: EpisodeState) -> ActivePrompt | None:
-        """The version that serves ``episode``: its group's pin, pinned now to the active one if new."""
-        key = f"g:{episode.group_id}" if episode.group_id else f"e:{episode.episode_id}"
-        if key in self._pins:
-            self._pins.move_to_end(key)
-            return self._pins[key]
-        self._pins[key] = self.active
-        while len(self._pins) > self.max_pins:
-            self._pins.popitem(last=False)
-        return self.active
+        """The version that serves ``episode``: its group's pin (its own without a group), pinned now to
+        the active one if new."""
+        if episode.prompt_pinned:
+            return episode.prompt_pin
+        pin = self.active
+        if episode.group_id:
+            if episode.group_id in self._pins:
+                self._pins.move_to_end(episode.group_id)
+                pin = self._pins[episode.group_id]
+            else:
+                self._pins[episode.group_id] = pin
+                while len(self._pins) > self.max_pins:
+                    self._pins.popitem(last=False)
+        episode.prompt_pinned, episode.prompt_pin = True, pin
+        return pin
 
     def apply(self, episode: EpisodeState, data: dict[str, Any], raw: bytes) -> Substituted:
         return substitute(data, self.for_episode(episode), raw)

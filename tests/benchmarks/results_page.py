@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import string
 import sys
 from dataclasses import dataclass
@@ -265,6 +266,17 @@ def _without_signal(run: DemoRun) -> float | None:
     return sum(float(s.get("groups_zero_variance", 0)) for s in steps) / groups
 
 
+def _weight_update(run: DemoRun) -> str:
+    """The median weight update over the RL steps that made one: drain + load ms, from the report's
+    ``steps``; empty without them."""
+    steps = [s for s in run.report.get("steps") or [] if float(s.get("load_ms", 0)) > 0]
+    if not steps:
+        return ""
+    drain = statistics.median(float(s["drain_ms"]) for s in steps)
+    load = statistics.median(float(s["load_ms"]) for s in steps)
+    return f"{drain:,.0f} + {load:,.0f}"
+
+
 def _pct(value: object) -> str:
     return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
 
@@ -276,6 +288,8 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     baseline = any(run.report.get("sft_only_baseline") for run in runs)  # the equal-time SFT-only baseline
     signal = any(_without_signal(run) is not None for run in runs)  # a seed's report.json with its steps
     curriculum = any(run.report.get("curriculum") for run in runs)  # --curriculum: its revisit probability
+    # an engine other than the embedded one (--engine vllm): how long its weight updates took
+    updates = any(run.report.get("engine") not in (None, "embedded") for run in runs)
     columns = (
         "seed",
         "source",
@@ -289,6 +303,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
         *(("trained groups without signal",) if signal else ()),
         "RL steps",
         "RL s",
+        *(("weight update, median ms (drain + load)",) if updates else ()),
         *(("thumbs up, first → last minute", "rated sessions") if production else ()),
         "warm-start gate",
         "run",
@@ -320,6 +335,8 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
             share = _without_signal(run)
             row.append("" if share is None else f"{share:.0%}")
         row += [_number(r.get("rl_steps")), _number(r.get("rl_seconds"))]
+        if updates:
+            row.append(_weight_update(run))
         if production:
             thumbs = r.get("thumbs_up") or {}
             row += [

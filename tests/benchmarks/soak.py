@@ -60,6 +60,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,7 @@ async def _sampler(
         heap = await asyncio.to_thread(_blocks, root, blocks, len(out) + 1)
         cpu = await asyncio.to_thread(_cpu, root)
         step = await asyncio.to_thread(_trainer_step, url)
+        chdb = await asyncio.to_thread(_chdb_mb, url)
         load = os.getloadavg()[0]
         out.append(
             {
@@ -275,6 +277,7 @@ async def _sampler(
                 "calls": tally.answered,
                 "rss": rss,
                 "blocks": heap,
+                "chdb_mb": chdb,
                 "load1": load,
                 "cpu": cpu,
                 "trainer_step": step,
@@ -327,7 +330,8 @@ def _minute(latencies: list[tuple[float, float]], lo: float, hi: float) -> tuple
 
 
 def _by_minute(tally: Tally, samples: list[dict[str, Any]], m: int) -> dict[str, Any]:
-    """Minute ``m`` (from 0) of the run: latency, completion tokens, trainer steps, CPU a call."""
+    """Minute ``m`` (from 0) of the run: latency, completion tokens, trainer steps, CPU a call, and where
+    the stack process's memory is (its RSS, chdb's own tracked memory, the interpreter's blocks)."""
     lo, hi = m * 60, m * 60 + 60
     p50, p99 = _minute(tally.latencies, lo, hi)
     return {
@@ -336,6 +340,26 @@ def _by_minute(tally: Tally, samples: list[dict[str, Any]], m: int) -> dict[str,
         "p99_ms": round(p99, 1),
         "completion_tokens": _mean_tokens(tally.tokens, lo, hi, 2),
         **_minute_work(samples, lo, hi),
+        **_minute_memory(samples, lo, hi),
+    }
+
+
+def _median_of(
+    samples: list[dict[str, Any]], lo: float, hi: float, read: Callable[[dict[str, Any]], Any]
+) -> Any:
+    """The median of ``read(sample)`` over the samples in ``[lo, hi)`` that have it (None if none do)."""
+    values = [v for s in samples if lo <= s["t"] < hi and (v := read(s)) is not None]
+    return statistics.median(values) if values else None
+
+
+def _minute_memory(samples: list[dict[str, Any]], lo: float, hi: float) -> dict[str, Any]:
+    stack = _median_of(samples, lo, hi, lambda s: s["rss"].get("stack"))
+    chdb = _median_of(samples, lo, hi, lambda s: s.get("chdb_mb"))
+    blocks = _median_of(samples, lo, hi, lambda s: s.get("blocks"))
+    return {
+        "rss_mb_stack": _round(stack),
+        "chdb_mb": _round(chdb),
+        "heap_blocks": None if blocks is None else int(blocks),
     }
 
 
@@ -543,6 +567,8 @@ async def _drive(
     rss2 = _rss_around(samples, 90.0, 150.0)
     rss5 = _rss_around(samples, base_t - 30, base_t + 30)
     rss_end = _rss_around(samples, end - 60, end + 1)
+    chdb5 = _median_of(samples, base_t - 30, base_t + 30, lambda s: s.get("chdb_mb"))
+    chdb_end = _median_of(samples, end - 60, end + 1, lambda s: s.get("chdb_mb"))
     return {
         "minutes": round(end / 60, 2),
         "agents": agents,
@@ -559,6 +585,8 @@ async def _drive(
         "rss_ratio_last_vs_base_sample": round(
             sum(samples[-1]["rss"].values()) / sum(_at(samples, base_t)["rss"].values()), 4
         ),
+        "chdb_mb_min5": _round(chdb5),
+        "chdb_mb_end": _round(chdb_end),
         "slope_kb_per_1k_calls": round(_slope_kb_per_1k(fitted), 1),
         "heap_blocks_per_call": _round(_blocks_per_call(fitted)),
         "latency_base_minute": base_t / 60,
@@ -582,6 +610,7 @@ async def _drive(
                 "calls": s["calls"],
                 "rss": {k: round(v) for k, v in s["rss"].items()},
                 "blocks": s["blocks"],
+                "chdb_mb": _round(s.get("chdb_mb")),
                 "load1": round(s["load1"], 1),
                 "trainer_step": s["trainer_step"],
             }
@@ -600,6 +629,20 @@ def _trainer_step(url: str) -> int | None:
         r = httpx.get(f"{url}/admin/ops/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         step = r.json().get("control", {}).get("trainer_step")
         return int(step) if step is not None else 0
+    return None
+
+
+def _chdb_mb(url: str) -> float | None:
+    """The memory chdb tracks itself (ClickHouse's ``MemoryTracking``: caches, parts, merges), in MB."""
+    sql = "SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'"
+    with contextlib.suppress(Exception):
+        r = httpx.post(
+            f"{url}/admin/eventlog/query",
+            json={"sql": sql},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        return int(r.json()["rows"][0][0]) / 2**20
     return None
 
 

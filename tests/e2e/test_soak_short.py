@@ -40,6 +40,8 @@ def test_memory_stays_flat_and_nothing_is_lost_under_steady_traffic() -> None:
     assert minutes and all(m["completion_tokens"] for m in minutes), minutes
     assert all(m["cpu_ms_per_call"].get("python", 0) > 0 for m in minutes), minutes
     assert sum(m["trainer_steps"] or 0 for m in minutes) > 0, minutes
+    # where the stack's memory is: its RSS, chdb's own tracked memory and the interpreter's blocks
+    assert all(m["rss_mb_stack"] and m["chdb_mb"] and m["heap_blocks"] for m in minutes), minutes
     # abandoned episodes and idle sessions (3 in 8 episodes of 3 calls) are forgotten after ~20 s: held
     # forever, they would be answered / 8 at the end; forgotten, those of the last ~22 s of 180
     assert r["gateway_open_episodes_end"] is not None and r["gateway_open_episodes_end"] <= r["answered"] / 16

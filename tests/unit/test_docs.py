@@ -381,3 +381,33 @@ def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_p
     assert "| curriculum revisit | trained groups without signal | RL steps |" in page
     assert "| **+32.0** | 0.5 | 19% | 2 | 390 |" in page
     assert "| **+32.0** |  |  | 2 | 390 |" in page
+
+
+def test_a_vllm_runs_weight_updates_reach_its_row(tmp_path: Path) -> None:
+    """A run on an engine other than the embedded one shows its median weight update (drain + load ms)
+    over the steps that made one, read from its report's ``steps``."""
+    results_page = _results_page()
+    report = tmp_path / "01b-demo.json"
+    report.write_text('{"title": "Demo", "command": "flywheel demo --engine vllm", "produced_by": "x"}')
+    steps = [
+        {"drain_ms": 0.0, "load_ms": 0.0},  # the first step: nothing served yet to update
+        {"drain_ms": 200.0, "load_ms": 90.0},
+        {"drain_ms": 240.0, "load_ms": 110.0},
+        {"drain_ms": 1200.0, "load_ms": 100.0},
+    ]
+    run = {
+        "seed": 0,
+        "source": "rollouts",
+        "engine": "vllm",
+        "before": {"success": 0.25, "calls_per_episode": 2.6},
+        "after": {"success": 0.65, "calls_per_episode": 2.2},
+        "delta": {"success_points": 40.0},
+        "rl_steps": 3,
+        "rl_seconds": 420.0,
+        "steps": steps,
+    }
+    _add_demo_runs(results_page, report, (run, {**run, "steps": None}))
+    page = results_page.render_page(results_page.reports(tmp_path))
+    assert "| RL steps | RL s | weight update, median ms (drain + load) | warm-start gate |" in page
+    assert "| **+40.0** | 3 | 420 | 240 + 100 |  | [run 0]" in page
+    assert "| **+40.0** | 3 | 420 |  |  | [run 1]" in page

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.prompts import ActivePrompt, substitute
+from gateway.episodes import EpisodeState
+from gateway.prompts import ActivePrompt, PromptStore, substitute
 from schemas import (
     CONTROL,
     LLMCallRecorded,
@@ -114,6 +115,26 @@ async def test_a_group_keeps_the_version_it_started_under(tmp_path):
         assert version[a] == version[b] == "p-one"  # b's first call came after the activation
         assert version[c] == "p-two"
         assert [r["messages"][0]["content"] for r in cfg.requests] == ["first", "first", "second"]
+
+
+def test_an_episode_without_a_group_keeps_its_pin_on_itself_and_groups_share_theirs():
+    """An episode's own pin lives on its state (forgotten with it); only groups are in the store's map."""
+    store = PromptStore(None, max_pins=2)
+    first = ActivePrompt("p-one", (SYS,))
+    store.active = first
+    lone = EpisodeState("e-lone")
+    assert store.for_episode(lone) is first
+    store.active = ActivePrompt("p-two", (SYS,))
+    assert store.for_episode(lone) is first  # pinned at its first call
+    assert store.for_episode(EpisodeState("e-new")) is store.active
+    a, b = EpisodeState("e-a", group_id="g-1"), EpisodeState("e-b", group_id="g-1")
+    assert store.for_episode(a) is store.active
+    store.active = None
+    assert store.for_episode(b) is a.prompt_pin  # the group's pin, though b started after
+    for n in range(3):  # the map is bounded: g-1 is the least recently used and goes
+        store.for_episode(EpisodeState(f"e-{n}", group_id=f"g-other-{n}"))
+    assert store.for_episode(EpisodeState("e-c", group_id="g-1")) is None
+    assert len(store._pins) == 2
 
 
 async def test_the_active_version_survives_a_gateway_restart_and_can_be_cleared(tmp_path):
