@@ -87,6 +87,7 @@ class Report:
     demo_runs: tuple[DemoRun, ...] = ()
     demo_headline: str = ""
     headline_runs: tuple[tuple[str, str], ...] = ()  # (what, a format string over a run's figures)
+    digits: int | None = None  # significant digits of its runs' figures (default: two decimals)
 
 
 _KEYS = {
@@ -103,6 +104,7 @@ _KEYS = {
     "demo_runs",
     "demo_headline",
     "headline_runs",
+    "digits",
 }
 
 
@@ -175,6 +177,7 @@ def load(path: Path) -> Report:
         demo_runs=tuple(_demo_run(path.parent, r) for r in raw.get("demo_runs", ())),
         demo_headline=raw.get("demo_headline", ""),
         headline_runs=tuple((str(a), str(b)) for a, b in raw.get("headline_runs", ())),
+        digits=int(raw["digits"]) if raw.get("digits") is not None else None,
     )
 
 
@@ -209,17 +212,21 @@ def _markdown_table(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...])
     return out
 
 
-def _number(value: object) -> str:
+def _number(value: object, digits: int | None = None) -> str:
+    """A figure as the page shows it: two decimals (two significant digits below 0.01), thousands
+    grouped; with ``digits``, that many significant digits (a ratio that must show 0.99996, not 1)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "" if value is None else str(value)
     if abs(value) >= 1000:
         return f"{value:,.0f}"
+    if digits is not None and isinstance(value, float):
+        return f"{value:.{digits}g}"
     if 0 < abs(value) < 0.01:  # two decimals would show 0 or 0.01: keep two significant digits
         return f"{value:.2g}"
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def runs_table(runs: tuple[Run, ...]) -> Table:
+def runs_table(runs: tuple[Run, ...], digits: int | None = None) -> Table:
     """Every goal's figure per run (goal first), then every other figure any run reported."""
     goals: dict[str, str] = {}
     for run in runs:
@@ -227,7 +234,7 @@ def runs_table(runs: tuple[Run, ...]) -> Table:
     others = sorted({k for run in runs for k in run.figures} - set(goals))
     columns = ("figure", "goal", *(run.when or f"run {i}" for i, run in enumerate(runs, 1)))
     rows = tuple(
-        (f"`{key}`", goals.get(key, ""), *(_number(run.figures.get(key)) for run in runs))
+        (f"`{key}`", goals.get(key, ""), *(_number(run.figures.get(key), digits) for run in runs))
         for key in [*goals, *others]
     )
     return Table("The benchmark's `--json` output, one column per run", columns, rows)
@@ -474,8 +481,8 @@ def render_page(items: list[Report]) -> str:
         "For anyone weighing Flywheel: what the demos and benchmarks measured, each with the command that "
         "produced it. **Generated** from the reports in [results/](results/) by "
         "`python tests/benchmarks/results_page.py`; do not edit by hand (`tests/unit/test_docs.py` fails "
-        "when this page is stale). vLLM's figures are on [engines.md](engines.md); what is not met or not "
-        "run, on [limits.md](limits.md).",
+        "when this page is stale). How vLLM is set up and what is tested against it: [engines.md](engines.md); "
+        "what is not met or not run: [limits.md](limits.md).",
         "",
     ]
     for r in items:
@@ -491,7 +498,7 @@ def render_page(items: list[Report]) -> str:
             lines += ["", f"Provenance: {r.provenance} ([results/{r.slug}.json](results/{r.slug}.json))."]
         else:
             lines += ["", f"Report: [results/{r.slug}.json](results/{r.slug}.json)."]
-        tables = (*r.tables, runs_table(r.runs)) if r.runs else r.tables
+        tables = (*r.tables, runs_table(r.runs, r.digits)) if r.runs else r.tables
         tables = (*demo_tables(r.demo_runs), *tables) if r.demo_runs else tables
         for t in tables:
             lines += ["", f"{t.caption}:", "", *_markdown_table(t.columns, t.rows)]

@@ -411,3 +411,20 @@ def test_a_vllm_runs_weight_updates_reach_its_row(tmp_path: Path) -> None:
     assert "| RL steps | RL s | weight update, median ms (drain + load) | warm-start gate |" in page
     assert "| **+40.0** | 3 | 420 | 240 + 100 |  | [run 0]" in page
     assert "| **+40.0** | 3 | 420 |  |  | [run 1]" in page
+
+
+def test_a_reports_digits_keep_a_ratios_distance_from_one(tmp_path: Path) -> None:
+    """A report that sets ``digits`` shows its runs' figures to that many significant digits (a logprob
+    ratio of 0.999959 must not read as 1); without it, two decimals."""
+    results_page = _results_page()
+    output = {"figures": {"ratio_min": 0.999959, "tokens": 1234, "tok_s": 3491.135}, "goals": {}}
+    for name, digits, shown in (
+        ("15-a.json", 6, "| `ratio_min` |  | 0.999959 |"),
+        ("15-b.json", None, "| 1 |"),
+    ):
+        report = tmp_path / name
+        raw = {"title": name, "command": "python x.py --json", "produced_by": "x", "digits": digits}
+        report.write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
+        results_page.add_run(report, output, "run A")
+        page = results_page.render_page([results_page.load(report)])
+        assert shown in page and "| `tokens` |  | 1,234 |" in page and "| `tok_s` |  | 3,491 |" in page
