@@ -248,9 +248,14 @@ def start(cfg: BrokerConfig, timeout_s: float = 90.0) -> int:
 
 
 def _random_cluster_id() -> str:
+    """A KRaft cluster id as Kafka's ``Uuid.randomUuid`` makes one: url-safe base64 of 16 random bytes,
+    never starting with "-" (one in 64 would; ``kafka-storage format -t`` would read it as an option)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def stop(cfg: BrokerConfig, timeout_s: float = 30.0) -> bool:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from infra.application.cli.main import app
+from infra.kafka import launcher
 from infra.kafka.launcher import BrokerConfig, _properties, kafka_version, read_pid
 
 
@@ -46,3 +48,12 @@ def test_cli_status_and_stop_without_a_broker(tmp_path: Path) -> None:
     assert status.exit_code == 1 and "no kafka running" in status.output
     stop = runner.invoke(app, ["kafka", "stop", "--port", "19999", "--data-dir", str(tmp_path)])
     assert stop.exit_code == 0 and "no kafka running" in stop.output
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-storage reads a ``-t`` value starting with "-" as an option: such an id is drawn again."""
+    import uuid
+
+    drawn = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(16))])
+    monkeypatch.setattr(launcher.uuid, "uuid4", lambda: next(drawn))
+    assert launcher._random_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"
