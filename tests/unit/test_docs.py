@@ -281,12 +281,18 @@ def _add_demo_runs(results_page: ModuleType, report: Path, runs: tuple[dict[str,
         results_page.add_demo(report, out, f"run {i}")
 
 
+def _demo_page(tmp_path: Path, name: str, command: str, runs: tuple[dict[str, Any], ...]) -> str:
+    """The results page of a demo report ``name`` (run with ``command``) holding ``runs``."""
+    results_page = _results_page()
+    report = tmp_path / name
+    report.write_text(json.dumps({"title": "Demo", "command": command, "produced_by": "x"}))
+    _add_demo_runs(results_page, report, runs)
+    return str(results_page.render_page(results_page.reports(tmp_path)))
+
+
 def test_a_production_demos_ratings_reach_its_row(tmp_path: Path) -> None:
     """A ``--source production`` run's users' thumbs-up rate (first and last minute) and its rated sessions
     are read from its report.json; a run without them leaves those cells empty."""
-    results_page = _results_page()
-    report = tmp_path / "04-demo.json"
-    report.write_text('{"title": "Demo", "command": "flywheel demo --source production", "produced_by": "x"}')
     base = {
         "seed": 1,
         "source": "production",
@@ -297,8 +303,7 @@ def test_a_production_demos_ratings_reach_its_row(tmp_path: Path) -> None:
         "rl_seconds": 420.5,
     }
     rated = {**base, "feedback": 8155, "thumbs_up": {"first_minute": 0.406, "last_minute": 0.733}}
-    _add_demo_runs(results_page, report, (rated, base))
-    page = results_page.render_page(results_page.reports(tmp_path))
+    page = _demo_page(tmp_path, "04-demo.json", "flywheel demo --source production", (rated, base))
     assert "| thumbs up, first → last minute | rated sessions |" in page
     assert "| **+48.4** | 122 | 420.5 | 40.6% → 73.3% | 8,155 |  | [run 0]" in page
     assert "| **+48.4** | 122 | 420.5 |  |  |  | [run 1]" in page
@@ -362,9 +367,6 @@ def test_a_demos_sft_only_baseline_reaches_its_row_and_the_headline(tmp_path: Pa
 def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_path: Path) -> None:
     """The share of trained groups without signal is read from a seed's per-step figures (``steps``) and
     the curriculum's revisit probability from its report; a run without them leaves the cells empty."""
-    results_page = _results_page()
-    report = tmp_path / "03-demo.json"
-    report.write_text('{"title": "Demo", "command": "flywheel demo --curriculum 0.5", "produced_by": "x"}')
     base = {
         "seed": 0,
         "source": "rollouts",
@@ -376,8 +378,7 @@ def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_p
     }
     steps = [{"groups": 8.0, "groups_zero_variance": 2.0}, {"groups": 8.0, "groups_zero_variance": 1.0}]
     runs = ({**base, "curriculum": {"revisit": 0.5}, "steps": steps}, base)
-    _add_demo_runs(results_page, report, runs)
-    page = results_page.render_page(results_page.reports(tmp_path))
+    page = _demo_page(tmp_path, "03-demo.json", "flywheel demo --curriculum 0.5", runs)
     assert "| curriculum revisit | trained groups without signal | RL steps |" in page
     assert "| **+32.0** | 0.5 | 19% | 2 | 390 |" in page
     assert "| **+32.0** |  |  | 2 | 390 |" in page
@@ -386,9 +387,6 @@ def test_a_curriculum_runs_revisit_and_groups_without_signal_reach_its_row(tmp_p
 def test_a_vllm_runs_weight_updates_reach_its_row(tmp_path: Path) -> None:
     """A run on an engine other than the embedded one shows its median weight update (drain + load ms)
     over the steps that made one, read from its report's ``steps``."""
-    results_page = _results_page()
-    report = tmp_path / "01b-demo.json"
-    report.write_text('{"title": "Demo", "command": "flywheel demo --engine vllm", "produced_by": "x"}')
     steps = [
         {"drain_ms": 0.0, "load_ms": 0.0},  # the first step: nothing served yet to update
         {"drain_ms": 200.0, "load_ms": 90.0},
@@ -406,8 +404,7 @@ def test_a_vllm_runs_weight_updates_reach_its_row(tmp_path: Path) -> None:
         "rl_seconds": 420.0,
         "steps": steps,
     }
-    _add_demo_runs(results_page, report, (run, {**run, "steps": None}))
-    page = results_page.render_page(results_page.reports(tmp_path))
+    page = _demo_page(tmp_path, "01b-demo.json", "flywheel demo --engine vllm", (run, {**run, "steps": None}))
     assert "| RL steps | RL s | weight update, median ms (drain + load) | warm-start gate |" in page
     assert "| **+40.0** | 3 | 420 | 240 + 100 |  | [run 0]" in page
     assert "| **+40.0** | 3 | 420 |  |  | [run 1]" in page
