@@ -34,6 +34,7 @@ import json
 import statistics
 import string
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -407,7 +408,68 @@ def tenants_table(runs: tuple[DemoRun, ...]) -> Table:
     return Table(caption, columns, tuple(rows))
 
 
+def _config(run: DemoRun) -> str:
+    """An agent with roles' policy configuration (``--policies``): ``full`` when the run predates it."""
+    return str(run.report.get("policies_config") or "full")
+
+
+def _is_policies_comparison(runs: tuple[DemoRun, ...]) -> bool:
+    """Runs that set full fine-tuning beside LoRA adapters (``flywheel demo --agent sql --policies``)."""
+    return any(_config(run) != "full" for run in runs)
+
+
+def _per_policy(run: DemoRun, cell: Callable[[dict[str, Any]], str]) -> str:
+    """``cell(entry)`` for each policy the run updated, named when there are several."""
+    updates: dict[str, dict[str, Any]] = run.report.get("updates_by_policy") or {}
+    values = [(name, cell(entry)) for name, entry in sorted(updates.items())]
+    if len(values) == 1:
+        return values[0][1]
+    return " · ".join(f"{name} {value}" for name, value in values)
+
+
+def policies_table(runs: tuple[DemoRun, ...]) -> Table:
+    """An agent with roles trained three ways (one full fine-tune, an adapter per role, one shared
+    adapter): one row per run, every cell read from its report.json; a full fine-tune's bytes per update
+    are the whole model's."""
+    columns = (
+        "seed",
+        "policies",
+        "warm start (calls/episode)",
+        "after RL",
+        "Δ points",
+        "updates",
+        "bytes per update",
+        "s per update (mean)",
+        "RL s",
+        "run",
+    )
+    rows = []
+    for run in runs:
+        r = run.report
+        rows.append(
+            (
+                str(r["seed"]),
+                _config(run),
+                _success(r["before"]),
+                _success(r["after"]),
+                f"**{_gain(run):+.1f}**",
+                _per_policy(run, lambda e: _number(e.get("updates"))),
+                _per_policy(run, lambda e: _number(e.get("adapter_bytes") or e.get("model_bytes"))),
+                _per_policy(run, lambda e: _number((e.get("seconds_per_update") or {}).get("mean"))),
+                _number(r.get("rl_seconds")),
+                f"[{run.when or run.path}](results/{run.path})",
+            )
+        )
+    caption = (
+        "Held-out execution accuracy (LLM calls per episode) before and after RL per configuration, and each "
+        "policy's updates, one row per run's report.json"
+    )
+    return Table(caption, columns, tuple(rows))
+
+
 def demo_tables(runs: tuple[DemoRun, ...]) -> tuple[Table, ...]:
+    if _is_policies_comparison(runs):
+        return (policies_table(runs),)
     tenants = tuple(run for run in runs if set(run.report) >= TENANTS_KEYS)
     others = tuple(run for run in runs if run not in tenants)
     return (*((demo_table(others),) if others else ()), *((tenants_table(tenants),) if tenants else ()))
@@ -432,9 +494,21 @@ def _tenants_figure(runs: tuple[DemoRun, ...]) -> str:
     return " · ".join(parts) + f" points (seed{'s' if ',' in seeds else ''} {seeds})"
 
 
+def _policies_figure(runs: tuple[DemoRun, ...]) -> str:
+    """Per configuration, the held-out gain of each run in points, in seed order."""
+    parts = []
+    for config in dict.fromkeys(map(_config, runs)):
+        mine = sorted((run for run in runs if _config(run) == config), key=lambda run: run.report["seed"])
+        parts.append(f"{config} " + ", ".join(f"{_gain(run):+.1f}" for run in mine))
+    seeds = ", ".join(sorted({str(run.report["seed"]) for run in runs}))
+    return " · ".join(parts) + f" points (seed{'s' if ',' in seeds else ''} {seeds})"
+
+
 def _demo_figure(runs: tuple[DemoRun, ...]) -> str:
     if all(set(run.report) >= TENANTS_KEYS for run in runs):
         return _tenants_figure(runs)
+    if _is_policies_comparison(runs):
+        return _policies_figure(runs)
     seeds = ", ".join(str(run.report["seed"]) for run in runs)
     figure = (
         ", ".join(f"{_gain(run):+.1f}" for run in runs)

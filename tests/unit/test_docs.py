@@ -410,6 +410,51 @@ def test_a_vllm_runs_weight_updates_reach_its_row(tmp_path: Path) -> None:
     assert "| **+40.0** | 3 | 420 |  |  | [run 1]" in page
 
 
+def test_full_per_role_and_shared_runs_compare_in_one_table_and_headline(tmp_path: Path) -> None:
+    """A page with ``--policies`` runs compares the configurations: each policy's updates, bytes per
+    update (an adapter's, or the whole model's for the full fine-tune) and mean seconds per update, read
+    from the report's ``updates_by_policy``; a full run from before ``policies_config`` counts as full."""
+
+    def run(config: str | None, seed: int, gain: float, updates: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "seed": seed,
+            "source": "rollouts",
+            "before": {"success": 0.5, "calls_per_episode": 3.0},
+            "after": {"success": 0.5 + gain / 100, "calls_per_episode": 2.5},
+            "delta": {"success_points": gain},
+            "rl_steps": 10,
+            "rl_seconds": 390.0,
+            **({"policies_config": config} if config else {}),
+            "updates_by_policy": updates,
+        }
+
+    def entry(n: int, seconds: float, adapter: int | None = None, model: int | None = None) -> dict[str, Any]:
+        sizes = {"adapter_bytes": adapter, **({"model_bytes": model} if model else {})}
+        return {"updates": n, "seconds_per_update": {"mean": seconds}, **sizes}
+
+    runs = (
+        run(None, 0, 35.4, None),
+        run("full", 1, 31.8, {"policy": entry(156, 1.03, model=3_649_672)}),
+        run("per-role", 0, 20.0, {"writer": entry(80, 0.5, 65_536), "rewriter": entry(75, 0.4, 65_536)}),
+        run("shared", 0, 25.0, {"shared": entry(150, 0.6, 65_536)}),
+    )
+    results_page = _results_page()
+    report = tmp_path / "02b-demo.json"
+    report.write_text(json.dumps({"title": "Policies", "command": "flywheel demo --agent sql", "produced_by": "x",
+                                  "demo_headline": "SQL policies"}))  # fmt: skip
+    _add_demo_runs(results_page, report, runs)
+    items = results_page.reports(tmp_path)
+    page = str(results_page.render_page(items))
+    assert "| seed | policies | warm start (calls/episode) | after RL | Δ points | updates |" in page
+    assert "| 0 | full | 50.0% (3.00) | 85.4% (2.50) | **+35.4** |  |  |  | 390 | [run 0]" in page
+    assert "| **+31.8** | 156 | 3,649,672 | 1.03 | 390 |" in page
+    assert "| per-role | 50.0% (3.00) | 70.0% (2.50) | **+20.0** | rewriter 75 · writer 80 |" in page
+    assert "| rewriter 65,536 · writer 65,536 | rewriter 0.4 · writer 0.5 |" in page
+    assert "| shared | 50.0% (3.00) | 75.0% (2.50) | **+25.0** | 150 | 65,536 | 0.6 |" in page
+    headline = str(results_page.render_headline(items))
+    assert "full +35.4, +31.8 · per-role +20.0 · shared +25.0 points (seeds 0, 1)" in headline
+
+
 def test_a_reports_digits_keep_a_ratios_distance_from_one(tmp_path: Path) -> None:
     """A report that sets ``digits`` shows its runs' figures to that many significant digits (a logprob
     ratio of 0.999959 must not read as 1); without it, two decimals."""
