@@ -1,4 +1,4 @@
-"""``flywheel demo --agent sql --tiny --policies writer,rewriter``: an adapter per role, through the CLI.
+"""``flywheel demo --agent sql --tiny --policies writer,rewriter|shared``: adapters, through the CLI.
 
 The SQL demo's whole path on the toy warm start (``SQL_TINY``: it has learned its train databases'
 questions well enough to solve some, so the rewards of RL's episodes vary), with a LoRA adapter for the
@@ -7,7 +7,8 @@ agent → gateway → ``flywheel engine`` child → reward service → trainer, 
 trained from the same episodes (each has versions above 0 and its bytes and seconds per update in
 report.json), every writer and rewriter call is served by (and recorded with) its own role's adapter,
 and the checker's calls by the frozen warm start, with no adapter. The held-out evaluation after RL is
-served the same way, by the adapters' trained versions: the accuracy it reports is theirs. Whether the
+served the same way, by the adapters' trained versions: the accuracy it reports is theirs. With
+``shared`` one adapter serves and trains on both roles' calls. Whether the
 adapters learn more than the full fine-tune is the three-seed comparison's question (docs/policies.md),
 not this test's.
 """
@@ -91,3 +92,42 @@ def test_sql_demo_trains_an_adapter_per_role_and_serves_each_roles_calls_with_it
     for role in ROLES:
         version, on_fixed = served[(role, role)]
         assert version >= 1 and not on_fixed, served
+
+
+def test_sql_demo_trains_one_shared_adapter_on_both_roles_calls(tmp_path: Path) -> None:
+    """``--policies shared``: one adapter selected by both trained roles' model names, trained on the
+    writer's and the rewriter's calls together and serving both; the checker stays on the frozen base."""
+    out = tmp_path / "demo"
+    proc = run_demo(
+        *("--agent", "sql", "--tiny", "--policies", "shared", "--out", str(out)),
+        *("--threads", "1", "--cache", str(tmp_path / "cache")),
+        *("--rl-seconds", "120", "--max-steps", "10"),
+        timeout_s=400,
+        warnings_are_errors=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    assert report["policies_config"] == "shared"
+    assert report["policies"] == {"shared": {"models": list(ROLES)}}
+    updates = report["updates_by_policy"]
+    assert set(updates) == {"shared"}, updates
+    assert updates["shared"]["updates"] >= 1 and updates["shared"]["adapter_bytes"] > 0, updates
+    by_adapter = report["calls_by_adapter"]
+    assert by_adapter["checker"].keys() == {"(base)"}, by_adapter
+    assert by_adapter["writer"].keys() == {"shared"}, by_adapter
+    assert by_adapter.get("rewriter", {"shared": 0}).keys() == {"shared"}, by_adapter
+    after = report["after"]["adapters_by_model"]
+    assert min(after["writer"]["shared"]) >= 1, after  # the trained versions answered after RL
+
+    store = ChdbStore(out / "data" / "chdb")
+    try:
+        rows = store.query(
+            "SELECT model, adapter, max(adapter_version) FROM flywheel.events"
+            " WHERE type = 'llm_call_recorded' GROUP BY model, adapter"
+        ).rows
+    finally:
+        store.close()
+    served = {(str(r[0]), str(r[1])): int(str(r[2])) for r in rows}
+    assert ("checker", "") in served and ("writer", "shared") in served, served
+    assert {adapter for model, adapter in served if model in ROLES} == {"shared"}, served
+    assert served[("writer", "shared")] >= 1, served
