@@ -429,8 +429,8 @@ def _per_policy(run: DemoRun, cell: Callable[[dict[str, Any]], str]) -> str:
 
 def policies_table(runs: tuple[DemoRun, ...]) -> Table:
     """An agent with roles trained three ways (one full fine-tune, an adapter per role, one shared
-    adapter): one row per run, every cell read from its report.json; a full fine-tune's bytes per update
-    are the whole model's."""
+    adapter): one row per run, by seed and configuration, every cell read from its report.json; a full
+    fine-tune's bytes per update are the whole model's."""
     columns = (
         "seed",
         "policies",
@@ -440,11 +440,13 @@ def policies_table(runs: tuple[DemoRun, ...]) -> Table:
         "updates",
         "bytes per update",
         "s per update (mean)",
+        "RL steps",
         "RL s",
         "run",
     )
     rows = []
-    for run in runs:
+    order = ("full", "per-role", "shared")
+    for run in sorted(runs, key=lambda run: (run.report["seed"], order.index(_config(run)))):
         r = run.report
         rows.append(
             (
@@ -456,6 +458,7 @@ def policies_table(runs: tuple[DemoRun, ...]) -> Table:
                 _per_policy(run, lambda e: _number(e.get("updates"))),
                 _per_policy(run, lambda e: _number(e.get("adapter_bytes") or e.get("model_bytes"))),
                 _per_policy(run, lambda e: _number((e.get("seconds_per_update") or {}).get("mean"))),
+                _number(r.get("rl_steps")),
                 _number(r.get("rl_seconds")),
                 f"[{run.when or run.path}](results/{run.path})",
             )

@@ -446,8 +446,10 @@ def test_full_per_role_and_shared_runs_compare_in_one_table_and_headline(tmp_pat
     items = results_page.reports(tmp_path)
     page = str(results_page.render_page(items))
     assert "| seed | policies | warm start (calls/episode) | after RL | Δ points | updates |" in page
-    assert "| 0 | full | 50.0% (3.00) | 85.4% (2.50) | **+35.4** |  |  |  | 390 | [run 0]" in page
-    assert "| **+31.8** | 156 | 3,649,672 | 1.03 | 390 |" in page
+    assert "| 0 | full | 50.0% (3.00) | 85.4% (2.50) | **+35.4** |  |  |  | 10 | 390 | [run 0]" in page
+    assert "| **+31.8** | 156 | 3,649,672 | 1.03 | 10 | 390 |" in page
+    # by seed, then full, per-role, shared
+    assert page.index("[run 0]") < page.index("[run 2]") < page.index("[run 3]") < page.index("[run 1]")
     assert "| per-role | 50.0% (3.00) | 70.0% (2.50) | **+20.0** | rewriter 75 · writer 80 |" in page
     assert "| rewriter 65,536 · writer 65,536 | rewriter 0.4 · writer 0.5 |" in page
     assert "| shared | 50.0% (3.00) | 75.0% (2.50) | **+25.0** | 150 | 65,536 | 0.6 |" in page
