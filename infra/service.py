@@ -39,6 +39,7 @@ from infra.settings import FlywheelSettings
 
 log = get_logger(__name__)
 T = TypeVar("T")
+KEEP_ALIVE_S = 75  # an idle HTTP/1.1 connection's life on the server side (see HttpServer)
 
 
 class Service(Protocol):
@@ -93,6 +94,10 @@ class HttpServer:
             proxy_headers=False,  # nothing reads the client's address: no X-Forwarded-* rewriting
             lifespan=lifespan,
             timeout_graceful_shutdown=5,
+            # Longer than clients keep an idle pooled connection (httpx and openai: 5 s, uvicorn's own
+            # default too): the client then drops it first, instead of the server closing it just as
+            # the client sends its next request on it (a ReadError for that request).
+            timeout_keep_alive=KEEP_ALIVE_S,
             loop="asyncio",
         )
         self.server = uvicorn.Server(config)

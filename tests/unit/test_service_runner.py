@@ -6,11 +6,13 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from gateway.server import GatewayServer
 from infra import service
 from infra.bus.base import Bus
 from infra.settings import FlywheelSettings
@@ -110,3 +112,40 @@ async def test_a_bus_that_cannot_start_is_a_one_line_error(tmp_path: Path) -> No
         await service.serve(settings, lambda bus: built.append(bus) or Recording([], bus), name="test")
     assert "\n" not in str(caught.value)
     assert built == []  # nothing was built on a bus that is not there
+
+
+async def test_an_idle_connection_stays_open_past_a_clients_pool_expiry() -> None:
+    """A pooled connection left idle for longer than the clients' pool expiry (httpx's and openai's: 5 s)
+    is still served, not closed by the server: a server that closes idle connections at the same moment
+    the client reuses one fails that request with a ``ReadError`` (uvicorn's default keep-alive, 5 s).
+    Same connection before and after the pause (the same client port), on every service's server and on
+    the gateway's (its own HTTP protocol)."""
+    ports: dict[str, list[int]] = {}
+
+    def app(name: str) -> Any:
+        async def asgi(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "lifespan":
+                while (await receive())["type"] != "lifespan.shutdown":
+                    await send({"type": "lifespan.startup.complete"})
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+            ports.setdefault(name, []).append(scope["client"][1])
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        return asgi
+
+    servers = {"service": service.HttpServer(app("service")), "gateway": GatewayServer(app("gateway"))}
+    urls = {name: await server.start() for name, server in servers.items()}
+    try:
+        async with httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=30.0)) as client:
+            for url in urls.values():
+                assert (await client.get(url)).status_code == 204
+            await asyncio.sleep(6.0)
+            for url in urls.values():
+                assert (await client.get(url)).status_code == 204
+    finally:
+        for server in servers.values():
+            await server.stop()
+    for name in servers:
+        assert len(ports[name]) == 2 and ports[name][0] == ports[name][1], ports

@@ -75,6 +75,12 @@ def register(app: typer.Typer) -> None:
         from infra.application.engine_process import exit_with_parent
 
         exit_with_parent()  # when a stack started it, it goes when the stack does
+        from infra.service import KEEP_ALIVE_S
+
         uvicorn.run(
-            create_engine_app(engine, admin_token=admin_token), host=host, port=port, log_level="warning"
+            create_engine_app(engine, admin_token=admin_token),
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_keep_alive=KEEP_ALIVE_S,
         )

@@ -32,6 +32,7 @@ def ui_command(
     from infra.eventlog.settings import EventLogSettings
     from infra.eventlog.store import open_store
     from infra.logging import configure_logging
+    from infra.service import KEEP_ALIVE_S
 
     try:
         settings = EventLogSettings()
@@ -63,7 +64,9 @@ def ui_command(
         fail(str(exc))
     try:
         app = create_ui_app(store, settings.admin_token.get_secret_value())
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
+        )
         server = uvicorn.Server(config)
         typer.echo(f"flywheel ui: http://{host}:{port}/ui/ (sign in with FLYWHEEL_ADMIN_TOKEN)", err=True)
         server.run()
