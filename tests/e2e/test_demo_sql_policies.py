@@ -31,20 +31,32 @@ pytest.importorskip("langchain_openai")
 ROLES = ("writer", "rewriter")
 
 
-def test_sql_demo_trains_an_adapter_per_role_and_serves_each_roles_calls_with_it(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo-cache")  # the toy SQL warm start, built once for the module
+
+
+def _demo(out: Path, cache: Path, policies: str, max_steps: int) -> tuple[str, dict[str, Any]]:
+    """``flywheel demo --agent sql --tiny --policies POLICIES``: its stdout and report.json."""
     proc = run_demo(
-        *("--agent", "sql", "--tiny", "--policies", "writer,rewriter", "--out", str(out)),
-        *("--threads", "1", "--cache", str(tmp_path / "cache")),
-        # steps that trained at least one adapter (~0.5 s each). The writer has signal in most batches;
-        # the rewriter in a batch with a successful rewrite (about one group in nine on the toy): in 20
-        # steps (~45 batches, ~90 groups) one comes with near certainty
-        *("--rl-seconds", "120", "--max-steps", "20"),
+        *("--agent", "sql", "--tiny", "--policies", policies, "--out", str(out)),
+        *("--threads", "1", "--cache", str(cache)),
+        *("--rl-seconds", "120", "--max-steps", str(max_steps)),
         timeout_s=400,
         warnings_are_errors=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    return proc.stdout, json.loads((out / "report.json").read_text())
+
+
+def test_sql_demo_trains_an_adapter_per_role_and_serves_each_roles_calls_with_it(
+    tmp_path: Path, cache: Path
+) -> None:
+    out = tmp_path / "demo"
+    # steps that trained at least one adapter (~0.5 s each). The writer has signal in most batches; the
+    # rewriter in a batch with a successful rewrite (about one group in nine on the toy): in 20 steps
+    # (~45 batches, ~90 groups) one comes with near certainty
+    stdout, report = _demo(out, cache, "writer,rewriter", max_steps=20)
     assert report["agent"] == "sql" and report["policies_config"] == "per-role"
     assert report["policies"] == {r: {"models": [r]} for r in ROLES}
     assert report["lora"]["learning_rate"] == 2e-3  # the adapters' default rate
@@ -72,7 +84,7 @@ def test_sql_demo_trains_an_adapter_per_role_and_serves_each_roles_calls_with_it
     assert min(after["adapters_by_model"]["writer"]["writer"]) >= 1, after
     assert min(after["adapters_by_model"].get("rewriter", {}).get("rewriter", [1])) >= 1, after
     assert "calls_per_episode" in after and "delta" in report
-    assert "writer" in proc.stdout and "s/update" in proc.stdout
+    assert "writer" in stdout and "s/update" in stdout
 
     # The event log agrees: every call recorded with its role's adapter (the checker's with none, answered
     # by the frozen engine), and both adapters' calls carry trained versions.
@@ -94,19 +106,11 @@ def test_sql_demo_trains_an_adapter_per_role_and_serves_each_roles_calls_with_it
         assert version >= 1 and not on_fixed, served
 
 
-def test_sql_demo_trains_one_shared_adapter_on_both_roles_calls(tmp_path: Path) -> None:
+def test_sql_demo_trains_one_shared_adapter_on_both_roles_calls(tmp_path: Path, cache: Path) -> None:
     """``--policies shared``: one adapter selected by both trained roles' model names, trained on the
     writer's and the rewriter's calls together and serving both; the checker stays on the frozen base."""
     out = tmp_path / "demo"
-    proc = run_demo(
-        *("--agent", "sql", "--tiny", "--policies", "shared", "--out", str(out)),
-        *("--threads", "1", "--cache", str(tmp_path / "cache")),
-        *("--rl-seconds", "120", "--max-steps", "10"),
-        timeout_s=400,
-        warnings_are_errors=True,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    _, report = _demo(out, cache, "shared", max_steps=10)
     assert report["policies_config"] == "shared"
     assert report["policies"] == {"shared": {"models": list(ROLES)}}
     updates = report["updates_by_policy"]
