@@ -97,7 +97,7 @@ def sampling_temperature(body: dict[str, Any], kind: UpstreamKind) -> float | No
     """The temperature the engine's processed logprobs are of, from the body sent upstream.
 
     The request's ``temperature``; absent, the engine's default: 1.0 for the embedded engine
-    (trainer/engine/protocol.py) and for vLLM as Flywheel starts it (``--generation-config vllm``, so
+    (infra/engine/protocol.py) and for vLLM as Flywheel starts it (``--generation-config vllm``, so
     no model's ``generation_config.json`` sets another); a text-only upstream's is not known (None).
     A greedy request (below ``GREEDY_BELOW``) records 1.0: vLLM (``Sampler.sample``, all-greedy or
     mixed batches) and the embedded engine (``processed_logprobs``) both report its logprobs unscaled.

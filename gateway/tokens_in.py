@@ -10,7 +10,7 @@ digest of them, and a digest of each choice's reply message as the agent receive
 call's messages are those same messages followed by one of those replies (content and tool calls
 compared as sent back), the gateway adds ``prompt_prefix`` (the previous prompt's ids and that
 choice's ids) to the request for the embedded engine, which then renders only what follows
-(``trainer.engine.serving.EngineServing._extended_prompt``).
+(``infra.engine.serving.EngineServing._extended_prompt``).
 
 vLLM (0.32 and later) takes a chat prompt's ids in ``kv_transfer_params.prompt_token_ids``: it skips
 rendering and tokenising, and still parses tool calls and detokenises the reply. For a vLLM upstream

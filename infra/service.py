@@ -1,8 +1,8 @@
 """Running a service alone: one way for all of them (``flywheel gateway|worker|reward|trainer|recorder|
 otel-export``).
 
-``infra/application/alone.py`` hands :func:`serve` the settings and a ``build`` (the part as
-``infra/application/assembly.py`` builds it for every entry point, from the service's own
+``flywheel/alone.py`` hands :func:`serve` the settings and a ``build`` (the part as
+``flywheel/assembly.py`` builds it for every entry point, from the service's own
 ``app.py::build``), and :func:`serve` does the rest, in this order:
 
 1. the Prometheus endpoint on ``metrics_port``, when one is set (the service's own registry, or the

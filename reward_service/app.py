@@ -1,8 +1,8 @@
 """The reward service: a consumer group on ``flywheel.episodes`` publishing ``EpisodeScored``.
 
-``build`` wires it from settings (the bus is given: its caller owns it); ``infra.application.assembly``
+``build`` wires it from settings (the bus is given: its caller owns it); ``flywheel.assembly``
 calls it for every entry point (the embedded stack, and ``flywheel reward``, which runs it alone through
-``infra.application.alone``).
+``flywheel.alone``).
 """
 
 from __future__ import annotations

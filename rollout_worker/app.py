@@ -1,6 +1,6 @@
-"""The rollout worker, wired: ``build`` is its one constructor. ``infra.application.assembly.build_worker``
+"""The rollout worker, wired: ``build`` is its one constructor. ``flywheel.assembly.build_worker``
 calls it for every entry point (the embedded stack, ``agl-server``, and ``flywheel worker``, which runs
-it alone through ``infra.application.alone``); the worker itself is ``rollout_worker.service``."""
+it alone through ``flywheel.alone``); the worker itself is ``rollout_worker.service``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The trainer service: wires a bus, a backend, weight sinks and checkpoints into a :class:`TrainerService`.
 
 :func:`build` is its one constructor and :func:`start_backend` its backend's; the weight sinks are
-given. ``infra.application.assembly`` calls them for every entry point (``build_trainer``,
+given. ``flywheel.assembly`` calls them for every entry point (``build_trainer``,
 ``start_trainer_backend``) and chooses the engine and its sink in one place: the embedded stack's
-engine, or, for ``flywheel trainer run`` (``infra.application.alone.serve_trainer``), the one at
+engine, or, for ``flywheel trainer run`` (``flywheel.alone.serve_trainer``), the one at
 ``FLYWHEEL_TRAINER_ENGINE_URL`` (``flywheel engine``'s ``/load_weights``, or vLLM's ``/collective_rpc``
 with ``FLYWHEEL_TRAINER_ENGINE_KIND=vllm``). It consumes ``flywheel.transitions`` as consumer group
 ``trainer`` and saves checkpoints under ``<data_dir>/trainer``.

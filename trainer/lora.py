@@ -8,7 +8,7 @@ the adapter (``set_adapter``: only its factors get gradients) before its forward
 changes, and neither do the other adapters.
 
 What an adapter exports is peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``),
-what the embedded engine's :meth:`~trainer.engine.core.InferenceEngine.load_adapter` and vLLM's
+what the embedded engine's :meth:`~infra.engine.core.InferenceEngine.load_adapter` and vLLM's
 ``/v1/load_lora_adapter`` read.
 
 Options (``FLYWHEEL_TRAINER_LORA__<FIELD>``), with their sources:

@@ -39,7 +39,7 @@ def gather_logprobs(
     """log softmax of ``logits`` ``[B, T, V]`` / ``temperature`` ``[B]`` at ``targets`` ``[B, T]`` (fp32).
 
     ``temperature``: each row's sampling temperature. Engines report the logprobs of the distribution
-    they sampled from, softmax(logits / T) (vLLM's ``processed_logprobs``, trainer/engine/sampling.py),
+    they sampled from, softmax(logits / T) (vLLM's ``processed_logprobs``, infra/engine/sampling.py),
     so the policy's must be of the same distribution for ``exp(logp - behaviour_logp)`` to be the
     importance ratio; None: 1 for every row.
     """

@@ -1,7 +1,7 @@
 """The recorder, wired: ``build`` puts the configured store (ClickHouse server, or chdb owned by this
-process) and the recorder on a bus; ``infra.application.assembly.build_recorder`` calls it for every
+process) and the recorder on a bus; ``flywheel.assembly.build_recorder`` calls it for every
 entry point (the embedded stack, ``agl-server``, and ``flywheel recorder``, which runs it alone through
-``infra.application.alone`` and serves :meth:`RecorderProcess.api` so CLI reads reach the chdb
+``flywheel.alone`` and serves :meth:`RecorderProcess.api` so CLI reads reach the chdb
 directory it holds). Its ``stop`` writes and commits the in-flight batches, then closes the store.
 """
 

@@ -1,5 +1,5 @@
-"""Wiring the exporter: ``build`` is its one constructor; ``infra.application.assembly.build_otel_exporter``
-calls it for ``flywheel otel-export`` (a process of its own, through ``infra.application.alone``), and
+"""Wiring the exporter: ``build`` is its one constructor; ``flywheel.assembly.build_otel_exporter``
+calls it for ``flywheel otel-export`` (a process of its own, through ``flywheel.alone``), and
 the export child (``infra.otel.child``) calls it too. ``build_forwarder`` is what a process whose bus is
 its own runs instead (the embedded stack, ``flywheel gateway`` on the in-process bus: the consumer there,
 the export work in the child; ``infra.otel.forward``). Without ``FLYWHEEL_OTLP_ENDPOINT`` there is

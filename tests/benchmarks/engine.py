@@ -1,9 +1,9 @@
 """Embedded engine throughput: tokens/s at batch 1, 8 and 32 on the demo's model.
 
-The model is the demo's own base model: ``infra.application.demo.warmstart.build_base(WarmStartConfig())`` (its
+The model is the demo's own base model: ``examples.demo.warmstart.build_base(WarmStartConfig())`` (its
 sizes, tokenizer and initialisation; untrained, which changes no speed), built once into a cache, so a
 change of the demo's model changes what is measured here too. The prompt is the calculator agent's
-first call (``demo_agents.calc_agent.agent.first_messages``).
+first call (``examples.demo_agents.calc_agent.agent.first_messages``).
 
 Baseline, measured in the same run: Hugging Face ``model.generate`` (sampling, KV cache) on the same
 model, prompt and token count, with the batch padded together as ``generate`` requires. The engine
@@ -15,7 +15,7 @@ runs the batch as concurrent requests (continuous batching), as the gateway woul
 
 ``--vllm``: the same model served over HTTP twice, one after the other so neither shares the cores with
 the other: the embedded engine as ``flywheel engine`` (``EngineProcess``) and a real vLLM
-(``infra.application.vllm_server``: its own environment, Flywheel's flags, fp32 and eager on the CPU).
+(``infra.engine.vllm_server``: its own environment, Flywheel's flags, fp32 and eager on the CPU).
 Each gets the requests the gateway sends upstream: ``/v1/completions`` with the prompt's token ids,
 ``logprobs: 0`` and ``return_token_ids``, NEW_TOKENS forced by ``ignore_eos`` (the embedded engine
 refuses ``min_tokens``), temperature 1. Figures per server: completion tokens/s with 1 request at a time
@@ -62,7 +62,7 @@ SERVED_CONCURRENCY = (1, 16)
 
 def demo_model_dir() -> Path:
     """The demo's base model, built from ``WarmStartConfig()`` (one source of truth) into a cache."""
-    from infra.application.demo.warmstart import WarmStartConfig, build_base
+    from examples.demo.warmstart import WarmStartConfig, build_base
 
     return build_base(WarmStartConfig(), CACHE)
 
@@ -91,7 +91,7 @@ def _numel(shape: Sequence[int]) -> int:
 
 def demo_prompt(tokenizer: object, question: str = QUESTION) -> list[int]:
     """The calculator agent's first call, rendered by the model's chat template."""
-    from demo_agents.calc_agent.agent import first_messages
+    from examples.demo_agents.calc_agent.agent import first_messages
 
     ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
         first_messages(question), add_generation_prompt=True, return_dict=False
@@ -108,7 +108,7 @@ def _threads(threads: int | None = None) -> int:
 
 
 async def _engine_rates(model_dir: Path, batch_sizes: Sequence[int]) -> dict[int, float]:
-    from trainer.engine import InferenceEngine, SamplingParams
+    from infra.engine import InferenceEngine, SamplingParams
 
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=512)
     prompt = demo_prompt(engine.tokenizer)
@@ -289,7 +289,7 @@ async def _served_figures(
 async def _measure_embedded(
     model_dir: Path, prompt: Sequence[int], versions: Sequence[Path], args: argparse.Namespace
 ) -> Served:
-    from infra.application.engine_process import EngineProcess
+    from infra.engine.process import EngineProcess
     from trainer.weights import HttpSink
 
     log_path = LOGS / "engine-embedded.log"
@@ -319,7 +319,7 @@ def _measure_vllm(
 ) -> Served:
     import socket
 
-    from infra.application.vllm_server import VllmLaunch, VllmServer
+    from infra.engine.vllm_server import VllmLaunch, VllmServer
     from trainer.vllm_sink import VllmSink
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a free port: never a fixed one

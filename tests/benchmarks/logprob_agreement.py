@@ -1,7 +1,7 @@
 """Training and inference agree: the trainer's logprobs of vLLM's sampled tokens against vLLM's own.
 
-For the same weights, N calculator-agent first calls (``demo_agents.calc_agent.agent.first_messages`` with
-varied questions) go to a live vLLM (``infra.application.vllm_server``: Flywheel's flags, so
+For the same weights, N calculator-agent first calls (``examples.demo_agents.calc_agent.agent.first_messages`` with
+varied questions) go to a live vLLM (``infra.engine.vllm_server``: Flywheel's flags, so
 ``--logprobs-mode processed_logprobs``) as the gateway sends them: chat completions with ``logprobs``
 and ``return_token_ids``, the temperature the agent asked for, nothing else. Each reply becomes the
 ``LLMCallRecorded`` the gateway would record (its ``temperature`` as ``gateway.capture.sampling_temperature``
@@ -122,7 +122,7 @@ async def sample_calls(
     """Every prompt sent at once, as concurrent agents would; seeded per request."""
     import httpx
 
-    from demo_agents.calc_agent.agent import first_messages
+    from examples.demo_agents.calc_agent.agent import first_messages
     from gateway.capture import sampling_temperature
     from schemas import UpstreamKind
 
@@ -272,7 +272,7 @@ def against_server(
     model_dir: Path, vllm_dtype: str, args: argparse.Namespace, log_dir: Path
 ) -> tuple[dict[str, Agreement], dict[str, float]]:
     """Start vLLM in ``vllm_dtype``, sample at every temperature, stop it; then score in fp32 and bf16."""
-    from infra.application.vllm_server import VllmLaunch, VllmServer
+    from infra.engine.vllm_server import VllmLaunch, VllmServer
 
     launch = VllmLaunch(
         model=model_dir,

@@ -1,7 +1,7 @@
 """Prompt-optimisation acceptance: ``flywheel optimize`` repairs a deliberately poor system prompt.
 
-The calculator agent (demo_agents/calc_agent, unchanged) runs on the demo's warm-started model
-(infra/application/demo/warmstart.py, cached under ~/.cache/flywheel/demo: built on first use, ~7 minutes on a quiet
+The calculator agent (examples/demo_agents/calc_agent, unchanged) runs on the demo's warm-started model
+(examples/demo/warmstart.py, cached under ~/.cache/flywheel/demo: built on first use, ~7 minutes on a quiet
 2-core machine), starting from a system prompt that never mentions the agent's ``CALC:``/``ANSWER:``
 protocol. ``flywheel optimize`` runs as a user runs it, every evaluation a real rollout through worker,
 gateway, engine and reward service. The reflection model is ``ScriptedReflectionLM`` (a fixed list of
@@ -29,9 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from demo_agents.calc_agent import tasks as calc  # noqa: E402
-from infra.application.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig, warm_start  # noqa: E402
-from infra.application.optimize.tasks import write_tasks  # noqa: E402
+from examples.demo.warmstart import DEFAULT_CACHE, GateConfig, WarmStartConfig, warm_start  # noqa: E402
+from examples.demo_agents.calc_agent import tasks as calc  # noqa: E402
+from flywheel.optimize.tasks import write_tasks  # noqa: E402
 from tests.fakes.scripted_reflection import ScriptedReflectionLM  # noqa: E402
 
 POOR = "You are a helpful assistant. Answer the user's question."
@@ -64,7 +64,7 @@ def main() -> None:
                 *(
                     sys.executable,
                     "-m",
-                    "infra.application.cli.main",
+                    "flywheel.cli.main",
                     "optimize",
                     "--model-dir",
                     str(model_dir),

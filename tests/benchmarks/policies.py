@@ -113,7 +113,7 @@ async def open_loop(
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     import httpx
 
-    from infra.application.stack import EmbeddedStack, StackSettings
+    from flywheel.stack import EmbeddedStack, StackSettings
     from infra.bus.base import Message
     from schemas import CONTROL, InferenceDrained, InferenceResumed
     from trainer.weights import InProcessAdapterSink, UpdateResult, WeightSync, WeightUpdate

@@ -3,10 +3,10 @@
 Figures (baseline measured in the same run):
 - ``read_episodes_per_s`` (baseline): iterating ``select_scored_episodes`` over the whole log — the
   event-log read every replay and export starts with.
-- ``replay_episodes_per_s``: ``infra.application.replay.replay`` selecting, checking, regrouping and publishing
+- ``replay_episodes_per_s``: ``flywheel.replay.replay`` selecting, checking, regrouping and publishing
   every episode on the in-process bus, no rate limit; ``replay_ratio`` = replay / read.
 - ``export_rl_parquet_rows_per_s``, ``export_rl_jsonl_rows_per_s``, ``export_sft_jsonl_rows_per_s``:
-  ``infra.application.export.export`` writing the whole log; ``export_rl_parquet_ratio`` = transitions/s of the
+  ``flywheel.export.export`` writing the whole log; ``export_rl_parquet_ratio`` = transitions/s of the
   Parquet export over the read's transitions/s.
 
     python tests/benchmarks/replay_export.py [--json] [--episodes N]
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from infra.application.export import export
-from infra.application.replay import ReplayFilter, replay
+from flywheel.export import export
+from flywheel.replay import ReplayFilter, replay
 from infra.bus.memory import MemoryBus
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.store import ChdbStore

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from infra.application.stack import BusFactory, EmbeddedStack, StackSettings
+from flywheel.stack import BusFactory, EmbeddedStack, StackSettings
 from infra.bus.base import Bus, Message
 from infra.logging import configure_logging
 from schemas import (

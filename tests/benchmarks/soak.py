@@ -106,7 +106,7 @@ STACK = textwrap.dedent(
                 f.write(f"{asked[0]} {sys.getallocatedblocks()}")
             os.replace(blocks + ".tmp", blocks)
         signal.signal(signal.SIGUSR2, count)
-    from infra.application.cli.main import app
+    from flywheel.cli.main import app
     sys.argv = ["flywheel", *sys.argv[1:]]
     app()
     """

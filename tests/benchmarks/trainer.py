@@ -1,9 +1,9 @@
 """Trainer benchmark on the demo's model and the demo's settings.
 
-The model is the demo's own base model (``infra.application.demo.warmstart.build_base(WarmStartConfig())``, see
+The model is the demo's own base model (``examples.demo.warmstart.build_base(WarmStartConfig())``, see
 ``tests/benchmarks/engine.py``); B (groups per update), G (episodes per group), K (groups in flight),
 the algorithm settings (learning rate, staleness bound and policy) are the demo's
-(``infra.application.demo.run.stack_settings(DemoConfig(...))``), and NEW_TOKENS is the calculator agent's
+(``examples.demo.run.stack_settings(DemoConfig(...))``), and NEW_TOKENS is the calculator agent's
 ``MAX_TOKENS``. The prompt is the agent's first call. What the benchmark leaves out of the demo: the
 agent's further calls (one call per episode here, sampled as one ``n = G`` request per group), the
 gateway's recording, the bus to Kafka/ClickHouse and the reward service; each episode generates the
@@ -59,8 +59,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from demo_agents.calc_agent.agent import MAX_TOKENS, first_messages
-from infra.application.demo.run import DemoConfig, stack_settings
+from examples.demo.run import DemoConfig, stack_settings
+from examples.demo_agents.calc_agent.agent import MAX_TOKENS, first_messages
 from tests.benchmarks.engine import QUESTION, demo_model_dir, demo_model_label, demo_prompt
 from trainer.config import AlgorithmConfig
 
@@ -87,7 +87,7 @@ def _load(model_dir: Path) -> Any:
 
 def _questions(n: int) -> list[str]:
     """The demo's first ``n`` RL tasks' questions (one per group, as the demo's groups)."""
-    from demo_agents.calc_agent import tasks as calc_tasks
+    from examples.demo_agents.calc_agent import tasks as calc_tasks
 
     return [str(t["input"]["question"]) for t in calc_tasks.sample("rl", 0, n)]
 
@@ -201,6 +201,7 @@ async def _pipeline(
     import torch
 
     from infra.bus.memory import MemoryBus
+    from infra.engine import InferenceEngine, SamplingParams
     from schemas import (
         TASKS,
         TRANSITIONS,
@@ -215,7 +216,6 @@ async def _pipeline(
     from trainer.backends.process import ProcessBackend
     from trainer.backends.torch_backend import TorchBackend
     from trainer.checkpoints import CheckpointStore
-    from trainer.engine import InferenceEngine, SamplingParams
     from trainer.groups import Intake
     from trainer.rollouts import RolloutPlanner
     from trainer.service import LoopConfig, TrainerService
@@ -232,7 +232,7 @@ async def _pipeline(
     )
     import tempfile
 
-    from demo_agents.calc_agent import tasks as calc_tasks
+    from examples.demo_agents.calc_agent import tasks as calc_tasks
 
     http = httpx.AsyncClient(timeout=120)
     sink: WeightSink = (
@@ -349,7 +349,7 @@ async def _pipeline_engine_process(
     """``_pipeline`` with the engine as a ``flywheel engine`` child (the demo's setup), stopped after."""
     import tempfile
 
-    from infra.application.engine_process import EngineProcess
+    from infra.engine.process import EngineProcess
 
     with tempfile.TemporaryDirectory() as tmp:
         proc = await EngineProcess.start(
@@ -383,9 +383,9 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
     from gateway.settings import GatewaySettings
     from gateway.upstream import make_upstream
     from infra.bus.memory import MemoryBus
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
     from schemas import EPISODES, EpisodeStarted, UpstreamKind, new_episode_id
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
     from trainer.weights import InProcessSink, WeightSync, WeightUpdate
 
     engine = InferenceEngine.from_pretrained(model_dir, max_model_len=256)
@@ -464,8 +464,8 @@ def measure_phases(model_dir: Path, threads: int, reps: int = 5) -> dict[str, fl
 
     import torch
 
+    from infra.engine import InferenceEngine, SamplingParams
     from trainer.backends.torch_backend import TorchBackend
-    from trainer.engine import InferenceEngine, SamplingParams
 
     torch.set_num_threads(threads)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from infra.application.demo.agents import demo_agent
-from infra.application.demo.warmstart import SFT_TOKEN_BUDGET, _normalised, build_base, load_samples
+from examples.demo.agents import demo_agent
+from examples.demo.warmstart import SFT_TOKEN_BUDGET, _normalised, build_base, load_samples
 
 GOALS = {"calc_speedup": "≥ 1.1", "sql_speedup": "≥ 1.2"}
 ONE_MICROBATCH = 1 << 20  # any batch fits: the whole batch padded to its longest sample

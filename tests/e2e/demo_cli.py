@@ -22,7 +22,7 @@ def run_demo(
         env["PYTHONWARNINGS"] = "error"
         python += ["-W", "error"]
     return subprocess.run(
-        [*python, "-m", "infra.application.cli.main", "demo", *args],
+        [*python, "-m", "flywheel.cli.main", "demo", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

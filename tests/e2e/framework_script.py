@@ -3,7 +3,7 @@
 ``reply(prompt_text)`` reads the rendered prompt (the tiny model's Qwen-style template) and returns the
 next assistant turn: a ``multiply`` tool call for the first product, one for the second once the first
 result came back in a ``<tool_response>``, then the answer. The engine forces exactly these tokens
-(trainer/engine/forcing.py), so every framework's own tool loop runs on real engine output.
+(infra/engine/forcing.py), so every framework's own tool loop runs on real engine output.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from schemas import (
     EPISODES,
     TASKS,
@@ -50,9 +50,9 @@ async def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     from transformers import AutoTokenizer
 
     from gateway.upstream import make_upstream
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
-    from trainer.engine.forcing import scripted_replies
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
+    from infra.engine.forcing import scripted_replies
     from trainer.models.tiny import build_tiny
 
     for name in ("OTEL_SDK_DISABLED", "OPENAI_AGENTS_DISABLE_TRACING", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):

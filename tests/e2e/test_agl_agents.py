@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import (
     AGL,
@@ -52,7 +52,7 @@ def _agent(sdist: Path, agent_class: str) -> AgentRef:
 
 async def test_gsm8k_chat_agent_unchanged_is_scored_from_its_own_reward_event(tmp_path: Path) -> None:
     sdist = agl_sdist()
-    from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.models.tiny import build_tiny
 
     model = await asyncio.to_thread(build_tiny, TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)

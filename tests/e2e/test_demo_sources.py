@@ -9,7 +9,7 @@ of the sessions (``user_mistake_rate``): the rewards vary and production samples
 Replay: a tiny training-demo run is recorded, then replayed from its event log into a fresh copy of
 its warm start. The toy's groups are all-fail, so they carry no GRPO signal: the replay must read every
 recorded training episode, find no group with signal, say so and train nothing, and serve the warm start
-it was given (the safe default of ``infra/application/demo/replaying.py``). That replayed episodes train
+it was given (the safe default of ``examples/demo/replaying.py``). That replayed episodes train
 and teach at the recorded pace is the full demo's figure (docs/replay.md) and ``tests/e2e/test_replay.py``'s.
 """
 

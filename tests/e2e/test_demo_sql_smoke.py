@@ -1,6 +1,6 @@
 """``flywheel demo --agent sql --tiny``: the SQL demo's whole path, driven through the CLI.
 
-The LangGraph SQL agent (``demo_agents/sql_agent``, run in-process as a callable) on a toy model: generated
+The LangGraph SQL agent (``examples/demo_agents/sql_agent``, run in-process as a callable) on a toy model: generated
 databases, SFT on the sloppy teacher, held-out evaluation on unseen databases, RL through worker → agent
 → gateway → engine → reward → trainer, the SFT-only baseline. Nothing is expected to be learned; the
 test checks that data moved end to end and that only the writer's and rewriter's calls were trained
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.demo.sql_demo import RL_DISCOUNT
+from examples.demo.sql_demo import RL_DISCOUNT
 from infra.eventlog.store import ChdbStore
 from tests.e2e.demo_cli import run_demo
 

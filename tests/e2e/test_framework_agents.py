@@ -6,7 +6,7 @@ at the gateway's episode URL), each speaking its framework's default protocol (c
 Responses API, Anthropic's Messages API), against the real
 gateway over HTTP, in front of the embedded engine serving a locally built tiny model; the reward
 service scores and assembles. A tiny random model never writes a tool call, so the engine forces the
-replies a trained model would write (``forced_output``, trainer/engine/forcing.py; the script is
+replies a trained model would write (``forced_output``, infra/engine/forcing.py; the script is
 tests/e2e/framework_script.py) — token ids and logprobs stay the model's own. What is under test is
 everything else: the framework's own tool loop (it parses the engine's ``tool_calls``, streamed or
 not, runs the tool and sends the result back, which the chat template renders), token-faithful
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from schemas import (
     EPISODES,
     TASKS,
@@ -94,9 +94,9 @@ async def stack(
     import httpx
 
     from gateway.upstream import make_upstream
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
-    from trainer.engine.forcing import scripted_replies
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
+    from infra.engine.forcing import scripted_replies
 
     # No telemetry or trace uploads from the agents' processes (the machine is offline anyway).
     for name, value in {

@@ -43,7 +43,7 @@ def _run(args: list[str], env: dict[str, str]) -> _Result:
     """``flywheel ARGS`` in-process (typer's runner); the real binary is exercised by `flywheel gateway`."""
     from typer.testing import CliRunner
 
-    from infra.application.cli.main import app
+    from flywheel.cli.main import app
 
     clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("FLYWHEEL_", "OPENAI_"))}
     clean.update({k: v for k, v in env.items() if k.startswith("FLYWHEEL_")})

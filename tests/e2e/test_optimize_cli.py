@@ -29,7 +29,7 @@ SCRIPTED = ["Use CALC: <expr> then ANSWER: <n>.", "Think step by step, then repl
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from infra.application.demo.warmstart import WarmStartConfig, warm_start
+    from examples.demo.warmstart import WarmStartConfig, warm_start
 
     cfg = WarmStartConfig(hidden=64, layers=1, vocab_size=320, demos=40, sft_steps=4, sft_batch=4)
     model_dir, _ = warm_start(cfg, tmp_path_factory.mktemp("cache"), None, None)
@@ -41,11 +41,11 @@ def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
     toy_model: Path, tmp_path: Path
 ) -> None:
-    from demo_agents.calc_agent import tasks as calc
-    from demo_agents.calc_agent.agent import SYSTEM
-    from infra.application.export import export
-    from infra.application.optimize.rollouts import prompt_version_of
-    from infra.application.optimize.tasks import write_tasks
+    from examples.demo_agents.calc_agent import tasks as calc
+    from examples.demo_agents.calc_agent.agent import SYSTEM
+    from flywheel.export import export
+    from flywheel.optimize.rollouts import prompt_version_of
+    from flywheel.optimize.tasks import write_tasks
     from infra.eventlog.store import open_store
 
     write_tasks(tmp_path / "tasks.jsonl", calc.sample("rl", 3, 8))
@@ -60,7 +60,7 @@ def test_optimize_runs_gepa_over_real_rollouts_and_activates_the_winner(
                 *(
                     sys.executable,
                     "-m",
-                    "infra.application.cli.main",
+                    "flywheel.cli.main",
                     "optimize",
                     "--model-dir",
                     str(toy_model),
@@ -144,7 +144,7 @@ def test_demo_optimizes_the_prompt_then_trains_under_the_winner(tmp_path: Path) 
     with ScriptedReflectionLM(SCRIPTED) as lm:
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "infra.application.cli.main", "demo", "--tiny"),
+                *(sys.executable, "-m", "flywheel.cli.main", "demo", "--tiny"),
                 *(
                     "--optimize-prompt",
                     "--reflection-url",

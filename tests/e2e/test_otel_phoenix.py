@@ -26,7 +26,7 @@ import httpx
 import orjson
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from infra.otel.spans import trace_id_for
 from schemas import (
@@ -129,7 +129,7 @@ def _at(iso: str) -> datetime:
 
 
 async def test_episodes_reach_phoenix_as_genai_spans_one_trace_each(phoenix: str, tmp_path: Path) -> None:
-    from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.models.tiny import build_tiny
 
     model = await asyncio.to_thread(build_tiny, TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)

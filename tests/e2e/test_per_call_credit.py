@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import (
     EPISODES,
@@ -37,7 +37,7 @@ AGENT = AgentRef(kind=AgentKind.callable, spec="examples.agents_for_tests.per_ca
 
 
 async def test_per_call_rewards_move_each_call_in_its_own_direction(tmp_path: Path) -> None:
-    from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.app import load_backend
     from trainer.batching import sft_samples
     from trainer.config import AlgorithmConfig

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import CONTROL, EPISODES, TRANSITIONS, AgentKind, AgentRef, EpisodeScored, LLMCallRecorded, Task
 from schemas.control import TrainerStepCompleted, WeightsActivated
@@ -29,7 +29,7 @@ AGENT = AgentRef(kind=AgentKind.callable, spec="examples.agents_for_tests.two_ro
 
 
 async def test_one_stream_trains_two_adapters_and_the_engine_serves_their_versions(tmp_path: Path) -> None:
-    from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.config import AlgorithmConfig, LoraOptions
     from trainer.models.tiny import build_tiny
 
@@ -111,7 +111,7 @@ async def test_one_stream_trains_two_adapters_and_the_engine_serves_their_versio
     # the operator's view: each adapter's checkpoints, and each adapter's versions in the status
     from typer.testing import CliRunner
 
-    from infra.application.cli.main import app
+    from flywheel.cli.main import app
 
     runner = CliRunner()
     trainer_dir = str(tmp_path / "trainer")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import CONTROL, TRANSITIONS, AgentKind, AgentRef, EpisodeScored, Task
 from schemas.control import TrainerStepCompleted
@@ -28,7 +28,7 @@ ROLES = ("writer", "rewriter")
 
 
 async def test_sft_mode_trains_each_adapter_on_its_roles_good_transitions(tmp_path: Path) -> None:
-    from infra.application.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.config import LoraOptions
     from trainer.models.tiny import build_tiny
     from trainer.policy_service import PolicyTrainerService

@@ -194,7 +194,7 @@ def test_production_sessions_with_feedback_train_the_policy(tmp_path: Path, case
         log.close()
     assert code == 0, log_path.read_text()[-2000:]
 
-    from infra.application.cli.ops_up import TINY_CACHE
+    from flywheel.cli.ops_up import TINY_CACHE
 
     checkpoint = trainer_dir / "checkpoints" / "v000001"
     assert (checkpoint / "model.safetensors").is_file()

@@ -5,7 +5,7 @@ processed logprobs (the behaviour policy μ); episodes are scored and published,
 writes them to embedded ClickHouse (chdb). Three tasks were generated at different policy versions
 (as a long-running deployment would have): A and B at version 0, C half at 0 and half at 2.
 
-Replay: `infra.application.replay` selects them from ClickHouse and republishes them as ``source=replay`` into a fresh
+Replay: `flywheel.replay` selects them from ClickHouse and republishes them as ``source=replay`` into a fresh
 trainer (max staleness 1, truncated importance sampling capped at 2, two PPO epochs). A is replayed and
 trained on (trainer → v1), then B (→ v2), then C, whose version-0 transitions are now two versions
 behind and are dropped by the staleness rule while its version-2 ones train. The test checks each
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import schemas as s
-from infra.application.replay import ReplayFilter, replay
+from flywheel.replay import ReplayFilter, replay
 from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from infra.eventlog.models import EpisodeFilter
@@ -46,8 +46,8 @@ GROUP = 4
 
 async def _record_run(model: Path, store: ChdbStore) -> None:
     """Sample a short run with the real engine and let the real recorder write it to ClickHouse."""
-    from trainer.engine import InferenceEngine
-    from trainer.engine.sampling import SamplingParams
+    from infra.engine import InferenceEngine
+    from infra.engine.sampling import SamplingParams
 
     engine = InferenceEngine.from_pretrained(model, threads=1, model_name="policy")
     tokenizer = engine.tokenizer
@@ -246,7 +246,7 @@ async def test_a_paced_replay_through_the_admin_api_trains_the_recorded_run_in_o
     import httpx
     from fastapi import FastAPI
 
-    from infra.application.ops.api import OpsContext, create_ops_router
+    from flywheel.ops.api import OpsContext, create_ops_router
     from trainer.app import build, load_backend
     from trainer.config import AlgorithmConfig
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack
+from flywheel.stack import EmbeddedStack
 from schemas import TRANSITIONS, EpisodeScored, EpisodeStatus
 from tests.fakes.stacks import fake_model_stack
 from tests.fakes.upstream import END_ID, ROLE_IDS, render_prompt

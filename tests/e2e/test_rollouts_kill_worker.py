@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack
+from flywheel.stack import EmbeddedStack
 from schemas import EPISODES, TRANSITIONS, EpisodeScored, EpisodeStarted, EpisodeStatus, LLMCallRecorded
 from tests.fakes.stacks import fake_model_stack
 from tests.unit.worker.collect import Events

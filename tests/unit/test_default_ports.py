@@ -6,8 +6,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from flywheel.cli.engine_cmd import DEFAULT_PORT
 from gateway.settings import GatewaySettings
-from infra.application.cli.engine_cmd import DEFAULT_PORT
 from reward_service.settings import RewardSettings
 from rollout_worker.settings import WorkerSettings
 

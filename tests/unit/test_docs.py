@@ -3,7 +3,7 @@
 - every relative link (and its ``#anchor``) in ``README.md``, ``docs/**/*.md`` and the package READMEs
   names a file or folder that exists, and an anchor a heading of that page (GitHub's slugs);
 - every test those pages cite as proof exists;
-- ``docs/configuration.md`` is what ``python -m infra.application.config_reference`` renders from the settings
+- ``docs/configuration.md`` is what ``python -m flywheel.config_reference`` renders from the settings
   models, and every setting has a meaning;
 - ``docs/results.md`` and the README's headline table are what ``tests/benchmarks/results_page.py``
   renders from ``docs/results/*.json``;
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from infra.application import config_reference
+from flywheel import config_reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -151,7 +151,7 @@ def test_every_cited_test_exists() -> None:
 
 def test_the_configuration_reference_is_current() -> None:
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == config_reference.render(), "stale: run python -m infra.application.config_reference"
+    assert committed == config_reference.render(), "stale: run python -m flywheel.config_reference"
 
 
 def test_every_setting_has_a_meaning() -> None:

@@ -6,7 +6,7 @@
   over the bus;
 - ``schemas`` imports nothing of ours, nor do ``demo_agents`` (the demo's agents) and ``examples`` (what
   users copy; not shipped, so nothing shipped imports it);
-- the ground (``infra`` but ``infra.application``) imports no service and no application module, and
+- the ground (``infra`` but ``flywheel``) imports no service and no application module, and
   no service imports the application: the CLI, the embedded stack and the demo sit on top of all.
 """
 
@@ -164,14 +164,14 @@ def test_the_ground_and_the_services_never_import_the_application() -> None:
 
 def test_the_layer_check_finds_a_breach() -> None:
     graph = {
-        "infra.bus.base": {"infra.application.stack"},
-        "gateway.app": {"infra.application.cli.main", "infra.bus.base"},
-        "infra.application.stack": {"gateway.app", "infra.bus.base"},
+        "infra.bus.base": {"flywheel.stack"},
+        "gateway.app": {"flywheel.cli.main", "infra.bus.base"},
+        "flywheel.stack": {"gateway.app", "infra.bus.base"},
         "infra.eventlog.store": {"trainer.service"},
     }
     assert _layer_breaches(graph) == [
-        "infra.bus.base (ground) imports infra.application.stack (application)",
-        "gateway.app (service) imports infra.application.cli.main (application)",
+        "infra.bus.base (ground) imports flywheel.stack (application)",
+        "gateway.app (service) imports flywheel.cli.main (application)",
         "infra.eventlog.store (ground) imports trainer.service (service)",
     ]
 

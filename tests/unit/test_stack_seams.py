@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.memory import MemoryBus
 from tests.fakes.upstream import FakeUpstreamConfig, fake_upstream
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, SecretStr
 
+from flywheel import stack_settings
+from flywheel.stack import StackSettings
+from flywheel.stack_settings import PARTS
 from gateway.settings import GatewaySettings
-from infra.application import stack_settings
-from infra.application.stack import StackSettings
-from infra.application.stack_settings import PARTS
 from infra.eventlog.settings import EventLogSettings
 from infra.otel.settings import OtelSettings
 from infra.settings import FlywheelSettings

@@ -23,9 +23,12 @@ def test_the_wheel_holds_only_flywheels_packages(tmp_path: Path, monkeypatch: py
     assert tops == PACKAGES
     assert not [n for n in names if n.endswith(".png") or "__pycache__" in n]
     # the demo runs its agents from the installed wheel
-    assert "demo_agents/calc_agent/agent.py" in names and "demo_agents/sql_agent/data.py" in names
-    assert "infra/application/cli/main.py" in names
+    assert (
+        "examples/demo_agents/calc_agent/agent.py" in names
+        and "examples/demo_agents/sql_agent/data.py" in names
+    )
+    assert "flywheel/cli/main.py" in names
     # the web view serves its charting library and script from the package: nothing from a CDN
     assert {"chart.umd.min.js", "LICENSE.chartjs.md", "ui.js", "ui.css"} <= {
-        n.rsplit("/", 1)[1] for n in names if n.startswith("infra/application/ui/static/")
+        n.rsplit("/", 1)[1] for n in names if n.startswith("flywheel/ui/static/")
     }

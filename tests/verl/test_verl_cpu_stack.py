@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from schemas import AgentKind, AgentRef, ScorerSpec, Task
 from trainer.config import AlgorithmConfig
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 
 SERVED_NAME = "policy"
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from infra.application.bfcl import bfcl_tasks
-from infra.application.stack import EmbeddedStack
+from flywheel.bfcl import bfcl_tasks
+from flywheel.stack import EmbeddedStack
 from schemas import (
     EPISODES,
     TASKS,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.stack import EmbeddedStack
+from flywheel.stack import EmbeddedStack
 from schemas import (
     EPISODES,
     TASKS,

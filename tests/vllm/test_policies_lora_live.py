@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import EPISODES, TRANSITIONS, AgentKind, AgentRef, EpisodeScored, LLMCallRecorded, Task
 from tests.vllm.conftest import SERVED_NAME

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.application.stack import EmbeddedStack, StackSettings
+from flywheel.stack import EmbeddedStack, StackSettings
 from infra.bus.base import Message
 from schemas import (
     EPISODES,

@@ -122,7 +122,7 @@ def test_cli_reads_through_the_api(client: TestClient, monkeypatch: pytest.Monke
     )  # fmt: skip
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
-    from infra.application.cli.main import app
+    from flywheel.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(
@@ -154,7 +154,7 @@ def test_cli_episodes_ls(client: TestClient, monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("FLYWHEEL_ADMIN_URL", "http://testserver")
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
-    from infra.application.cli import eventlog_cmd
+    from flywheel.cli import eventlog_cmd
 
     cli = typer_app_with(eventlog_cmd.episodes_ls)
     runner = CliRunner()

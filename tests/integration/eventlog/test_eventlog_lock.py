@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.eventlog.client import open_reader
 from infra.eventlog.errors import EventLogLockedError, EventLogUnavailableError
 from infra.eventlog.lock import chdb_holder, is_held_elsewhere

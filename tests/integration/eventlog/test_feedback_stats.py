@@ -15,7 +15,7 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore
 from reward_service.app import build

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.application.optimize.tasks import (
+from flywheel.optimize.tasks import (
     TaskFileError,
     load_tasks,
     split,

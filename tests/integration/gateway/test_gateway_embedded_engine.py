@@ -11,8 +11,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 async def test_calls_through_the_embedded_engine_are_token_faithful(tiny_dir, tmp_path):
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
 
     engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
     try:
@@ -51,14 +51,14 @@ async def test_batched_completion_prompts_train_on_their_own_prompt_ids(tiny_dir
     the gateway and the reward service: the transition of each choice starts from its own prompt's ids."""
     import openai
 
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
     from reward_service.feedback import FeedbackMapping
     from reward_service.scoring import Scoring
     from reward_service.service import RewardService
     from reward_service.state import EpisodeStore
     from schemas import EPISODES, TRANSITIONS, EpisodeFinished, EpisodeScored, EpisodeStatus
     from tests.fakes.events import Collector
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
 
     engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
     prompts = ["What is 3+7?", "The answer is"]
@@ -115,8 +115,8 @@ async def test_batched_completion_prompts_train_on_their_own_prompt_ids(tiny_dir
 async def test_a_previous_response_id_branch_starts_from_the_named_responses_ids(tiny_dir, tmp_path):
     """The Responses API through the embedded engine: a call naming an earlier response (not the
     episode's last call) is served from that response's recorded prompt and reply ids."""
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
 
     engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
     try:

@@ -16,8 +16,8 @@ CANDIDATE = "Answer with ANSWER: <n> after CALC: <expr>."
 
 async def test_recorded_prompt_ids_are_those_of_the_substituted_prompt(tiny_dir, tmp_path):
     from gateway.upstream import UpstreamKind
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
 
     engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
     try:

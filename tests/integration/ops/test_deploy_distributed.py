@@ -57,7 +57,7 @@ def test_k8s_torchrun_job_is_indexed_and_runs_the_trainer_under_torchrun() -> No
     command = container["command"]
     assert command[0] == "torchrun" and f"--nnodes={spec['completions']}" in command
     assert "--master-addr=trainer-torchrun-0.trainer-torchrun" in command
-    assert command[-2:] == ["-m", "infra.application.cli.main"] and container["args"] == ["trainer", "run"]
+    assert command[-2:] == ["-m", "flywheel.cli.main"] and container["args"] == ["trainer", "run"]
     env = {e["name"]: e for e in container["env"]}
     assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}

@@ -48,7 +48,7 @@ def _cli_commands() -> set[str]:
     """Top-level commands (and groups) of the `flywheel` CLI, as a user would see them in --help."""
     import typer.main
 
-    from infra.application.cli.main import app
+    from flywheel.cli.main import app
 
     group = typer.main.get_command(app)
     return set(getattr(group, "commands", {}))
@@ -254,7 +254,7 @@ def test_rollout_job_template_renders_for_the_worker() -> None:
 
 def test_flywheels_vllm_samples_at_vllms_neutral_defaults() -> None:
     """Not the model's generation_config.json: a call without a temperature samples at 1.0, as recorded."""
-    from infra.application.vllm_server import Device, VllmLaunch
+    from infra.engine.vllm_server import Device, VllmLaunch
 
     devices: tuple[Device, ...] = ("cpu", "gpu")
     for device in devices:

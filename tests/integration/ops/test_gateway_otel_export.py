@@ -1,5 +1,5 @@
 """``flywheel gateway`` on the in-process bus with ``FLYWHEEL_OTLP_ENDPOINT`` set: the OpenTelemetry
-exporter runs in the gateway's process (``infra.application.alone.GatewayProcess``; the bus is that
+exporter runs in the gateway's process (``flywheel.alone.GatewayProcess``; the bus is that
 process's, so its consumers live there) and each call reaches the collector as a GenAI span.
 
 The gateway is the real CLI in a process of its own, in front of the fake vLLM of
@@ -70,7 +70,7 @@ def _spawn(tmp_path: Path, upstream: str, env: dict[str, str]) -> tuple[subproce
     base = {k: v for k, v in os.environ.items() if not k.startswith(("FLYWHEEL_", "OTEL_"))}
     with (tmp_path / "gateway.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.application.cli.main", "gateway", "--upstream", upstream],
+            [sys.executable, "-m", "flywheel.cli.main", "gateway", "--upstream", upstream],
             env={
                 **base,
                 "FLYWHEEL_BUS": "memory",

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.eventlog.store import ChdbStore
 from tests.integration.ops.synthetic import synthetic_run
 
@@ -185,7 +185,7 @@ def running_stack(data_dir: Path) -> Iterator[str]:
     import uvicorn
     from fastapi import FastAPI
 
-    from infra.application.ops.api import OpsContext, create_ops_router
+    from flywheel.ops.api import OpsContext, create_ops_router
     from infra.bus.memory import MemoryBus
 
     store = ChdbStore(data_dir / "chdb")

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import schemas as s
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.bus.base import Message
 from infra.bus.kafka import KafkaBus
 from infra.eventlog.store import ChdbStore

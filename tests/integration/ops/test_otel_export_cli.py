@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(90)
 
-CLI = [sys.executable, "-m", "infra.application.cli.main", "otel-export"]
+CLI = [sys.executable, "-m", "flywheel.cli.main", "otel-export"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

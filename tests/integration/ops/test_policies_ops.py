@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 import schemas as s
-from infra.application.cli.main import app
-from infra.application.replay import ReplayFilter, replay
+from flywheel.cli.main import app
+from flywheel.replay import ReplayFilter, replay
 from infra.bus.memory import MemoryBus
 from infra.eventlog.store import ChdbStore
 from tests.fakes.events import Collector

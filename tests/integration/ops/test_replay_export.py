@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import schemas as s
-from infra.application.export import ExportFilter, export
-from infra.application.replay import ReplayFilter, replay
+from flywheel.export import ExportFilter, export
+from flywheel.replay import ReplayFilter, replay
 from infra.bus.memory import MemoryBus
 from infra.eventlog.recorder import Recorder
 from infra.eventlog.store import ChdbStore

@@ -1,5 +1,5 @@
 """The HTTP weight sink against the real engine app (``POST /load_weights``), and the trainer run alone
-(``infra.application.alone.serve_trainer``) wired from its settings."""
+(``flywheel.alone.serve_trainer``) wired from its settings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from infra.application.alone import serve_trainer
+from flywheel.alone import serve_trainer
 from trainer.app import load_backend
 from trainer.batching import sft_samples
 from trainer.config import AlgorithmConfig
@@ -32,8 +32,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_http_sink_loads_an_exported_checkpoint_into_the_engine(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
 
     backend = load_backend(model_dir, AlgorithmConfig(sft_learning_rate=1e-2))
     backend.sft_step(sft_samples([([1, 2, 3], [4, 5, 6])]))

@@ -33,8 +33,8 @@ ASK = {"max_tokens": 24, "ignore_eos": True, "seed": 7}
 
 async def _recorded_calls(tiny_dir: Path, tmp_path: Path) -> list[LLMCallRecorded]:
     """One episode's calls: at 0.7, a follow-up to it at 0.7, its prompt again (n = 2) at 0.7, one at 1.3."""
-    from trainer.engine import InferenceEngine
-    from trainer.engine.app import create_engine_app
+    from infra.engine import InferenceEngine
+    from infra.engine.app import create_engine_app
 
     engine = InferenceEngine.from_pretrained(tiny_dir, max_model_len=256)
     try:

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import schemas as s
-from infra.application.ui.app import create_ui_app
-from infra.application.ui.params import FIELDS
+from flywheel.ui.app import create_ui_app
+from flywheel.ui.params import FIELDS
 from infra.eventlog.store import ChdbStore
 from tests.integration.ops.synthetic import T0, Run, synthetic_run
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.bus import asyncapi
 from schemas import TOPICS
 

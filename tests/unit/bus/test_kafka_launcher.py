@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from infra.kafka import launcher
 from infra.kafka.launcher import BrokerConfig, _properties, kafka_version, read_pid
 

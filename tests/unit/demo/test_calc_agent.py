@@ -9,7 +9,7 @@ import random
 import pytest
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-from demo_agents.calc_agent import agent, tasks
+from examples.demo_agents.calc_agent import agent, tasks
 
 # The HTTP library the installed openai SDK is built on (httpx for openai 2.x, httpx2 for 3.x): its
 # MockTransport must come from the same package as the SDK's client.

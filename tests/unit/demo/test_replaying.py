@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.application.demo.replaying import Checkpoint, choose, plan_steps
-from infra.application.replay import ReplayReport, plan_replay
+from examples.demo.replaying import Checkpoint, choose, plan_steps
+from flywheel.replay import ReplayReport, plan_replay
 from trainer.batching import build_batch
 from trainer.config import AlgorithmConfig
 from trainer.groups import Group

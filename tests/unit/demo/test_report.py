@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra.application.demo.live import LiveDisplay
-from infra.application.demo.pipeline import StepPoint
-from infra.application.demo.report import _series, plot, write_json
+from examples.demo.live import LiveDisplay
+from examples.demo.pipeline import StepPoint
+from examples.demo.report import _series, plot, write_json
 from trainer.batching import BatchStats
 
 
@@ -79,7 +79,7 @@ def test_the_grader_reads_a_demo_report() -> None:
 
 def test_the_package_holds_no_target() -> None:
     """What a run must reach belongs to the tests: the demo's report carries no grade."""
-    import infra.application.demo.run as run
+    import examples.demo.run as run
 
     assert not hasattr(run, "met_target") and not hasattr(run, "target_points")
 
@@ -87,8 +87,8 @@ def test_the_package_holds_no_target() -> None:
 def test_the_rl_budget_is_the_flag_then_the_minutes_then_the_agents_own(tmp_path: Path) -> None:
     """Without a flag the SQL demo trains for its own 390 s (its 15 minutes from a fresh clone include the
     warm start) and the calculator for 420 s; ``--minutes`` leaves three of them outside RL."""
-    from infra.application.cli.demo_cmd import rl_budget
-    from infra.application.demo.agents import demo_agent
+    from examples.demo.agents import demo_agent
+    from examples.demo.cli import rl_budget
 
     calc, sql = demo_agent("calc", tmp_path), demo_agent("sql", tmp_path)
     assert (rl_budget(None, None, calc.rl_seconds), rl_budget(None, None, sql.rl_seconds)) == (420.0, 390.0)

@@ -1,5 +1,5 @@
 """``flywheel demo --agent sql --policies``: the policy map per configuration, what is refused and how, and
-the figures the report takes from the bus (``infra/application/demo/roles.py``, ``ledger.py``, and the
+the figures the report takes from the bus (``examples/demo/roles.py``, ``ledger.py``, and the
 evaluation's ``adapters_by_model`` in ``pipeline.py``)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
-from infra.application.demo.agents import CALC
-from infra.application.demo.ledger import Ledger, model_of
-from infra.application.demo.pipeline import adapters_by_model
-from infra.application.demo.roles import RolePoliciesError, role_policies, update_figures, with_adapters
-from infra.application.demo.sql_demo import SqlDemo
-from infra.application.stack_settings import StackSettings
+from examples.demo.agents import CALC
+from examples.demo.ledger import Ledger, model_of
+from examples.demo.pipeline import adapters_by_model
+from examples.demo.roles import RolePoliciesError, role_policies, update_figures, with_adapters
+from examples.demo.sql_demo import SqlDemo
+from flywheel.cli.main import app
+from flywheel.stack_settings import StackSettings
 from infra.bus.memory import MemoryBus
 from infra.policies import PolicyMap
 from schemas import CONTROL, EPISODES, EpisodeScored, LLMCallRecorded

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from demo_agents.sql_agent.prompts import CHECKER_SYSTEM
-from infra.application.demo.sql_demo import CHECKER_SHARE, RL_DISCOUNT, SQL_TINY, SqlDemo
+from examples.demo.sql_demo import CHECKER_SHARE, RL_DISCOUNT, SQL_TINY, SqlDemo
+from examples.demo_agents.sql_agent.prompts import CHECKER_SYSTEM
 from schemas import Task
 from schemas.scorers import ScorerOptions
 

@@ -1,10 +1,10 @@
-"""The two-tenant demo's simulated users (``infra/application/demo/tenants.py``): what each tenant rates up."""
+"""The two-tenant demo's simulated users (``examples/demo/tenants.py``): what each tenant rates up."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.application.demo.tenants import TENANTS, Reply, rates_up
+from examples.demo.tenants import TENANTS, Reply, rates_up
 
 pytestmark = pytest.mark.timeout(10)
 

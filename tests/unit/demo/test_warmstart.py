@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from demo_agents.calc_agent import tasks
-from infra.application.demo import warmstart
-from infra.application.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
+from examples.demo import warmstart
+from examples.demo.warmstart import GateConfig, WarmStartConfig, conversation_sample, demonstrations
+from examples.demo_agents.calc_agent import tasks
 
 
 @pytest.mark.timeout(60)

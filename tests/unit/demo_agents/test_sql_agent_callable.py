@@ -1,4 +1,4 @@
-"""The SQL agent's callable form (``demo_agents.sql_agent.agent:run``): the same LangGraph graph as the
+"""The SQL agent's callable form (``examples.demo_agents.sql_agent.agent:run``): the same LangGraph graph as the
 command, its three roles' models built from ``llm.base_url`` / ``llm.api_key``, many episodes at once
 on one event loop, against the fake vLLM-compatible server over real HTTP."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from demo_agents.sql_agent.data import Benchmark, generate
+from examples.demo_agents.sql_agent.data import Benchmark, generate
 from gateway.server import GatewayServer
 from tests.fakes.upstream import FakeUpstreamConfig, create_fake_upstream
 
@@ -46,7 +46,7 @@ async def upstream() -> AsyncIterator[tuple[FakeUpstreamConfig, str]]:
 async def test_a_query_that_runs_is_checked_once(
     bench: Benchmark, upstream: tuple[FakeUpstreamConfig, str]
 ) -> None:
-    from demo_agents.sql_agent.agent import run
+    from examples.demo_agents.sql_agent.agent import run
 
     cfg, url = upstream
     example = bench.examples[0]
@@ -64,7 +64,7 @@ async def test_a_query_that_runs_is_checked_once(
 async def test_failing_queries_are_rewritten_up_to_the_limit_concurrently(
     bench: Benchmark, upstream: tuple[FakeUpstreamConfig, str]
 ) -> None:
-    from demo_agents.sql_agent.agent import run
+    from examples.demo_agents.sql_agent.agent import run
 
     cfg, url = upstream
     cfg.reply = "SELEC nothing"
@@ -77,7 +77,7 @@ async def test_failing_queries_are_rewritten_up_to_the_limit_concurrently(
 
 
 async def test_a_task_without_a_database_is_refused() -> None:
-    from demo_agents.sql_agent.agent import run
+    from examples.demo_agents.sql_agent.agent import run
 
     with pytest.raises(ValueError, match=r"task\.input"):
         await run({"task_id": "t", "input": {"question": "?"}}, LLM("http://127.0.0.1:9/v1", "k"))

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from demo_agents.sql_agent.data import TEMPLATES, Benchmark, generate, sloppy_teacher
-from demo_agents.sql_agent.prompts import REWRITER_SYSTEM, WRITER_SYSTEM, execute, extract_sql, schema_of
+from examples.demo_agents.sql_agent.data import TEMPLATES, Benchmark, generate, sloppy_teacher
+from examples.demo_agents.sql_agent.prompts import (
+    REWRITER_SYSTEM,
+    WRITER_SYSTEM,
+    execute,
+    extract_sql,
+    schema_of,
+)
 from reward_service.feedback import FeedbackMapping
 from reward_service.scoring import Scoring
 from schemas import ScorerSpec, Task

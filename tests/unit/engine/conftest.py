@@ -35,7 +35,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def engine(tiny_model_dir: Path) -> AsyncIterator[object]:
-    from trainer.engine import InferenceEngine
+    from infra.engine import InferenceEngine
 
     eng = InferenceEngine.from_pretrained(tiny_model_dir, max_model_len=256)
     yield eng

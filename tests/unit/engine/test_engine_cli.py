@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 
 
 def test_engine_command_refuses_a_path_without_a_model(tmp_path) -> None:

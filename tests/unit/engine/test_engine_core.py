@@ -5,8 +5,8 @@ import asyncio
 import pytest
 import torch
 
-from trainer.engine import InferenceEngine, InvalidRequestError, SamplingParams, WeightLoadError
-from trainer.engine.sampling import processed_logprobs
+from infra.engine import InferenceEngine, InvalidRequestError, SamplingParams, WeightLoadError
+from infra.engine.sampling import processed_logprobs
 
 pytestmark = pytest.mark.timeout(120)  # the first test also pays for importing torch + transformers
 
@@ -257,7 +257,7 @@ async def test_failed_weight_loads_keep_the_old_weights_serving(
 def test_the_weight_check_finds_every_non_finite_value(
     values: list[float], finite: bool, dtype: torch.dtype
 ) -> None:
-    from trainer.engine.weights import _all_finite
+    from infra.engine.weights import _all_finite
 
     tensor = torch.tensor(values).to(dtype)  # 3e38 overflows to inf in fp16: ask torch what it holds
     assert _all_finite(tensor) is bool(torch.isfinite(tensor).all())
@@ -282,7 +282,7 @@ async def test_weights_loaded_mid_request_are_reported_per_token(
 async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(
     engine: InferenceEngine, chat_ids: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.engine import EngineStepError
+    from infra.engine import EngineStepError
 
     real = engine.runner.decode
     calls = {"n": 0}

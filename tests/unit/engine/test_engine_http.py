@@ -6,9 +6,9 @@ import httpx
 import openai
 import pytest
 
-from trainer.engine import InferenceEngine
-from trainer.engine.app import create_engine_app
-from trainer.engine.serving import EngineServing
+from infra.engine import InferenceEngine
+from infra.engine.app import create_engine_app
+from infra.engine.serving import EngineServing
 
 pytestmark = pytest.mark.timeout(120)  # the first test also pays for importing torch + transformers
 
@@ -205,7 +205,7 @@ async def test_admin_token_guards_dev_endpoints(engine: InferenceEngine) -> None
 
 
 async def test_a_client_leaving_a_stream_cancels_its_request(engine: InferenceEngine) -> None:
-    from trainer.engine.protocol import ChatCompletionRequest
+    from infra.engine.protocol import ChatCompletionRequest
 
     serving = EngineServing(engine)
     req = ChatCompletionRequest(messages=MESSAGES, max_tokens=200, stream=True, ignore_eos=True)

@@ -11,11 +11,11 @@ import openai
 import pytest
 import torch
 
-from trainer.engine import InferenceEngine
-from trainer.engine.app import create_engine_app
-from trainer.engine.forcing import scripted_replies
-from trainer.engine.sampling import processed_logprobs
-from trainer.engine.tools import ToolCallStream, parse_tool_calls
+from infra.engine import InferenceEngine
+from infra.engine.app import create_engine_app
+from infra.engine.forcing import scripted_replies
+from infra.engine.sampling import processed_logprobs
+from infra.engine.tools import ToolCallStream, parse_tool_calls
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,7 +95,7 @@ async def test_forced_tokens_carry_the_models_own_logprobs(forced_engine: Infere
         int(i)
         for i in tok.apply_chat_template(MESSAGES, tools=TOOLS, add_generation_prompt=True, return_dict=False)
     ]
-    from trainer.engine.sampling import SamplingParams
+    from infra.engine.sampling import SamplingParams
 
     result = await forced_engine.complete(prompt, SamplingParams(temperature=0.7, logprobs=2))
     [choice] = result.choices

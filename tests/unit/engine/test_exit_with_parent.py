@@ -19,7 +19,7 @@ PARENT = """
 import os, subprocess, sys
 env = {**os.environ, "FLYWHEEL_ENGINE_PARENT_PID": str(os.getpid())}
 child = subprocess.Popen(
-    [sys.executable, "-c", "import time; from infra.application.engine_process import exit_with_parent; "
+    [sys.executable, "-c", "import time; from infra.engine.process import exit_with_parent; "
      "exit_with_parent(poll_s=0.05); print('armed', flush=True); time.sleep(60)"],
     env=env, stdout=subprocess.PIPE, text=True,
 )
@@ -38,7 +38,7 @@ def test_child_stops_when_its_parent_is_killed() -> None:
 @pytest.mark.timeout(30)
 def test_without_the_variable_nothing_is_armed() -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_ENGINE_PARENT_PID"}
-    code = "import threading; from infra.application.engine_process import exit_with_parent; exit_with_parent(); print(threading.active_count())"
+    code = "import threading; from infra.engine.process import exit_with_parent; exit_with_parent(); print(threading.active_count())"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     )

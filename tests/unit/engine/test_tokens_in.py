@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
+from infra.engine import InferenceEngine
+from infra.engine.protocol import ChatCompletionRequest, PromptPrefix
+from infra.engine.serving import EngineServing
 from schemas import LLMCallRecorded, UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
-from trainer.engine import InferenceEngine
-from trainer.engine.protocol import ChatCompletionRequest, PromptPrefix
-from trainer.engine.serving import EngineServing
 
 pytestmark = pytest.mark.timeout(60)
 FIRST: list[dict[str, Any]] = [

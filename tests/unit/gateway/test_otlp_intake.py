@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
+from flywheel.cli.episodes_cmd import print_spans
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaError
 from gateway.otlp import JSON, PROTOBUF, decode_request
 from gateway.span_intake import MAX_EVENT_BYTES, THREAD_ABOVE_BYTES, _chunks
-from infra.application.cli.episodes_cmd import print_spans
 from infra.otel.spans import trace_id_for
 from schemas import AgentSpan, AgentSpansRecorded, LLMCallRecorded
 from tests.fakes.gateway_harness import GatewayHarness

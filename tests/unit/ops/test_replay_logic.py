@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import schemas as s
-from infra.application.replay import (
+from flywheel.replay import (
     ReplayFilter,
     ReplayFilterError,
     ReplayReport,

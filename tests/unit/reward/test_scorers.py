@@ -245,7 +245,7 @@ async def test_sql_compares_values_not_their_text_and_orders_like_spider(tmp_pat
 def test_scorer_options_are_typed_and_checked_when_the_task_is_parsed(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from infra.application.taskfile import read_task_file
+    from flywheel.taskfile import read_task_file
     from schemas.scorers import NumericOptions, SqlOptions
 
     spec = ScorerSpec(name="numeric", options={"tolerance": 0.5})

@@ -103,7 +103,7 @@ async def test_an_answer_that_is_not_bfcls_shape_fails_to_score_with_the_reason(
 
 
 def test_the_bfcl_task_set_comes_from_the_pinned_wheel() -> None:
-    from infra.application.bfcl import bfcl_tasks
+    from flywheel.bfcl import bfcl_tasks
 
     tasks = bfcl_tasks("simple_python")
     assert len(tasks) == 400 and len({t.task_id for t in tasks}) == 400
@@ -121,8 +121,8 @@ def test_the_bfcl_task_set_comes_from_the_pinned_wheel() -> None:
 def test_flywheel_tasks_bfcl_writes_a_task_file_that_reads_back(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from infra.application.cli.main import app
-    from infra.application.taskfile import read_task_file
+    from flywheel.cli.main import app
+    from flywheel.taskfile import read_task_file
 
     out = tmp_path / "bfcl.jsonl"
     ran = CliRunner().invoke(app, ["tasks", "bfcl", "--limit", "3", "--partial", "--out", str(out)])

@@ -1,4 +1,4 @@
-"""One place maps an engine to the sink that loads weights into it (infra/application/assembly.py:
+"""One place maps an engine to the sink that loads weights into it (flywheel/assembly.py:
 ``choose_engine`` and ``RunningEngine.weight_sink``): ``flywheel trainer`` from its settings
 (``trainer_engine``) and the embedded stack from the engine it started."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from infra.application.assembly import RunningEngine, choose_engine, trainer_engine
+from flywheel.assembly import RunningEngine, choose_engine, trainer_engine
 from trainer.settings import TrainerSettings
 from trainer.vllm_sink import VllmSink
 from trainer.weights import HttpSink
@@ -65,7 +65,7 @@ async def test_a_policy_map_on_a_vllm_that_does_not_answer_is_a_one_line_error(t
     only once loaded); a server that cannot take it stops the start with one line naming the adapter."""
     import socket
 
-    from infra.application.alone import serve_trainer
+    from flywheel.alone import serve_trainer
     from infra.service import ServiceStartError
     from trainer.models.tiny import build_tiny
 
@@ -91,7 +91,7 @@ async def test_a_policy_map_on_a_vllm_that_does_not_answer_is_a_one_line_error(t
 
 
 def test_vllm_started_for_adapters_loads_them_at_runtime_and_mixes_them_in_a_batch() -> None:
-    from infra.application.vllm_server import VllmLaunch
+    from infra.engine.vllm_server import VllmLaunch
 
     launch = VllmLaunch(model=Path("/models/policy"), device="cpu", enable_lora=True, max_lora_rank=32)
     command = launch.command()
@@ -107,8 +107,8 @@ def test_vllm_started_for_adapters_loads_them_at_runtime_and_mixes_them_in_a_bat
 
 def test_up_with_engine_vllm_and_a_policy_map_starts_vllm_for_runtime_adapters(tmp_path: Path) -> None:
     """``flywheel up --engine vllm`` with ``FLYWHEEL_POLICIES``: the launch it starts vLLM with."""
-    from infra.application.cli.ops_up import vllm_launch
-    from infra.application.stack import StackSettings
+    from flywheel.cli.ops_up import vllm_launch
+    from flywheel.stack import StackSettings
     from trainer.config import LoraOptions
 
     lora = StackSettings(data_dir=tmp_path, policies="writer,rewriter", trainer_lora=LoraOptions(rank=32))

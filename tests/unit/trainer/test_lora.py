@@ -1,4 +1,4 @@
-"""A LoRA adapter per policy (trainer/lora.py) and the embedded engine serving them (trainer/engine/lora.py).
+"""A LoRA adapter per policy (trainer/lora.py) and the embedded engine serving them (infra/engine/lora.py).
 
 On a tiny random Qwen2 with peft: an adapter's step moves its policy and nothing else (the base and the
 other adapter keep their tensors), each adapter has its own Adam state and version, a checkpoint
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra.engine import InferenceEngine, SamplingParams, WeightLoadError
 from trainer.batching import build_batch, sft_samples
 from trainer.config import AlgorithmConfig, LoraOptions
-from trainer.engine import InferenceEngine, SamplingParams, WeightLoadError
 from trainer.groups import Group
 from trainer.lora import LoraPolicies
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 from trainer.checkpoints import CheckpointMeta, CheckpointStore
 from trainer.config import AlgorithmConfig, LoraOptions
 from trainer.lora import LoraPolicies, load_policies

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
+from flywheel.cli.main import app
 
 runner = CliRunner()
 

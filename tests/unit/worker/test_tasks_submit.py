@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.application.cli.main import app
-from infra.application.cli.worker_cmd import _agent_kind, build_requests, read_tasks
+from flywheel.cli.main import app
+from flywheel.cli.worker_cmd import _agent_kind, build_requests, read_tasks
 from schemas import AgentKind, AgentRef, Mode
 
 

@@ -1,0 +1,454 @@
+"""Off-policy replay: past scored episodes from the event log, republished as ``source=replay``.
+
+``flywheel replay`` (docs/architecture.md, flow 3) selects ``EpisodeScored`` events in ClickHouse by time range,
+tenant, weight version, reward and task, checks each one can still be trained on, and publishes a
+copy on ``flywheel.transitions``. The copy keeps what off-policy correction needs — the transitions
+with their behaviour logprobs and the weight version that generated them — and changes what must
+change for the trainer to take it as new data:
+
+- a new ``event_id`` (consumers deduplicate on it) and ``emitted_at``;
+- ``source=replay``;
+- a new ``group_id`` per original group (``r<run>-<original>``): the trainer skips episodes of a
+  group it already trained on, and a replayed group is compared only with the members replayed with
+  it; ``group_size`` is the number of members sent, ``sample_index`` is renumbered 0..n-1.
+
+The ``episode_id`` stays, so a replayed sample can be traced back to its recorded calls.
+
+With a policy map, ``policy`` replays one policy's data only: each episode keeps the transitions of that
+policy (``Transition.policy``, its adapter's calls), and an episode with none is skipped
+(``other_policy``); the trainer then trains that policy's adapter alone from the replay.
+
+Skipped, with the reason counted: episodes with no transitions (``no_transitions:<why>``),
+transitions without behaviour logprobs (``no_logprobs``), logprobs that do not line up with the
+response (``logprobs_length``), validation episodes (``not_train``), superseded attempts
+(``superseded``) and episodes without a reward (``no_reward``).
+
+**Paced by the trainer's steps** (``pace``, the command line's default): the groups are sent in the order
+they completed in the recorded run (the order the recorded trainer took them), ``groups_per_step`` at a
+time, and the next step's groups only once the trainer reported a step (``TrainerStepCompleted`` on
+``flywheel.control``). Sent all at once, a large replay is consumed out of order — the bus works a
+topic's partitions concurrently, as Kafka does — so the trainer's batches mix the whole recorded run
+and the staleness rule drops the early episodes (docs/replay.md measures it). Groups whose members all
+carry the same return teach nothing and are left out of a paced replay (``no_signal``).
+
+Nothing here parses command lines or prints: :mod:`flywheel.cli.replay_cmd` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.bus.base import Bus, Message, Subscription
+from infra.eventlog.models import EpisodeFilter
+from infra.eventlog.timeparse import parse_when
+from schemas import (
+    CONTROL,
+    TRANSITIONS,
+    EpisodeScored,
+    EpisodeSource,
+    Mode,
+    TrainerStepCompleted,
+    new_event_id,
+)
+from trainer.advantages import has_variance
+from trainer.credit import has_excess
+
+MAX_GROUP_ID = 64
+
+
+class ReplayFilterError(ValueError):
+    """A replay filter that cannot be understood (bad date, negative rate, ...). One line."""
+
+
+class ReplayStalledError(RuntimeError):
+    """A paced replay saw no trainer step within its timeout after sending a step's groups. One line."""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Send ``groups_per_step`` groups (the trainer's batch), then wait for its step, at most ``step_timeout_s``."""
+
+    groups_per_step: int
+    step_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step < 1:
+            raise ReplayFilterError(f"groups per step must be at least 1, got {self.groups_per_step}")
+        if not self.step_timeout_s > 0:
+            raise ReplayFilterError(f"the step timeout must be positive, got {self.step_timeout_s}")
+
+
+class ScoredEpisodeSource(Protocol):
+    """What replay reads from: the event store (``infra.eventlog.store``), or anything shaped like it."""
+
+    def select_scored_episodes(
+        self, f: EpisodeFilter, *, latest_per_episode: bool = True
+    ) -> Iterator[EpisodeScored]: ...
+
+
+class ReplayFilter(BaseModel):
+    """Which past episodes to replay (JSON-ready: the admin API of a running stack takes it as a body)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: datetime | None = None
+    until: datetime | None = None
+    tenant: str | None = None
+    min_reward: float | None = None
+    min_weight_version: int | None = Field(default=None, ge=0)
+    max_weight_version: int | None = Field(default=None, ge=0)
+    task_pattern: str | None = Field(default=None, description="a glob on task_id: sql-*")
+    policy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="only this policy's transitions (LoRA adapter)",
+    )
+    limit: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    def to_episode_filter(self) -> EpisodeFilter:
+        like = None
+        if self.task_pattern is not None:
+            escaped = self.task_pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            like = escaped.replace("*", "%").replace("?", "_")
+        try:
+            return EpisodeFilter(
+                since=self.since,
+                until=self.until,
+                tenant=self.tenant,
+                min_reward=self.min_reward,
+                min_weight_version=self.min_weight_version,
+                max_weight_version=self.max_weight_version,
+                task_id_like=like,
+                limit=self.limit,
+            )
+        except ValueError as exc:
+            raise ReplayFilterError(_first_error(exc)) from exc
+
+
+@dataclass
+class ReplayReport:
+    selected: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
+    groups: int = 0
+    flat_groups: int = 0  # groups whose members all have the same reward: no GRPO signal
+    dry_run: bool = False
+    run_id: str = ""
+    paced: bool = False
+    steps: int = 0  # paced: the steps planned
+    steps_taken: int = 0  # paced: steps the trainer reported after its groups were sent
+
+    @property
+    def eligible(self) -> int:
+        return self.selected - sum(self.skipped.values())
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "run_id": self.run_id,
+            "dry_run": self.dry_run,
+            "selected": self.selected,
+            "eligible": self.eligible,
+            "skipped": dict(sorted(self.skipped.items())),
+            "sent": self.sent,
+            "groups": self.groups,
+            "flat_groups": self.flat_groups,
+            "paced": self.paced,
+            "steps": self.steps,
+            "steps_taken": self.steps_taken,
+        }
+
+
+# --------------------------------------------------------------------------------- parsing
+
+
+def parse_time(text: str, *, now: datetime | None = None) -> datetime:
+    """The command line's one time syntax (``infra.eventlog.timeparse``), as a filter error."""
+    try:
+        return parse_when(text, now=now)
+    except ValueError as exc:
+        raise ReplayFilterError(str(exc)) from None
+
+
+def parse_weight_versions(text: str) -> tuple[int | None, int | None]:
+    """``3`` → (3, 3); ``2..5`` → (2, 5); ``..5`` / ``2..`` open on one side."""
+    value = text.strip()
+    lo_text, sep, hi_text = value.partition("..")
+    try:
+        lo = int(lo_text) if lo_text else None
+        hi = (int(hi_text) if hi_text else None) if sep else lo
+    except ValueError:
+        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..") from None
+    if (lo is not None and lo < 0) or (hi is not None and hi < 0):
+        raise ReplayFilterError(f"weight versions are never negative: {text!r}")
+    if lo is None and hi is None:
+        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..")
+    if lo is not None and hi is not None and lo > hi:
+        raise ReplayFilterError(f"weight version range {text!r} is empty")
+    return lo, hi
+
+
+def parse_rate(text: str) -> float:
+    """``50``, ``50/s``, ``3000/m`` → events per second (> 0)."""
+    value = text.strip().lower()
+    per = 1.0
+    for suffix, seconds in (("/s", 1.0), ("/m", 60.0), ("/min", 60.0), ("/h", 3600.0)):
+        if value.endswith(suffix):
+            value, per = value[: -len(suffix)], seconds
+            break
+    try:
+        rate = float(value) / per
+    except ValueError:
+        raise ReplayFilterError(f"cannot read rate {text!r}: use N/s (e.g. 20/s)") from None
+    if not rate > 0 or rate == float("inf"):
+        raise ReplayFilterError(f"rate must be a positive number of events per second, got {text!r}")
+    return rate
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            msg = str(found[0].get("msg", exc))
+            return msg.removeprefix("Value error, ")
+    return str(exc).splitlines()[0]
+
+
+# ------------------------------------------------------------------------------- selection
+
+
+def skip_reason(event: EpisodeScored) -> str | None:
+    """Why ``event`` cannot be replayed into training, or None when it can."""
+    if event.mode != Mode.train:
+        return "not_train"
+    if event.superseded:
+        return "superseded"
+    if not event.transitions:
+        return f"no_transitions:{event.unusable_reason or 'unknown'}"
+    if event.reward is None:
+        return "no_reward"
+    for t in event.transitions:
+        if not t.behaviour_logprobs:
+            return "no_logprobs"
+        if len(t.behaviour_logprobs) != len(t.response_ids):
+            return "logprobs_length"
+    return None
+
+
+def replay_group_id(run_id: str, original: str) -> str:
+    return f"r{run_id}-{original}"[:MAX_GROUP_ID]
+
+
+def for_policy(event: EpisodeScored, policy: str) -> EpisodeScored | None:
+    """``event`` with only ``policy``'s transitions, or None when it has none."""
+    kept = [t for t in event.transitions if t.policy == policy]
+    if not kept:
+        return None
+    return event if len(kept) == len(event.transitions) else event.model_copy(update={"transitions": kept})
+
+
+def plan_replay(
+    events: Iterable[EpisodeScored], *, run_id: str, report: ReplayReport, policy: str | None = None
+) -> list[EpisodeScored]:
+    """The events to publish (copies with new ids, grouped per original group); counts skips in ``report``.
+
+    ``policy``: each event narrowed to that policy's transitions (:func:`for_policy`)."""
+    by_group: dict[str, list[EpisodeScored]] = {}
+    for event in events:
+        report.selected += 1
+        reason = skip_reason(event)
+        if reason is not None:
+            report.skipped[reason] += 1
+            continue
+        if policy is not None:
+            narrowed = for_policy(event, policy)
+            if narrowed is None:
+                report.skipped["other_policy"] += 1
+                continue
+            event = narrowed
+        by_group.setdefault(event.group_id, []).append(event)
+    now = datetime.now(UTC)
+    out: list[EpisodeScored] = []
+    for original, members in by_group.items():
+        group_id = replay_group_id(run_id, original)
+        rewards = {m.reward for m in members}
+        report.groups += 1
+        report.flat_groups += int(len(rewards) <= 1)
+        for index, member in enumerate(members):
+            out.append(
+                member.model_copy(
+                    update={
+                        "event_id": new_event_id(),
+                        "emitted_at": now,
+                        "producer": "replay",
+                        "source": EpisodeSource.replay,
+                        "group_id": group_id,
+                        "group_size": len(members),
+                        "sample_index": index,
+                        "superseded": False,
+                    }
+                )
+            )
+    return out
+
+
+def has_signal(members: Sequence[EpisodeScored]) -> bool:
+    """The trainer's own test (trainer.batching): different rewards, or per-call returns that differ."""
+    rewards = [float(m.reward or 0.0) for m in members]
+    return has_variance(rewards) or any(
+        has_excess(t, r) for m, r in zip(members, rewards, strict=True) for t in m.transitions
+    )
+
+
+def completion_order(
+    log: Sequence[EpisodeScored], planned: Sequence[EpisodeScored]
+) -> list[list[EpisodeScored]]:
+    """``plan_replay``'s copies (``planned``) grouped, in the order the groups completed in ``log``.
+
+    A group completed when its last member was scored (its last place in the log): the order the
+    recorded trainer could take the groups in.
+    """
+    place = {e.episode_id: i for i, e in enumerate(log)}
+    by_group: dict[str, list[EpisodeScored]] = {}
+    for event in planned:
+        by_group.setdefault(event.group_id, []).append(event)
+    return sorted(by_group.values(), key=lambda g: max(place[m.episode_id] for m in g))
+
+
+class TrainerSteps:
+    """Counts the trainer's ``TrainerStepCompleted`` events emitted since it started watching.
+
+    A private consumer group reads the control topic from the beginning and counts only the steps
+    emitted after ``start`` (a fresh group's "from now on" could miss a step while it joins).
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.count = 0
+        self._since = datetime.now(UTC)
+        self._changed = asyncio.Condition()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        await self.bus.ensure_topics([CONTROL])
+        self._since = datetime.now(UTC)
+        group = f"replay-pace-{uuid.uuid4().hex[:12]}"
+        self._sub = await self.bus.subscribe(CONTROL, group, self._handle, from_beginning=True)
+
+    async def _handle(self, message: Message) -> None:
+        event = message.event
+        if isinstance(event, TrainerStepCompleted) and event.emitted_at >= self._since:
+            async with self._changed:
+                self.count += 1
+                self._changed.notify_all()
+
+    async def wait_beyond(self, count: int, timeout_s: float) -> bool:
+        """True once more than ``count`` steps were seen; False after ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self.count > count)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.stop()
+            self._sub = None
+
+
+class _Pacer:
+    """At most ``rate`` publishes per second (no limit when None)."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.interval = 1.0 / rate if rate else 0.0
+        self.next_at = time.monotonic()
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self.next_at > now:
+            await asyncio.sleep(self.next_at - now)
+        self.next_at = max(self.next_at, now) + self.interval
+
+
+async def replay(
+    source: ScoredEpisodeSource,
+    bus: Bus | None,
+    flt: ReplayFilter,
+    *,
+    rate: float | None = None,
+    pace: Pace | None = None,
+    dry_run: bool = False,
+    report: ReplayReport | None = None,
+    on_planned: Callable[[int], None] | None = None,
+    on_sent: Callable[[EpisodeScored], None] | None = None,
+) -> ReplayReport:
+    """Select, check and (unless ``dry_run``) publish. ``bus`` must be started; unused on a dry run.
+
+    ``pace``: send the groups in their recorded order, one trainer step's worth at a time (module
+    docstring); raises :class:`ReplayStalledError` when the trainer does not step. ``report`` (a fresh
+    one when None) is filled in as the replay goes, so a caller can show its progress.
+    """
+    report = report or ReplayReport()
+    report.dry_run, report.paced = dry_run, pace is not None
+    report.run_id = report.run_id or uuid.uuid4().hex[:8]
+    episode_filter = flt.to_episode_filter()
+    # The store's reads are synchronous (chdb / clickhouse-connect): keep the event loop free.
+    events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
+    planned = plan_replay(events, run_id=report.run_id, report=report, policy=flt.policy)
+    steps: list[list[list[EpisodeScored]]] = [[[e] for e in planned]]
+    if pace is not None:
+        groups = completion_order(events, planned)
+        silent = [g for g in groups if not has_signal(g)]
+        for g in silent:
+            report.skipped["no_signal"] += len(g)
+        groups = [g for g in groups if has_signal(g)]
+        n = pace.groups_per_step
+        steps = [groups[i : i + n] for i in range(0, len(groups), n)]
+        report.steps = len(steps)
+        planned = [e for step in steps for g in step for e in g]
+    if on_planned is not None:
+        on_planned(len(planned))
+    if dry_run or not planned:
+        return report
+    if bus is None:
+        raise ValueError("a bus is needed to publish a replay")
+    pacer = _Pacer(rate)
+    watch = TrainerSteps(bus) if pace is not None else None
+    if watch is not None:
+        await watch.start()
+    try:
+        for index, step in enumerate(steps, start=1):
+            seen = watch.count if watch is not None else 0
+            for members in step:
+                for event in members:
+                    await pacer.wait()
+                    await bus.publish(TRANSITIONS, event)
+                    report.sent += 1
+                    if on_sent is not None:
+                        on_sent(event)
+            if watch is None or pace is None or len(step) < pace.groups_per_step:
+                continue  # a last, partial step trains with the trainer's next batch
+            if not await watch.wait_beyond(seen, pace.step_timeout_s):
+                raise ReplayStalledError(
+                    f"no trainer step within {pace.step_timeout_s:g} s after sending step {index} of "
+                    f"{len(steps)} ({report.sent} episodes sent): is a trainer consuming "
+                    f"{TRANSITIONS} with batches of {pace.groups_per_step} groups?"
+                )
+            report.steps_taken += 1
+    finally:
+        if watch is not None:
+            await watch.stop()
+    return report

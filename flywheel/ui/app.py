@@ -1,0 +1,242 @@
+"""The web view's routes: ``create_ui_router`` (mounted by ``flywheel up`` on the gateway's port) and
+``create_ui_app`` (``flywheel ui``: the same routes alone).
+
+    GET  /ui/                         the episode list (filters and ``page`` in the query string)
+    GET  /ui/episodes/rows            its rows alone (what the list polls)
+    GET  /ui/episodes/{id}            one episode
+    GET  /ui/training                 charts over trainer steps, weight versions, time, tenants
+    GET  /ui/api/training             their data (JSON; what the page polls)
+    GET  /ui/api/episodes/{id}/last   when an episode last changed (JSON; what its page polls)
+    GET  /ui/static/{file}            Chart.js, the script and the styles (no sign-in needed)
+    GET|POST /ui/login, GET /ui/logout
+
+Sign-in (:mod:`flywheel.ui.auth`): the admin token as a bearer token or ``X-Admin-Token``, or
+once in the sign-in form, which sets a session cookie. Reads run on the event log API's reader threads
+(``infra.eventlog.api.Readers``: bounded, each with a deadline), never on the event loop. A bad filter,
+an unknown episode or path answers an HTML page with its 4xx; a busy or slow event log a 503 / 504.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from flywheel.ui import auth
+from flywheel.ui.episode import build_episode
+from flywheel.ui.episode_page import episode_page
+from flywheel.ui.html import error_page, login_page
+from flywheel.ui.list_page import list_page, rows_html
+from flywheel.ui.params import BadInput, parse_list_query
+from flywheel.ui.training_page import training_data, training_page
+from infra.eventlog.api import Readers
+from infra.eventlog.errors import EventLogError, EventLogTimeoutError
+from infra.eventlog.models import (
+    Bucket,
+    EpisodeFilter,
+    EpisodeSummary,
+    EventRecord,
+    StatsPoint,
+    TenantFeedback,
+    TrainerStepPoint,
+    VersionPoint,
+)
+from infra.http import HttpError, error_response
+
+PREFIX = "/ui"
+STATIC = Path(__file__).parent / "static"
+STATIC_FILES = {"chart.umd.min.js": "text/javascript", "ui.js": "text/javascript", "ui.css": "text/css"}
+_EPISODE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
+BUCKETS: tuple[Bucket, ...] = ("minute", "hour", "day")
+
+
+class UiReader(Protocol):
+    """The reads the view makes; ``infra.eventlog.base.SqlStore`` (chdb or a server) provides them."""
+
+    def episodes(self, f: EpisodeFilter) -> list[EpisodeSummary]: ...
+
+    def episode_events(self, episode_id: str) -> list[EventRecord]: ...
+
+    def stats(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        bucket: Bucket = "hour",
+        success_threshold: float = 1.0,
+    ) -> list[StatsPoint]: ...
+
+    def trainer_steps(self, since: datetime | None = None, limit: int = 2000) -> list[TrainerStepPoint]: ...
+
+    def by_version(
+        self, since: datetime | None = None, success_threshold: float = 1.0
+    ) -> list[VersionPoint]: ...
+
+    def tenant_feedback(
+        self, since: datetime | None = None, success_threshold: float = 1.0
+    ) -> list[TenantFeedback]: ...
+
+
+def _status_of(exc: Exception) -> tuple[int, str] | None:
+    match exc:
+        case BadInput():
+            return 400, str(exc)
+        case HttpError():
+            return exc.status_code, exc.message
+        case EventLogTimeoutError():
+            return 504, str(exc)
+        case EventLogError():
+            return 503, f"the event log cannot answer: {exc}"
+    return None
+
+
+def _last(summary: EpisodeSummary | None) -> str:
+    if summary is None:
+        return ""
+    return f"{summary.last_event_at.isoformat()}/{summary.num_calls}/{summary.status}/{summary.scored}"
+
+
+def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX) -> APIRouter:
+    """The view's routes under ``prefix``, reading ``reader``, signed in with ``admin_token``."""
+    readers = Readers()
+    router = APIRouter(tags=["ui"], include_in_schema=False)
+
+    async def html(request: Request, render: Callable[[], Awaitable[str]]) -> Response:
+        if not auth.signed_in(request, admin_token):
+            return login_page(prefix)
+        try:
+            return HTMLResponse(await render())
+        except Exception as exc:
+            answer = _status_of(exc)
+            if answer is None:
+                raise
+            return error_page(prefix, *answer)
+
+    async def api(request: Request, build: Callable[[], Awaitable[object]]) -> Response:
+        if not auth.signed_in(request, admin_token):
+            return error_response(401, "sign in first", "authentication_error", code="invalid_admin_token")
+        try:
+            return JSONResponse(await build())
+        except Exception as exc:
+            answer = _status_of(exc)
+            if answer is None:
+                raise
+            kind = "invalid_request_error" if answer[0] < 500 else "server_error"
+            return error_response(answer[0], answer[1], kind)
+
+    def bucket_of(request: Request) -> Bucket:
+        raw = request.query_params.get("bucket", "minute")
+        for b in BUCKETS:
+            if raw == b:
+                return b
+        raise BadInput(f"bucket must be one of {', '.join(BUCKETS)}, not {raw!r}", "bucket")
+
+    def episode_id_of(raw: str) -> str:
+        if not _EPISODE_ID.match(raw):
+            raise BadInput(f"not an episode id: {raw[:80]!r}", "episode_id")
+        return raw
+
+    async def summary(episode_id: str) -> EpisodeSummary | None:
+        found = await readers.run(lambda: reader.episodes(EpisodeFilter(episode_ids=[episode_id], limit=1)))
+        return found[0] if found else None
+
+    @router.get(prefix, include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(prefix + "/", status_code=307)
+
+    @router.get(prefix + "/")
+    async def episodes(request: Request) -> Response:
+        async def render() -> str:
+            q = parse_list_query(request.query_params)
+            return list_page(prefix, q, await readers.run(lambda: reader.episodes(q.filter)))
+
+        return await html(request, render)
+
+    @router.get(prefix + "/episodes/rows")
+    async def episode_rows(request: Request) -> Response:
+        async def render() -> str:
+            q = parse_list_query(request.query_params)
+            found = await readers.run(lambda: reader.episodes(q.filter))
+            return rows_html(prefix, found[: q.page_size])
+
+        return await html(request, render)
+
+    @router.get(prefix + "/episodes/{episode_id}")
+    async def episode(request: Request, episode_id: str) -> Response:
+        async def render() -> str:
+            eid = episode_id_of(episode_id)
+            events = await readers.run(lambda: reader.episode_events(eid))
+            if not events:
+                raise HttpError(f"no episode {eid} in the event log", status_code=404)
+            return episode_page(prefix, build_episode(eid, events), _last(await summary(eid)))
+
+        return await html(request, render)
+
+    @router.get(prefix + "/api/episodes/{episode_id}/last")
+    async def episode_last(request: Request, episode_id: str) -> Response:
+        async def build() -> object:
+            return {"last": _last(await summary(episode_id_of(episode_id)))}
+
+        return await api(request, build)
+
+    @router.get(prefix + "/training")
+    async def training(request: Request) -> Response:
+        async def render() -> str:
+            bucket = bucket_of(request)
+            steps = await readers.run(lambda: reader.trainer_steps())
+            tenants = await readers.run(lambda: reader.tenant_feedback())
+            return training_page(prefix, steps, tenants, bucket)
+
+        return await html(request, render)
+
+    @router.get(prefix + "/api/training")
+    async def training_api(request: Request) -> Response:
+        async def build() -> object:
+            bucket = bucket_of(request)
+            steps = await readers.run(lambda: reader.trainer_steps())
+            versions = await readers.run(lambda: reader.by_version())
+            stats = await readers.run(lambda: reader.stats(bucket=bucket))
+            tenants = await readers.run(lambda: reader.tenant_feedback())
+            return training_data(steps, versions, stats, tenants)
+
+        return await api(request, build)
+
+    @router.get(prefix + "/static/{name}")
+    async def static(name: str) -> Response:
+        if name not in STATIC_FILES:
+            return error_page(prefix, 404, f"no file {name[:80]!r}")
+        return FileResponse(STATIC / name, media_type=STATIC_FILES[name])
+
+    @router.get(prefix + "/login")
+    async def login_form() -> Response:
+        return login_page(prefix, status=200)
+
+    @router.post(prefix + "/login")
+    async def login(request: Request) -> Response:
+        return await auth.sign_in(request, admin_token, prefix)
+
+    @router.get(prefix + "/logout")
+    async def logout() -> Response:
+        return auth.sign_out(prefix)
+
+    @router.get(prefix + "/{rest:path}")
+    async def unknown(rest: str) -> Response:
+        return error_page(prefix, 404, f"no page {prefix}/{rest[:80]}")
+
+    return router
+
+
+def create_ui_app(reader: UiReader, admin_token: str) -> FastAPI:
+    """The view alone (``flywheel ui``): its routes, and ``/`` sends the browser to them."""
+    app = FastAPI(title="Flywheel", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(create_ui_router(reader, admin_token))
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse(PREFIX + "/", status_code=307)
+
+    return app
