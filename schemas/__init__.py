@@ -40,13 +40,12 @@ from schemas.events import (
     PromptSubstitution,
     RewardOrigin,
     RewardReported,
-    RolloutCancelled,
-    RolloutRequested,
     Transition,
     UpstreamKind,
 )
 from schemas.ids import is_valid_episode_id, new_episode_id, new_event_id, new_group_id
 from schemas.spans import AgentSpan, AgentSpanEvent, AgentSpansRecorded
+from schemas.tasks import RolloutCancelled, RolloutRequested
 from schemas.topics import (
     AGL,
     CONTROL,

@@ -34,11 +34,9 @@ from schemas.events import (
     Event,
     LLMCallRecorded,
     RewardReported,
-    RolloutCancelled,
-    RolloutRequested,
-    TaskEvent,
 )
 from schemas.spans import AgentSpansRecorded
+from schemas.tasks import RolloutCancelled, RolloutRequested, TaskEvent
 
 TASKS = "flywheel.tasks"
 EPISODES = "flywheel.episodes"

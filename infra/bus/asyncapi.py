@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from schemas.control import ControlEvent
-from schemas.events import AglRecorded, DeadLetter, EpisodeEvent, EpisodeScored, TaskEvent
+from schemas.events import AglRecorded, DeadLetter, EpisodeEvent, EpisodeScored
+from schemas.tasks import TaskEvent
 from schemas.topics import AGL, CONTROL, DEADLETTER, EPISODES, TASKS, TOPICS, TRANSITIONS
 
 SERVER = "127.0.0.1:9092"  # `flywheel kafka start`'s default; FLYWHEEL_KAFKA_BOOTSTRAP names the real one
