@@ -13,15 +13,33 @@ is readable at ``/admin/eventlog/...`` with the admin token. SIGTERM/Ctrl-C stop
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import uvicorn
+from pydantic import ValidationError
 
+from flywheel.assembly import build_gateway, build_recorder, choose_engine, start_engine, tiny_model
 from flywheel.cli.common import fail, usage
+from flywheel.stack import StackSettings
+from gateway.agl.journal import Journal
+from gateway.agl.proxy import AglProxy, ProxyConfig
+from gateway.agl.routes import create_agl_app, tenant_lookup
+from gateway.agl.serving import AglService
+from gateway.app import default_keystore
+from gateway.server import run
+from infra.bus.factory import make_bus
+from infra.eventlog.api import create_eventlog_router
+from infra.logging import configure_logging
+from rollout_worker.agl_agent import main
+from schemas import TOPICS
 
 if TYPE_CHECKING:
-    from flywheel.stack import StackSettings
     from gateway.upstream import Upstream
 
 
@@ -56,13 +74,6 @@ def agl_server_command(
     ] = 0.0,
 ) -> None:
     """Serve Agent Lightning 1.0's server API (rollouts, events, models, proxy, pause), durably."""
-    from pydantic import ValidationError
-
-    from flywheel.stack import StackSettings
-    from gateway.agl.proxy import ProxyConfig
-    from gateway.server import run
-    from infra.logging import configure_logging
-
     if not key:
         usage("--key must not be empty (AGL_KEY)")
     if upstream is not None and not upstream.startswith(("http://", "https://")):
@@ -87,21 +98,6 @@ def agl_server_command(
 async def _serve(
     settings: StackSettings, key: str, config: Any, upstream_url: str | None, model_dir: Path | None
 ) -> int:
-    import asyncio
-    import contextlib
-    import signal
-
-    import uvicorn
-
-    from flywheel.assembly import build_gateway
-    from gateway.agl.journal import Journal
-    from gateway.agl.proxy import AglProxy
-    from gateway.agl.routes import create_agl_app, tenant_lookup
-    from gateway.agl.serving import AglService
-    from gateway.app import default_keystore
-    from infra.bus.factory import make_bus
-    from schemas import TOPICS
-
     stack = contextlib.AsyncExitStack()
     async with stack:
         bus = make_bus(settings)
@@ -148,8 +144,6 @@ async def _serve(
             max_body_bytes=settings.gateway.max_body_bytes,
         )
         if store is not None:
-            from infra.eventlog.api import create_eventlog_router
-
             app.include_router(create_eventlog_router(store, settings.admin_token.get_secret_value()))
         server = uvicorn.Server(
             uvicorn.Config(
@@ -183,7 +177,6 @@ async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
     """On the in-process bus, this process records every topic to chdb (nothing else can)."""
     if settings.bus != "memory" or not settings.record_events:
         return None
-    from flywheel.assembly import build_recorder
 
     try:
         process = await build_recorder(settings.eventlog, bus)
@@ -197,10 +190,6 @@ async def _recorder(settings: StackSettings, bus: Any, stack: Any) -> Any:
 async def _upstream(settings: StackSettings, url: str | None, model_dir: Path | None, stack: Any) -> Upstream:
     """The default upstream: ``--upstream``, or the embedded engine on ``--model-dir`` (a toy model
     without one), chosen and started by ``flywheel.assembly`` as for every entry point."""
-    import asyncio
-
-    from flywheel.assembly import choose_engine, start_engine, tiny_model
-
     if url is None and model_dir is None:
         model_dir = await asyncio.to_thread(tiny_model)
     running = await start_engine(
@@ -229,10 +218,6 @@ def agl_agent_command(
     ] = None,
 ) -> None:
     """Run an Agent Lightning agent class for the worker's task, as AGL's local controller does."""
-    import sys
-
-    from rollout_worker.agl_agent import main
-
     mapping: dict[str, str] = {}
     for item in env_map or []:
         name, sep, value = item.partition("=")

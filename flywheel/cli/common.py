@@ -6,6 +6,7 @@ refused), 2 the command line itself is wrong.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Coroutine
@@ -15,6 +16,7 @@ import orjson
 import typer
 from pydantic import ValidationError
 
+from infra.service import ServiceStartError, run
 from infra.settings import FlywheelSettings
 
 EXIT_FAILED = 1
@@ -36,8 +38,6 @@ def usage(message: str) -> NoReturn:
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:
     """Run one service alone (``infra.service.serve``); a service that cannot start is one line, exit 1."""
-    from infra.service import ServiceStartError, run
-
     try:
         run(main)
     except ServiceStartError as exc:
@@ -50,8 +50,6 @@ def print_json(data: Any) -> None:
 
 def quiet_libraries() -> None:
     """aiokafka logs connection failures with tracebacks; the ops commands report them in one line."""
-    import logging
-
     for name in ("aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 

@@ -1,19 +1,25 @@
-"""``flywheel episodes open|show``: training episodes through a running gateway's admin API.
+"""``flywheel episodes open|show|ls``: training episodes through a running gateway's admin API.
 
-``episodes_app`` is module-level so other modules can attach commands to it (e.g. ``episodes ls``
-from the event log).
+``ls`` reads the event log instead; it lives with the event-log commands (``eventlog_cmd``).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any
 
+import httpx
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from flywheel.cli.common import fail
+from flywheel.cli.eventlog_cmd import episodes_ls
+from gateway.settings import GatewaySettings
 
 episodes_app = typer.Typer(help="Open and inspect training episodes.", no_args_is_help=True)
+episodes_app.command("ls")(episodes_ls)
 
 GatewayUrl = Annotated[
     str | None,
@@ -29,10 +35,6 @@ def register(app: typer.Typer) -> None:
 
 def admin_request(gateway: str | None, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     """One admin call to a running gateway; errors become one-line CLI errors."""
-    import httpx
-
-    from gateway.settings import GatewaySettings
-
     try:
         settings = GatewaySettings()
     except Exception as exc:
@@ -86,9 +88,6 @@ def show_command(
 
 def print_calls(calls: list[dict[str, Any]], *, title: str = "") -> None:
     """A table of recorded calls (``LLMCallRecorded`` as JSON), one row per choice."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title or None)
     for col in (
         "seq",
@@ -125,11 +124,6 @@ def print_calls(calls: list[dict[str, Any]], *, title: str = "") -> None:
 
 def print_spans(spans: list[dict[str, Any]]) -> None:
     """The agent's own spans (``AgentSpan`` as JSON) in start order, indented under their parents."""
-    from datetime import datetime
-
-    from rich.console import Console
-    from rich.table import Table
-
     ids = {s["span_id"] for s in spans}
     parent = {s["span_id"]: s.get("parent_span_id") for s in spans}
 

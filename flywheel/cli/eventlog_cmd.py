@@ -11,13 +11,26 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO, cast
 
+import structlog
 import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
 
+from flywheel.alone import serve_recorder
 from flywheel.cli.common import run_service
+from infra.eventlog.client import open_reader
+from infra.eventlog.ddl import MIGRATIONS
+from infra.eventlog.errors import EventLogError, EventLogQueryError, ReadOnlyQueryError
+from infra.eventlog.models import EpisodeFilter
+from infra.eventlog.readonly import check_read_only
+from infra.eventlog.settings import EventLogSettings
+from infra.eventlog.store import open_store
+from infra.eventlog.timeparse import parse_when
+from infra.logging import configure_logging
 
 if TYPE_CHECKING:
     from infra.eventlog.client import EventLogReader
-    from infra.eventlog.settings import EventLogSettings
 
 db_app = typer.Typer(help="The ClickHouse event log: schema migrations.", no_args_is_help=True)
 
@@ -38,10 +51,6 @@ def _fail(exc: BaseException, code: int) -> NoReturn:
 
 
 def _settings() -> EventLogSettings:
-    from pydantic import ValidationError
-
-    from infra.eventlog.settings import EventLogSettings
-    from infra.logging import configure_logging
 
     try:
         settings = EventLogSettings()
@@ -51,7 +60,6 @@ def _settings() -> EventLogSettings:
     configure_logging(settings.log_level, settings.log_json)  # logs go to stderr; stdout stays data
     # Resolve sys.stderr at each write: loggers are cached on first use, and a replaced stderr (tests'
     # CliRunner, a redirected console) may be closed by the time they write.
-    import structlog
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())))
     return settings
@@ -66,8 +74,6 @@ class _CurrentStderr:
 
 
 def _reader(url: str | None) -> EventLogReader:
-    from infra.eventlog.client import open_reader
-    from infra.eventlog.errors import EventLogError
 
     settings = _settings()
     try:
@@ -84,8 +90,6 @@ def _reader(url: str | None) -> EventLogReader:
 
 def _run_read(url: str | None, action: Any) -> Any:
     """Open a reader, run ``action(reader)``, map errors to exit codes, close."""
-    from infra.eventlog.errors import EventLogError, EventLogQueryError, ReadOnlyQueryError
-
     reader = _reader(url)
     try:
         return action(reader)
@@ -98,9 +102,6 @@ def _run_read(url: str | None, action: Any) -> Any:
 
 
 def _print_table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title, show_lines=False)
     for c in columns:
         table.add_column(c, overflow="fold")
@@ -118,9 +119,6 @@ def query_command(
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, max=1_000_000)] = 10_000,
 ) -> None:
     """Run a read-only SQL query on the event log (writes are refused, exit 2)."""
-    from infra.eventlog.errors import ReadOnlyQueryError
-    from infra.eventlog.readonly import check_read_only
-
     try:
         check_read_only(sql)  # refuse before opening anything
     except ReadOnlyQueryError as exc:
@@ -135,10 +133,6 @@ def query_command(
 
 def migrate_command(as_json: JsonOpt = False) -> None:
     """Apply missing event-log migrations (idempotent)."""
-    from infra.eventlog.ddl import MIGRATIONS
-    from infra.eventlog.errors import EventLogError
-    from infra.eventlog.store import open_store
-
     settings = _settings()
     try:
         store = open_store(
@@ -171,10 +165,6 @@ def recorder_command(
     ] = None,
 ) -> None:
     """Run the recorder alone: every topic → the event log, with the event-log admin API."""
-
-    from flywheel.alone import serve_recorder
-    from infra.eventlog.errors import EventLogError
-
     settings = _settings()
     if port is not None:
         settings = settings.model_copy(update={"recorder_port": port})
@@ -187,7 +177,6 @@ def recorder_command(
 def _parse_time(value: str | None, name: str) -> datetime | None:
     if value is None:
         return None
-    from infra.eventlog.timeparse import parse_when
 
     try:
         return parse_when(value)
@@ -214,10 +203,6 @@ def episodes_ls(
     url: UrlOpt = None,
 ) -> None:
     """List episodes from the event log, newest first."""
-    from pydantic import ValidationError
-
-    from infra.eventlog.models import EpisodeFilter
-
     try:
         f = EpisodeFilter(
             since=_parse_time(since, "--since"),
@@ -270,18 +255,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(db_app, name="db")
     app.command("query")(query_command)
     app.command("recorder")(recorder_command)
-    _attach_episodes_ls()
-
-
-def _attach_episodes_ls() -> None:
-    """Add ``ls`` to the gateway engineer's ``flywheel episodes`` group when it exists and lacks one."""
-    try:
-        from flywheel.cli import episodes_cmd  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return
-    group = getattr(episodes_cmd, "episodes_app", None)
-    if not isinstance(group, typer.Typer):
-        return
-    if any(c.name == "ls" for c in group.registered_commands):
-        return
-    group.command("ls")(episodes_ls)

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flywheel.alone import serve_gateway
+from flywheel.assembly import RunningEngine, choose_engine
 from flywheel.cli.common import fail
 from flywheel.cli.episodes_cmd import admin_request, print_calls
+from gateway.app import create_app
+from gateway.keys import KeyStore
+from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest
+from gateway.server import GatewayServer
+from gateway.settings import GatewaySettings
+from infra import service
+from infra.bus.memory import MemoryBus
+from infra.logging import configure_logging
+from schemas import UpstreamKind
 
 if TYPE_CHECKING:
-    from gateway.settings import GatewaySettings
     from gateway.upstream import Upstream
 
 keys_app = typer.Typer(help="Tenant API keys for production traffic (stored hashed).", no_args_is_help=True)
@@ -33,7 +47,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _settings(**overrides: Any) -> GatewaySettings:
-    from gateway.settings import GatewaySettings
 
     try:
         return GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -45,9 +58,6 @@ def _settings(**overrides: Any) -> GatewaySettings:
 def _upstreams(settings: GatewaySettings, urls: list[str] | None, kind: str | None) -> list[Upstream]:
     """One upstream per URL (``--upstream``, else ``FLYWHEEL_UPSTREAM_URLS``), each chosen and built by
     ``flywheel.assembly`` as for every entry point."""
-    from flywheel.assembly import RunningEngine, choose_engine
-    from schemas import UpstreamKind
-
     try:
         up_kind = UpstreamKind(kind) if kind else settings.upstream_kind
     except ValueError:
@@ -68,11 +78,6 @@ def gateway_command(
     port: Annotated[int | None, typer.Option("--port")] = None,
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
-
-    from flywheel.alone import serve_gateway
-    from infra import service
-    from infra.logging import configure_logging
-
     settings = _settings(gateway_host=host, gateway_port=port)
     configure_logging(settings.log_level, settings.log_json)
     ups = _upstreams(settings, upstream, kind)
@@ -88,7 +93,6 @@ def gateway_command(
 
 # ------------------------------------------------------------------------------------------ keys
 def _keystore() -> Any:
-    from gateway.keys import KeyStore
 
     return KeyStore(_settings().data_dir / "gateway" / "keys.json")
 
@@ -109,8 +113,6 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
     """List keys (ids, tenants, state; never the keys themselves)."""
-    import datetime as dt
-
     for r in _keystore().list(tenant):
         created = dt.datetime.fromtimestamp(r.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M")
         typer.echo(f"{r.key_id}\t{r.tenant}\t{created}\t{'revoked' if r.revoked else 'active'}")
@@ -151,14 +153,11 @@ def record_command(
     ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY for agents on Anthropic's Messages API).
     Without --gateway an in-process gateway is started against --upstream (or FLYWHEEL_UPSTREAM_URLS).
     """
-    import asyncio
-
     argv = list(ctx.args)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         fail("usage: flywheel record [OPTIONS] -- CMD ARGS…")
-    from infra.logging import configure_logging
 
     settings = _settings()
     configure_logging(
@@ -176,7 +175,6 @@ def record_command(
 
 
 def _agent_env(base_url: str) -> dict[str, str]:
-    import os
 
     return {
         **os.environ,
@@ -189,7 +187,6 @@ def _agent_env(base_url: str) -> dict[str, str]:
 
 
 def _record_remote(gateway: str, argv: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    import subprocess
 
     opened = admin_request(gateway, "POST", "/admin/episodes", {})
     episode_id, base_url = opened["episode_id"], opened["base_url"]
@@ -207,13 +204,6 @@ def _record_remote(gateway: str, argv: list[str]) -> tuple[int, list[dict[str, A
 async def _record_local(
     settings: GatewaySettings, ups: list[Upstream], argv: list[str]
 ) -> tuple[int, list[dict[str, Any]]]:
-    import asyncio
-
-    from gateway.app import create_app
-    from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest
-    from gateway.server import GatewayServer
-    from infra.bus.memory import MemoryBus
-
     bus = MemoryBus()
     await bus.start()
     data_dir = Path(settings.data_dir)

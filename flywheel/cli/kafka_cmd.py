@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from flywheel.cli.common import fail
+from infra.kafka.launcher import BrokerConfig, KafkaLauncherError, start, status, stop
 
 kafka_app = typer.Typer(help="Run a local single-node Kafka (KRaft) broker from Maven Central jars.")
 
@@ -30,8 +31,6 @@ def start_command(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the broker")] = 90.0,
 ) -> None:
     """Start the broker (fetching the jars once) and wait until it accepts clients."""
-    from infra.kafka.launcher import BrokerConfig, KafkaLauncherError, start
-
     cfg = BrokerConfig(port=port, controller_port=controller_port, data_dir=data_dir)
     try:
         pid = start(cfg, timeout_s=timeout)
@@ -44,8 +43,6 @@ def start_command(
 @kafka_app.command("stop")
 def stop_command(port: Port = 9092, data_dir: DataDir = None) -> None:
     """Stop the broker started for this port / data dir."""
-    from infra.kafka.launcher import BrokerConfig, stop
-
     cfg = BrokerConfig(port=port, data_dir=data_dir)
     typer.echo(f"kafka on {cfg.bootstrap} stopped" if stop(cfg) else f"no kafka running from {cfg.dir}")
 
@@ -53,8 +50,6 @@ def stop_command(port: Port = 9092, data_dir: DataDir = None) -> None:
 @kafka_app.command("status")
 def status_command(port: Port = 9092, data_dir: DataDir = None) -> None:
     """Say whether the broker runs and answers clients (exit 1 when it does not)."""
-    from infra.kafka.launcher import BrokerConfig, status
-
     st = status(BrokerConfig(port=port, data_dir=data_dir))
     if not st.running:
         fail(f"no kafka running from {st.data_dir}")

@@ -8,10 +8,14 @@ Shell completion: ``flywheel --install-completion`` (typer's, for bash/zsh/fish/
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import httpx
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from flywheel.cli.common import (
     ADMIN_URL_HELP,
@@ -23,10 +27,16 @@ from flywheel.cli.common import (
     quiet_libraries,
     usage,
 )
+from flywheel.ops.admin import AdminClient, AdminError
+from flywheel.ops.doctor import check_clickhouse, check_kafka, run_doctor, upstreams_from_env
+from flywheel.ops.status import StatusReport, kafka_status, topic_lags
+from infra.bus.asyncapi import render
+from infra.bus.base import BusError
+from infra.bus.factory import make_bus
+from schemas import TASKS, TOPICS, tasks_topic
 
 if TYPE_CHECKING:
     from flywheel.ops.doctor import Check
-    from flywheel.ops.status import StatusReport
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 UrlOpt = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP, show_default=False)]
@@ -39,8 +49,6 @@ topics_app = typer.Typer(help="Kafka topics: create them with their partition co
 
 
 async def _with_bus(action: Any) -> Any:
-    from infra.bus.base import BusError
-    from infra.bus.factory import make_bus
 
     settings = load_settings()
     if settings.bus != "kafka":
@@ -66,8 +74,6 @@ def topics_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create Flywheel's topics (idempotent), with the partition counts of schemas.TOPICS."""
-    from schemas import TOPICS, tasks_topic
-
     names = [*TOPICS, *(tasks_topic(p) for p in pool or [])]
     for p in pool or []:
         if not p or not all(c.isalnum() or c in "-_" for c in p):
@@ -92,10 +98,6 @@ def topics_asyncapi(
     ] = None,
 ) -> None:
     """Print the AsyncAPI 3.0 document of Flywheel's topics and events (JSON; docs/asyncapi.json)."""
-    from importlib.metadata import version
-
-    from infra.bus.asyncapi import render
-
     text = render(version("flywheel"))
     if out is None:
         typer.echo(text, nl=False)
@@ -109,7 +111,6 @@ def topics_asyncapi(
 
 
 async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
-    from flywheel.ops.admin import AdminClient, AdminError
 
     token = load_settings().admin_token.get_secret_value()
     try:
@@ -122,9 +123,6 @@ async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
 @topics_app.command("ls")
 def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """List Flywheel's topics with partitions and the lag of each service's consumer group."""
-    from flywheel.ops.status import topic_lags
-    from schemas import TASKS, TOPICS
-
     remote = admin_url(url)
     lags: dict[str, dict[str, int]] = asyncio.run(_remote_lags(remote) if remote else _with_bus(topic_lags))
     rows: list[dict[str, Any]] = []
@@ -134,8 +132,6 @@ def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json({"topics": rows})
         return
-    from rich.console import Console
-    from rich.table import Table
 
     table = Table("topic", "partitions", "consumer lag")
     for row in rows:
@@ -148,10 +144,6 @@ def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 
 
 async def _status(url: str | None, gateway_url: str | None, timeout_s: float) -> StatusReport:
-    from flywheel.ops.admin import AdminClient, AdminError
-    from flywheel.ops.status import StatusReport, kafka_status
-    from infra.bus.base import BusError
-    from infra.bus.factory import make_bus
 
     settings = load_settings()
     token = settings.admin_token.get_secret_value()
@@ -186,8 +178,6 @@ async def _status(url: str | None, gateway_url: str | None, timeout_s: float) ->
 
 
 def _print_status(report: StatusReport) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(f"[bold]Flywheel[/bold] {report.runtime} · bus: {report.bus}")
@@ -246,8 +236,6 @@ def status_command(
 
 
 def _print_checks(checks: list[Check]) -> None:
-    from rich.console import Console
-    from rich.table import Table
 
     marks = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}
     table = Table("check", "", "detail", "how to fix")
@@ -271,8 +259,6 @@ def doctor_command(
 
     Prints what is wrong and how to fix it; exit 1 if any check failed (warnings do not fail).
     """
-    from flywheel.ops.doctor import run_doctor, upstreams_from_env
-
     quiet_libraries()
     checks = asyncio.run(
         run_doctor(upstreams=upstream or upstreams_from_env(), admin_url=admin_url(url), timeout_s=timeout)
@@ -291,10 +277,6 @@ def doctor_command(
 
 
 async def _health(http: str | None, kafka: bool, clickhouse: bool, timeout_s: float) -> list[str]:
-    import httpx
-
-    from flywheel.ops.doctor import check_clickhouse, check_kafka
-
     problems: list[str] = []
     if http:
         try:

@@ -20,14 +20,28 @@ import asyncio
 import contextlib
 import faulthandler
 import signal
+import socket
 import sys
+from itertools import cycle
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
 
 from flywheel.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
 from flywheel.cli.common import fail, usage
+from flywheel.ops.api import OpsContext, create_ops_router
+from flywheel.stack import EmbeddedStack, StackError, StackSettings
+from flywheel.taskfile import TaskFileError, guess_agent_kind, load_task_file
+from flywheel.ui.app import create_ui_router
+from infra.eventlog.errors import EventLogUnavailableError
+from infra.logging import configure_logging
+from schemas import AgentRef
 
 __all__ = ["TINY_CACHE", "TINY_CORPUS", "register", "up_command"]  # the toy model lives in the builder
 
@@ -36,8 +50,6 @@ if TYPE_CHECKING:
 
     from rich.console import RenderableType
 
-    from flywheel.ops.api import OpsContext
-    from flywheel.stack import EmbeddedStack
     from infra.engine.vllm_server import VllmLaunch
     from infra.eventlog.models import EpisodeFilter
     from schemas import EpisodeScored
@@ -51,7 +63,6 @@ class _NoEventLog:
     def select_scored_episodes(
         self, f: EpisodeFilter, *, latest_per_episode: bool = True
     ) -> Iterator[EpisodeScored]:
-        from infra.eventlog.errors import EventLogUnavailableError
 
         raise EventLogUnavailableError("this stack records no events (FLYWHEEL_RECORD_EVENTS=false)")
 
@@ -88,9 +99,6 @@ def _gateway_state(stack: EmbeddedStack) -> dict[str, Any] | None:
 
 
 def _panel(report: dict[str, Any], url: str) -> RenderableType:
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
 
     services = Table("service", "up", "detail", expand=True)
     for name, info in report["services"].items():
@@ -114,10 +122,6 @@ def _panel(report: dict[str, Any], url: str) -> RenderableType:
 
 
 async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
-    from flywheel.ops.api import OpsContext, create_ops_router
 
     console = Console()
     stop = asyncio.Event()
@@ -163,8 +167,6 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
         await ctx.watch_control()
         stack.gateway_app.include_router(create_ops_router(ctx))
         if stack.store is not None:  # the web view (flywheel/ui) on the same port, under /ui
-            from flywheel.ui.app import create_ui_router
-
             stack.gateway_app.include_router(create_ui_router(stack.store, ctx.admin_token))
         stack.ready()
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
@@ -236,11 +238,6 @@ def up_command(
     ] = "embedded",
 ) -> None:
     """Run the whole embedded stack (gateway, engine, worker, reward, recorder, trainer) in one process."""
-    from pydantic import ValidationError
-
-    from flywheel.stack import EmbeddedStack, StackError, StackSettings
-    from infra.logging import configure_logging
-
     if (tasks is None) != (agent is None):
         usage("--tasks and --agent go together")
     if model is None and not tiny:
@@ -285,6 +282,7 @@ def up_command(
 def vllm_launch(model: Path, settings: Any, port: int) -> VllmLaunch:
     """How ``--engine vllm`` starts vLLM for the stack's ``settings``: ``model`` served as the stack's
     model name; with a policy map, LoRA enabled (runtime loading allowed), up to the adapters' rank."""
+    # lazy: infra.engine's package imports torch, which `flywheel up --help` must not wait for
     from infra.engine.vllm_server import VllmLaunch
 
     return VllmLaunch(
@@ -304,8 +302,8 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
     if not start:
         yield None
         return
-    import socket
 
+    # lazy: infra.engine's package imports torch, which `flywheel up --help` must not wait for
     from infra.engine.vllm_server import VllmServer, VllmServerError
 
     with socket.socket() as sock:
@@ -324,11 +322,6 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
 
 
 def _tasks_and_agent(path: Path, agent: str) -> tuple[Any, Any]:
-    from itertools import cycle
-
-    from flywheel.taskfile import TaskFileError, guess_agent_kind, load_task_file
-    from schemas import AgentRef
-
     try:
         parsed = load_task_file(path)
     except TaskFileError as exc:

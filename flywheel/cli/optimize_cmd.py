@@ -7,12 +7,24 @@ candidate for the agent's own prompt. See ``flywheel/optimize/run.py`` for the s
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flywheel.cli.common import fail, usage
+from flywheel.optimize.rollouts import OptimizeError, Rollouts
+from flywheel.optimize.run import OptimizeConfig, optimize_prompt
+from flywheel.optimize.tasks import TaskFileError, load_tasks, split, tasks_from_eventlog
+from flywheel.stack import EmbeddedStack, StackError, StackSettings
+from infra.eventlog.errors import EventLogError
+from infra.eventlog.store import open_store
+from infra.logging import configure_logging
+from schemas import AgentKind, AgentRef
 
 
 def register(app: typer.Typer) -> None:
@@ -84,13 +96,6 @@ def optimize(
     threads: Annotated[int, typer.Option(min=0, help="torch threads of the engine (0: torch's default)")] = 1,
 ) -> None:
     """Optimise the agent's prompt with GEPA, every evaluation a real rollout through the stack."""
-    import asyncio
-    import logging
-
-    from flywheel.optimize.rollouts import OptimizeError
-    from flywheel.optimize.tasks import TaskFileError, load_tasks, split
-    from infra.logging import configure_logging
-
     if match not in ("system", "span"):
         usage(f"--match must be system or span, not {match!r}")
     if accept not in ("strict", "equal"):
@@ -163,9 +168,6 @@ def optimize(
 
 
 def _eventlog_tasks(path: Path | None, limit: int) -> list[Any]:
-    from flywheel.optimize.tasks import tasks_from_eventlog
-    from infra.eventlog.errors import EventLogError
-    from infra.eventlog.store import open_store
 
     if path is None:
         usage("give --tasks FILE or --from-eventlog DIR")
@@ -182,14 +184,6 @@ def _eventlog_tasks(path: Path | None, limit: int) -> list[Any]:
 async def _run(
     model_dir: Path, agent: str, agent_kind: str, threads: int, fields: dict[str, Any]
 ) -> dict[str, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flywheel.optimize.rollouts import OptimizeError, Rollouts
-    from flywheel.optimize.run import OptimizeConfig, optimize_prompt
-    from flywheel.stack import EmbeddedStack, StackError, StackSettings
-    from schemas import AgentKind, AgentRef
-
     cfg = OptimizeConfig(**fields)
     settings = StackSettings(
         data_dir=cfg.out / "data",

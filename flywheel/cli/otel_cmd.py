@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
+from flywheel.alone import serve_otel_exporter
 from flywheel.cli.common import run_service
+from infra.otel.settings import OtelSettings
 
 
 def otel_export_command(
@@ -15,9 +17,6 @@ def otel_export_command(
     ] = None,
 ) -> None:
     """Export recorded episodes as OpenTelemetry GenAI spans (consumer group otel-export) until stopped."""
-    from flywheel.alone import serve_otel_exporter
-    from infra.otel.settings import OtelSettings
-
     settings = OtelSettings()
     if endpoint is not None:
         settings = settings.model_copy(update={"otlp_endpoint": endpoint})

@@ -9,11 +9,15 @@ Exit codes: 0 done (also "nothing matched"), 1 a dependency failed, 2 a malforme
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from flywheel.cli.common import (
     ADMIN_URL_HELP,
@@ -24,9 +28,28 @@ from flywheel.cli.common import (
     print_json,
     usage,
 )
+from flywheel.export import ExportFilter, MergeError, export, export_merged
+from flywheel.ops.admin import AdminClient, AdminError
+from flywheel.ops.plots import plot_stats
+from flywheel.replay import (
+    Pace,
+    ReplayFilter,
+    ReplayFilterError,
+    ReplayReport,
+    ReplayStalledError,
+    _first_error,
+    parse_rate,
+    parse_time,
+    parse_weight_versions,
+    replay,
+)
+from infra.bus.base import Bus, BusError
+from infra.bus.factory import make_bus
+from infra.eventlog.client import open_reader
+from infra.eventlog.errors import EventLogError
+from trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from flywheel.replay import Pace, ReplayFilter, ReplayReport
     from infra.eventlog.client import EventLogReader
 
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
@@ -42,7 +65,6 @@ MinRewardOpt = Annotated[
 
 
 def _time(value: str | None) -> datetime | None:
-    from flywheel.replay import ReplayFilterError, parse_time
 
     if value is None:
         return None
@@ -65,8 +87,6 @@ def _float(value: str | None, name: str) -> float | None:
 
 
 def _reader(url: str | None) -> EventLogReader:
-    from infra.eventlog.client import open_reader
-    from infra.eventlog.errors import EventLogError
 
     settings = load_settings()
     try:
@@ -109,12 +129,6 @@ def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
 async def _replay_kafka(
     flt: ReplayFilter, rate: float | None, pace: Pace | None, dry_run: bool, url: str | None
 ) -> ReplayReport:
-    from rich.progress import Progress
-
-    from flywheel.replay import ReplayStalledError, replay
-    from infra.bus.base import Bus, BusError
-    from infra.bus.factory import make_bus
-    from infra.eventlog.errors import EventLogError
 
     settings = load_settings()
     reader = _reader(url)
@@ -151,10 +165,6 @@ async def _replay_kafka(
 async def _replay_remote(
     url: str, flt: ReplayFilter, rate: float | None, pace: Pace | None, dry_run: bool
 ) -> ReplayReport:
-    from collections import Counter
-
-    from flywheel.ops.admin import AdminClient, AdminError
-    from flywheel.replay import ReplayReport
 
     token = load_settings().admin_token.get_secret_value()
     body: dict[str, Any] = {"filter": flt.model_dump(mode="json"), "rate": rate, "dry_run": dry_run}
@@ -234,14 +244,6 @@ def replay_command(
     Behaviour logprobs and weight versions are kept, so the trainer's importance correction and
     staleness rules apply. Prints how many were selected, skipped (and why) and sent.
     """
-    from flywheel.replay import (
-        Pace,
-        ReplayFilter,
-        ReplayFilterError,
-        parse_rate,
-        parse_weight_versions,
-    )
-
     try:
         lo, hi = parse_weight_versions(weight_version) if weight_version is not None else (None, None)
         per_second = parse_rate(rate) if rate is not None else None
@@ -281,13 +283,11 @@ def replay_command(
 
 
 def _trainer_batch_groups() -> int:
-    from trainer.settings import TrainerSettings
 
     return TrainerSettings().trainer_batch_groups
 
 
 def _one_line(exc: Exception) -> str:
-    from flywheel.replay import _first_error
 
     return _first_error(exc) if isinstance(exc, ValueError) else str(exc)
 
@@ -346,8 +346,6 @@ def export_command(
     if merged or version is not None:
         _export_merged(policy, version, output, directory, model, merged, as_json)
         return
-    from flywheel.export import ExportFilter, export
-    from infra.eventlog.errors import EventLogError
 
     if kind not in ("sft", "rl"):
         usage(f"--kind must be sft or rl, got {kind!r}")
@@ -373,8 +371,6 @@ def export_command(
     f: Literal["jsonl", "parquet"] = "parquet" if fmt == "parquet" else "jsonl"
     reader = _reader(url)
     try:
-        from rich.progress import Progress
-
         with Progress(transient=True) as progress:
             task = progress.add_task(f"exporting {kind}", total=None)
             report = export(reader, path, kind=k, fmt=f, flt=flt, on_rows=lambda n: progress.advance(task, n))
@@ -400,7 +396,6 @@ def _export_merged(
     merged: bool,
     as_json: bool,
 ) -> None:
-    from flywheel.export import MergeError, export_merged
 
     if not merged:
         usage("--version goes with --merged (a policy's adapter merged into the base)")
@@ -428,7 +423,6 @@ def _export_merged(
 
 
 def _trainer_root() -> Path:
-    from trainer.settings import TrainerSettings
 
     return TrainerSettings().trainer_root
 
@@ -462,8 +456,6 @@ def stats_command(
     For production traffic: the scored sessions per bucket, the share with user feedback and the share
     of those whose latest feedback is a thumbs up (a rating > 0, or a score ≥ the success threshold).
     """
-    from infra.eventlog.errors import EventLogError
-
     if bucket not in ("minute", "hour", "day"):
         usage(f"--bucket must be minute, hour or day, got {bucket!r}")
     threshold = _float(success_threshold, "--success-threshold")
@@ -490,8 +482,6 @@ def stats_command(
         reader.close()
     rows = [p.model_dump(mode="json") for p in points]
     if plot is not None:
-        from flywheel.ops.plots import plot_stats
-
         try:
             plot_stats(points, plot)
         except OSError as exc:
@@ -503,9 +493,6 @@ def stats_command(
 
 
 def _print_stats(rows: list[dict[str, Any]], plot: Path | None, by_policy: bool = False) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     def num(v: Any, digits: int = 3) -> str:
         return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 

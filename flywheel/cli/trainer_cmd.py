@@ -10,16 +10,25 @@ the trainer every step and on every pause or resume) and, on Kafka, the latest `
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
+from flywheel.alone import serve_trainer
 from flywheel.cli.common import ADMIN_URL_HELP, admin_url, fail, load_settings, run_service
-
-if TYPE_CHECKING:
-    from trainer.settings import TrainerSettings
+from flywheel.ops.admin import AdminClient, AdminError
+from infra.bus.base import BusError, Message
+from infra.bus.factory import make_bus
+from infra.logging import configure_logging
+from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested, TrainerStepCompleted
+from trainer.checkpoints import CheckpointStore
+from trainer.settings import TrainerSettings
+from trainer.status import STATUS_FILE, TrainerStatus
 
 Dir = Annotated[
     Path | None, typer.Option("--dir", help="Trainer directory (default: FLYWHEEL_DATA_DIR/trainer).")
@@ -29,7 +38,6 @@ Url = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP)]
 
 
 def _settings(directory: Path | None) -> TrainerSettings:
-    from trainer.settings import TrainerSettings
 
     settings = TrainerSettings()
     if directory is not None:
@@ -40,18 +48,10 @@ def _settings(directory: Path | None) -> TrainerSettings:
 def _request_pause(pause: bool, reason: str, url: str | None) -> str:
     """Publish TrainerPauseRequested / TrainerResumeRequested on the control topic: through a running
     stack's admin API when given its URL, else on Kafka. Returns where it went; fails in one line."""
-    import asyncio
-
-    from infra.bus.base import BusError
-    from infra.bus.factory import make_bus
-    from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested
-
     settings = load_settings()
     model = _settings(None).model
     target = admin_url(url)
     if target:
-        from flywheel.ops.admin import AdminClient, AdminError
-
         client = AdminClient(target, settings.admin_token.get_secret_value(), timeout_s=15)
         action = "pause" if pause else "resume"
         try:
@@ -87,13 +87,6 @@ def _request_pause(pause: bool, reason: str, url: str | None) -> str:
 
 
 def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[str, Any] | None:
-    import asyncio
-    import uuid
-
-    from infra.bus.base import BusError, Message
-    from infra.bus.factory import make_bus
-    from schemas import CONTROL, TrainerStepCompleted
-
     latest: list[TrainerStepCompleted] = []
 
     async def _go() -> None:
@@ -133,172 +126,163 @@ def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[
     }
 
 
+def run_command(
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Hugging Face model directory to train.")
+    ] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="sync | async")] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            "--algorithm",
+            help="grpo (group-relative, critic-free; the default) | ppo (a value head and GAE).",
+        ),
+    ] = None,
+    objective: Annotated[
+        str | None, typer.Option("--objective", help="rl | sft (cross-entropy on successes).")
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
+    directory: Dir = None,
+    dp: Annotated[
+        int | None, typer.Option("--dp", help="Data-parallel ranks on this host (torch backend).")
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="torch | verl (verl: the `verl` extra, GPUs)")
+    ] = None,
+) -> None:
+    """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
+    settings = _settings(directory)
+    update: dict[str, Any] = {}
+    if model is not None:
+        update["trainer_base_model"] = model
+    if mode is not None:
+        if mode not in ("sync", "async"):
+            typer.echo("error: --mode must be sync or async", err=True)
+            raise typer.Exit(2)
+        update["trainer_mode"] = mode
+    if algorithm is not None:
+        if algorithm not in ("grpo", "ppo"):
+            typer.echo("error: --algorithm must be grpo or ppo", err=True)
+            raise typer.Exit(2)
+        update["trainer_algo"] = settings.trainer_algo.model_copy(update={"algorithm": algorithm})
+    if objective is not None:
+        if objective not in ("rl", "sft"):
+            typer.echo("error: --objective must be rl or sft", err=True)
+            raise typer.Exit(2)
+        update["trainer_objective"] = objective
+    if dp is not None:
+        if dp < 1:
+            typer.echo("error: --dp must be at least 1", err=True)
+            raise typer.Exit(2)
+        update["trainer_dp"] = dp
+    if backend is not None:
+        if backend not in ("torch", "verl"):
+            typer.echo("error: --backend must be torch or verl", err=True)
+            raise typer.Exit(2)
+        update["trainer_backend"] = backend
+    settings = settings.model_copy(update=update)
+    if settings.trainer_base_model is None or not (settings.trainer_base_model / "config.json").is_file():
+        typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
+        raise typer.Exit(2)
+    configure_logging(settings.log_level, settings.log_json)
+    run_service(serve_trainer(settings, max_steps))
+
+
+def pause_command(reason: Annotated[str, typer.Option("--reason")] = "operator", url: Url = None) -> None:
+    """Stop taking training steps after the one in progress (until `flywheel trainer resume`)."""
+    if not reason.strip() or len(reason) > 1024:
+        fail("--reason must be 1 to 1024 characters", 2)
+    typer.echo(f"trainer pause requested ({_request_pause(True, reason, url)})")
+
+
+def resume_command(url: Url = None) -> None:
+    """Take training steps again."""
+    typer.echo(f"trainer resume requested ({_request_pause(False, '', url)})")
+
+
+def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
+    """Step, version, paused, and the last step's metrics."""
+    settings = _settings(directory)
+    path = settings.trainer_root / STATUS_FILE
+    status: TrainerStatus | None = None
+    if path.exists():
+        try:
+            status = TrainerStatus.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError) as exc:
+            typer.echo(f"error: cannot read {path}: {exc}".splitlines()[0], err=True)
+            raise typer.Exit(1) from exc
+    on_bus = _latest_step_on_bus(settings) if settings.bus == "kafka" else None
+    if status is None and not on_bus:
+        typer.echo(f"no trainer status yet ({path} missing and no TrainerStepCompleted seen)", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        report: dict[str, Any] = status.model_dump(mode="json") if status is not None else {}
+        if settings.bus == "kafka":
+            report["last_step_on_bus"] = on_bus
+        typer.echo(json.dumps(report, default=str))
+        return
+    if status is None:
+        typer.echo(f"no status file yet; last step on the bus: {json.dumps(on_bus, default=str)}")
+        return
+    typer.echo(
+        f"step {status.step}  version {status.version}  serving {status.serving_version}  "
+        f"mode {status.mode}  paused {status.paused}"
+        + (f" ({status.pause_reason})" if status.paused and status.pause_reason else "")
+    )
+    for name, version in status.adapters.items():
+        typer.echo(f"  adapter {name:<16} version {version}  serving {status.serving_adapters.get(name, 0)}")
+    if status.samples:
+        typer.echo("  samples trained         " + "  ".join(f"{k} {v}" for k, v in status.samples.items()))
+    for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
+        value = status.metrics.get(key)
+        if value is not None:
+            typer.echo(f"  {key:<24} {value:.4g}")
+
+
+def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:
+    """List saved weight versions (newest last); with a policy map, each adapter's (``policy``)."""
+    root = _settings(directory).trainer_root
+    store = CheckpointStore(root)
+    adapters = sorted(p for p in (root / "policies").glob("*") if p.is_dir())
+    # with adapters the shared checkpoints hold no weights (step, offsets): each adapter's are listed
+    stores = [(p.name, CheckpointStore(p)) for p in adapters] if adapters else [(None, store)]
+    rows: list[dict[str, Any]] = []
+    for policy, each in stores:
+        latest = each.latest()
+        rows += [
+            {
+                "version": i.meta.version,
+                "step": i.meta.step,
+                "created_at": i.meta.created_at,
+                "path": str(i.path),
+                "latest": latest is not None and latest.path == i.path,
+                "reward": i.meta.metrics.get("reward"),
+                "policy": policy,
+            }
+            for i in each.all()
+        ]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo(f"no checkpoints under {store.dir}")
+        return
+    for r in rows:
+        mark = "*" if r["latest"] else " "
+        reward = "" if r["reward"] is None else f"  reward {r['reward']:.3f}"
+        policy = f"{r['policy']:<12} " if r["policy"] is not None else ""
+        typer.echo(
+            f"{mark} {policy}v{r['version']:<6} step {r['step']:<6} {r['created_at']}  {r['path']}{reward}"
+        )
+
+
 def register(app: typer.Typer) -> None:
     trainer = typer.Typer(help="Run and control the trainer.", no_args_is_help=True)
     weights = typer.Typer(help="Weight versions (checkpoints).", no_args_is_help=True)
     app.add_typer(trainer, name="trainer")
     app.add_typer(weights, name="weights")
-
-    @trainer.command("run")
-    def run_command(
-        model: Annotated[
-            Path | None, typer.Option("--model", help="Hugging Face model directory to train.")
-        ] = None,
-        mode: Annotated[str | None, typer.Option("--mode", help="sync | async")] = None,
-        algorithm: Annotated[
-            str | None,
-            typer.Option(
-                "--algorithm",
-                help="grpo (group-relative, critic-free; the default) | ppo (a value head and GAE).",
-            ),
-        ] = None,
-        objective: Annotated[
-            str | None, typer.Option("--objective", help="rl | sft (cross-entropy on successes).")
-        ] = None,
-        max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
-        directory: Dir = None,
-        dp: Annotated[
-            int | None, typer.Option("--dp", help="Data-parallel ranks on this host (torch backend).")
-        ] = None,
-        backend: Annotated[
-            str | None, typer.Option("--backend", help="torch | verl (verl: the `verl` extra, GPUs)")
-        ] = None,
-    ) -> None:
-        """Consume scored episodes and train (Ctrl-C stops after the step in progress)."""
-
-        from flywheel.alone import serve_trainer
-        from infra.logging import configure_logging
-
-        settings = _settings(directory)
-        update: dict[str, Any] = {}
-        if model is not None:
-            update["trainer_base_model"] = model
-        if mode is not None:
-            if mode not in ("sync", "async"):
-                typer.echo("error: --mode must be sync or async", err=True)
-                raise typer.Exit(2)
-            update["trainer_mode"] = mode
-        if algorithm is not None:
-            if algorithm not in ("grpo", "ppo"):
-                typer.echo("error: --algorithm must be grpo or ppo", err=True)
-                raise typer.Exit(2)
-            update["trainer_algo"] = settings.trainer_algo.model_copy(update={"algorithm": algorithm})
-        if objective is not None:
-            if objective not in ("rl", "sft"):
-                typer.echo("error: --objective must be rl or sft", err=True)
-                raise typer.Exit(2)
-            update["trainer_objective"] = objective
-        if dp is not None:
-            if dp < 1:
-                typer.echo("error: --dp must be at least 1", err=True)
-                raise typer.Exit(2)
-            update["trainer_dp"] = dp
-        if backend is not None:
-            if backend not in ("torch", "verl"):
-                typer.echo("error: --backend must be torch or verl", err=True)
-                raise typer.Exit(2)
-            update["trainer_backend"] = backend
-        settings = settings.model_copy(update=update)
-        if settings.trainer_base_model is None or not (settings.trainer_base_model / "config.json").is_file():
-            typer.echo("error: --model must name a Hugging Face model directory (with config.json)", err=True)
-            raise typer.Exit(2)
-        configure_logging(settings.log_level, settings.log_json)
-        run_service(serve_trainer(settings, max_steps))
-
-    @trainer.command("pause")
-    def pause_command(reason: Annotated[str, typer.Option("--reason")] = "operator", url: Url = None) -> None:
-        """Stop taking training steps after the one in progress (until `flywheel trainer resume`)."""
-        if not reason.strip() or len(reason) > 1024:
-            fail("--reason must be 1 to 1024 characters", 2)
-        typer.echo(f"trainer pause requested ({_request_pause(True, reason, url)})")
-
-    @trainer.command("resume")
-    def resume_command(url: Url = None) -> None:
-        """Take training steps again."""
-        typer.echo(f"trainer resume requested ({_request_pause(False, '', url)})")
-
-    @trainer.command("status")
-    def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
-        """Step, version, paused, and the last step's metrics."""
-        from pydantic import ValidationError
-
-        from trainer.status import STATUS_FILE, TrainerStatus
-
-        settings = _settings(directory)
-        path = settings.trainer_root / STATUS_FILE
-        status: TrainerStatus | None = None
-        if path.exists():
-            try:
-                status = TrainerStatus.model_validate_json(path.read_bytes())
-            except (OSError, ValidationError) as exc:
-                typer.echo(f"error: cannot read {path}: {exc}".splitlines()[0], err=True)
-                raise typer.Exit(1) from exc
-        on_bus = _latest_step_on_bus(settings) if settings.bus == "kafka" else None
-        if status is None and not on_bus:
-            typer.echo(f"no trainer status yet ({path} missing and no TrainerStepCompleted seen)", err=True)
-            raise typer.Exit(1)
-        if as_json:
-            report: dict[str, Any] = status.model_dump(mode="json") if status is not None else {}
-            if settings.bus == "kafka":
-                report["last_step_on_bus"] = on_bus
-            typer.echo(json.dumps(report, default=str))
-            return
-        if status is None:
-            typer.echo(f"no status file yet; last step on the bus: {json.dumps(on_bus, default=str)}")
-            return
-        typer.echo(
-            f"step {status.step}  version {status.version}  serving {status.serving_version}  "
-            f"mode {status.mode}  paused {status.paused}"
-            + (f" ({status.pause_reason})" if status.paused and status.pause_reason else "")
-        )
-        for name, version in status.adapters.items():
-            typer.echo(
-                f"  adapter {name:<16} version {version}  serving {status.serving_adapters.get(name, 0)}"
-            )
-        if status.samples:
-            typer.echo(
-                "  samples trained         " + "  ".join(f"{k} {v}" for k, v in status.samples.items())
-            )
-        for key in ("reward", "success", "transitions_per_episode", "staleness_mean", "kl", "tokens_per_s"):
-            value = status.metrics.get(key)
-            if value is not None:
-                typer.echo(f"  {key:<24} {value:.4g}")
-
-    @weights.command("ls")
-    def ls_command(as_json: AsJson = False, directory: Dir = None) -> None:
-        """List saved weight versions (newest last); with a policy map, each adapter's (``policy``)."""
-        from trainer.checkpoints import CheckpointStore
-
-        root = _settings(directory).trainer_root
-        store = CheckpointStore(root)
-        adapters = sorted(p for p in (root / "policies").glob("*") if p.is_dir())
-        # with adapters the shared checkpoints hold no weights (step, offsets): each adapter's are listed
-        stores = [(p.name, CheckpointStore(p)) for p in adapters] if adapters else [(None, store)]
-        rows: list[dict[str, Any]] = []
-        for policy, each in stores:
-            latest = each.latest()
-            rows += [
-                {
-                    "version": i.meta.version,
-                    "step": i.meta.step,
-                    "created_at": i.meta.created_at,
-                    "path": str(i.path),
-                    "latest": latest is not None and latest.path == i.path,
-                    "reward": i.meta.metrics.get("reward"),
-                    "policy": policy,
-                }
-                for i in each.all()
-            ]
-        if as_json:
-            typer.echo(json.dumps(rows))
-            return
-        if not rows:
-            typer.echo(f"no checkpoints under {store.dir}")
-            return
-        for r in rows:
-            mark = "*" if r["latest"] else " "
-            reward = "" if r["reward"] is None else f"  reward {r['reward']:.3f}"
-            policy = f"{r['policy']:<12} " if r["policy"] is not None else ""
-            typer.echo(
-                f"{mark} {policy}v{r['version']:<6} step {r['step']:<6} {r['created_at']}  {r['path']}{reward}"
-            )
+    trainer.command("run")(run_command)
+    trainer.command("pause")(pause_command)
+    trainer.command("resume")(resume_command)
+    trainer.command("status")(status_command)
+    weights.command("ls")(ls_command)

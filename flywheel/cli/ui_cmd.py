@@ -11,8 +11,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import uvicorn
+from pydantic import ValidationError
 
 from flywheel.cli.common import fail, usage
+from flywheel.ui.app import create_ui_app
+from infra.eventlog.errors import EventLogError, EventLogLockedError
+from infra.eventlog.lock import chdb_holder
+from infra.eventlog.settings import EventLogSettings
+from infra.eventlog.store import open_store
+from infra.logging import configure_logging
+from infra.service import KEEP_ALIVE_S
 
 
 def ui_command(
@@ -23,17 +32,6 @@ def ui_command(
     ] = None,
 ) -> None:
     """Serve the web view of the event log: episodes, their calls and tokens, training charts."""
-    import uvicorn
-    from pydantic import ValidationError
-
-    from flywheel.ui.app import create_ui_app
-    from infra.eventlog.errors import EventLogError, EventLogLockedError
-    from infra.eventlog.lock import chdb_holder
-    from infra.eventlog.settings import EventLogSettings
-    from infra.eventlog.store import open_store
-    from infra.logging import configure_logging
-    from infra.service import KEEP_ALIVE_S
-
     try:
         settings = EventLogSettings()
         if data_dir is not None:

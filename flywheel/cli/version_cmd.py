@@ -7,8 +7,10 @@ from importlib.metadata import version
 import typer
 
 
+def version_command() -> None:
+    """Print Flywheel's version."""
+    typer.echo(version("flywheel"))
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("version")
-    def version_command() -> None:
-        """Print Flywheel's version."""
-        typer.echo(version("flywheel"))
+    app.command("version")(version_command)

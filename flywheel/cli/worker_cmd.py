@@ -8,103 +8,96 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.progress import Progress
 
+from flywheel.alone import serve_reward, serve_worker
 from flywheel.cli.common import run_service
 from flywheel.cli.vllm_cmd import bfcl_command
+from flywheel.taskfile import guess_agent_kind, read_task_file
+from infra.bus.factory import make_bus
+from infra.logging import configure_logging
+from infra.settings import FlywheelSettings
+from reward_service.settings import RewardSettings
+from rollout_worker.settings import WorkerSettings
+from schemas import AgentKind, AgentRef, Mode, RolloutRequested, tasks_topic
 
 if TYPE_CHECKING:
-    from infra.settings import FlywheelSettings
-    from schemas import AgentRef, Mode, RolloutRequested, Task
+    from schemas import Task
 
 tasks_app = typer.Typer(help="Submit rollout tasks.", no_args_is_help=True)
 
 
 def _agent_kind(spec: str, kind: str | None) -> str:
     """``--kind`` if given; else guessed from the spec (``flywheel.taskfile``)."""
-    from flywheel.taskfile import guess_agent_kind
-
     return kind or guess_agent_kind(spec).value
 
 
+def worker_command(
+    concurrency: Annotated[int | None, typer.Option(help="episodes run at once by this worker")] = None,
+    pool: Annotated[str | None, typer.Option(help="consume flywheel.tasks.<pool>")] = None,
+    gateway: Annotated[str | None, typer.Option(help="the gateway agents call (its base URL)")] = None,
+) -> None:
+    """Run a rollout worker: consume tasks, run agents, report episodes (until Ctrl-C)."""
+    overrides: dict[str, object] = {}
+    if concurrency is not None:
+        overrides["concurrency"] = concurrency
+    if pool is not None:
+        overrides["pool"] = pool
+    if gateway is not None:
+        overrides["gateway_url"] = gateway
+    settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    configure_logging(settings.log_level, settings.log_json)
+    run_service(serve_worker(settings))
+
+
+def reward_command(
+    gateway: Annotated[str | None, typer.Option(help="the gateway the LLM judge calls")] = None,
+    train_models: Annotated[
+        str | None,
+        typer.Option(help="only calls asking for these models (comma-separated) train; the rest is context"),
+    ] = None,
+) -> None:
+    """Run the reward service: score finished episodes, publish transitions (until Ctrl-C)."""
+    overrides: dict[str, str] = {"gateway_url": gateway} if gateway else {}
+    if train_models is not None:
+        overrides["train_models"] = train_models
+    settings = RewardSettings(**overrides)  # type: ignore[arg-type]
+    configure_logging(settings.log_level, settings.log_json)
+    run_service(serve_reward(settings))
+
+
+def submit_command(
+    file: Annotated[Path, typer.Argument(help="JSONL: one task per line (task_id, input, answer, scorer)")],
+    agent: Annotated[str, typer.Option(help="command line, module:function, or Job template path")],
+    n: Annotated[int, typer.Option(help="rollouts per task (the GRPO group size)")] = 8,
+    kind: Annotated[
+        str | None, typer.Option(help="command | callable | kubernetes (default: guessed)")
+    ] = None,
+    deadline: Annotated[float, typer.Option(help="seconds per episode")] = 300.0,
+    max_attempts: Annotated[int, typer.Option(help="attempts per rollout (retries on error/timeout)")] = 1,
+    mode: Annotated[str, typer.Option(help="train | val")] = "train",
+    model: Annotated[str, typer.Option(help="model name the agent asks for")] = "policy",
+    pool: Annotated[str | None, typer.Option(help="publish to flywheel.tasks.<pool>")] = None,
+) -> None:
+    """Publish n RolloutRequested per task line; bad lines are reported and not published."""
+    code = submit(
+        file,
+        agent=agent,
+        kind=_agent_kind(agent, kind),
+        n=n,
+        deadline_s=deadline,
+        max_attempts=max_attempts,
+        mode=mode,
+        model=model,
+        pool=pool,
+    )
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("worker")
-    def worker_command(
-        concurrency: Annotated[int | None, typer.Option(help="episodes run at once by this worker")] = None,
-        pool: Annotated[str | None, typer.Option(help="consume flywheel.tasks.<pool>")] = None,
-        gateway: Annotated[str | None, typer.Option(help="the gateway agents call (its base URL)")] = None,
-    ) -> None:
-        """Run a rollout worker: consume tasks, run agents, report episodes (until Ctrl-C)."""
-
-        from flywheel.alone import serve_worker
-        from infra.logging import configure_logging
-        from rollout_worker.settings import WorkerSettings
-
-        overrides: dict[str, object] = {}
-        if concurrency is not None:
-            overrides["concurrency"] = concurrency
-        if pool is not None:
-            overrides["pool"] = pool
-        if gateway is not None:
-            overrides["gateway_url"] = gateway
-        settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
-        configure_logging(settings.log_level, settings.log_json)
-        run_service(serve_worker(settings))
-
-    @app.command("reward")
-    def reward_command(
-        gateway: Annotated[str | None, typer.Option(help="the gateway the LLM judge calls")] = None,
-        train_models: Annotated[
-            str | None,
-            typer.Option(
-                help="only calls asking for these models (comma-separated) train; the rest is context"
-            ),
-        ] = None,
-    ) -> None:
-        """Run the reward service: score finished episodes, publish transitions (until Ctrl-C)."""
-
-        from flywheel.alone import serve_reward
-        from infra.logging import configure_logging
-        from reward_service.settings import RewardSettings
-
-        overrides: dict[str, str] = {"gateway_url": gateway} if gateway else {}
-        if train_models is not None:
-            overrides["train_models"] = train_models
-        settings = RewardSettings(**overrides)  # type: ignore[arg-type]
-        configure_logging(settings.log_level, settings.log_json)
-        run_service(serve_reward(settings))
-
-    @tasks_app.command("submit")
-    def submit_command(
-        file: Annotated[
-            Path, typer.Argument(help="JSONL: one task per line (task_id, input, answer, scorer)")
-        ],
-        agent: Annotated[str, typer.Option(help="command line, module:function, or Job template path")],
-        n: Annotated[int, typer.Option(help="rollouts per task (the GRPO group size)")] = 8,
-        kind: Annotated[
-            str | None, typer.Option(help="command | callable | kubernetes (default: guessed)")
-        ] = None,
-        deadline: Annotated[float, typer.Option(help="seconds per episode")] = 300.0,
-        max_attempts: Annotated[
-            int, typer.Option(help="attempts per rollout (retries on error/timeout)")
-        ] = 1,
-        mode: Annotated[str, typer.Option(help="train | val")] = "train",
-        model: Annotated[str, typer.Option(help="model name the agent asks for")] = "policy",
-        pool: Annotated[str | None, typer.Option(help="publish to flywheel.tasks.<pool>")] = None,
-    ) -> None:
-        """Publish n RolloutRequested per task line; bad lines are reported and not published."""
-        code = submit(
-            file,
-            agent=agent,
-            kind=_agent_kind(agent, kind),
-            n=n,
-            deadline_s=deadline,
-            max_attempts=max_attempts,
-            mode=mode,
-            model=model,
-            pool=pool,
-        )
-        raise typer.Exit(code)
-
+    app.command("worker")(worker_command)
+    app.command("reward")(reward_command)
+    tasks_app.command("submit")(submit_command)
     tasks_app.command("bfcl")(bfcl_command)
     app.add_typer(tasks_app, name="tasks")
 
@@ -118,8 +111,6 @@ def _error(message: str) -> None:
 
 def read_tasks(file: Path) -> tuple[list[Task], list[str]]:
     """Valid tasks and one message per bad line (``FILE:LINE: reason``)."""
-    from flywheel.taskfile import read_task_file
-
     return read_task_file(file)
 
 
@@ -134,7 +125,6 @@ def build_requests(
     model: str,
     pool: str | None,
 ) -> list[RolloutRequested]:
-    from schemas import RolloutRequested
 
     return [
         request
@@ -154,10 +144,6 @@ def build_requests(
 
 
 async def _publish(settings: FlywheelSettings, topic: str, requests: list[RolloutRequested]) -> None:
-    from rich.progress import Progress
-
-    from infra.bus.factory import make_bus
-
     bus = make_bus(settings)
     await bus.start()
     try:
@@ -185,9 +171,6 @@ def submit(
     pool: str | None,
 ) -> int:
     """Exit code: 0 all published, 1 nothing to publish / bad options, 2 some lines were bad."""
-    from infra.settings import FlywheelSettings
-    from schemas import AgentKind, AgentRef, Mode, tasks_topic
-
     try:
         agent_ref = AgentRef(kind=AgentKind(kind), spec=agent)
         mode_value = Mode(mode)
