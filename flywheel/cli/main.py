@@ -81,11 +81,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Republish past scored episodes as EpisodeScored(source=replay) for off-policy training.",
     ),
     "export": (
-        "flywheel.cli.replay_cmd",
+        "flywheel.cli.export_cmd",
         "Export recorded data for other trainers (chat SFT or token-level RL data), or a merged adapter.",
     ),
     "stats": (
-        "flywheel.cli.replay_cmd",
+        "flywheel.cli.stats_cmd",
         "Reward, success rate, transitions per episode, policy versions and production feedback over time.",
     ),
     "trainer": ("flywheel.cli.trainer_cmd", "Run and control the trainer."),

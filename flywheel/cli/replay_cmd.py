@@ -1,8 +1,8 @@
-"""``flywheel replay``, ``flywheel export`` and ``flywheel stats``: the event log put back to work.
+"""``flywheel replay``: past scored episodes republished as ``EpisodeScored(source=replay)``.
 
-Reads go through :func:`infra.eventlog.client.open_reader` (the chdb directory when it is free, the
-ClickHouse server, or a running process's admin API with ``--url``). Replay publishes on Kafka
-directly; on the embedded stack it asks the running ``flywheel up`` to publish on its in-process bus.
+Replay publishes on Kafka directly; on the embedded stack it asks the running ``flywheel up`` to
+publish on its in-process bus (``--url``). ``export`` and ``stats``, the other commands that read the
+event log, live beside it (``export_cmd``, ``stats_cmd``); the options they share in ``eventlog_opts``.
 Exit codes: 0 done (also "nothing matched"), 1 a dependency failed, 2 a malformed option, in one line.
 """
 
@@ -10,27 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from flywheel.cli.common import (
-    ADMIN_URL_HELP,
-    JSON_HELP,
-    admin_url,
-    fail,
-    load_settings,
-    print_json,
-    usage,
+from flywheel.cli.common import admin_url, fail, load_settings, print_json, usage
+from flywheel.cli.eventlog_opts import (
+    JsonOpt,
+    MinRewardOpt,
+    SinceOpt,
+    TenantOpt,
+    UntilOpt,
+    UrlOpt,
+    number_option,
+    open_log_reader,
+    time_option,
 )
-from flywheel.export import ExportFilter, MergeError, export, export_merged
 from flywheel.ops.admin import AdminClient, AdminError
-from flywheel.ops.plots import plot_stats
 from flywheel.replay import (
     Pace,
     ReplayFilter,
@@ -39,68 +36,13 @@ from flywheel.replay import (
     ReplayStalledError,
     _first_error,
     parse_rate,
-    parse_time,
     parse_weight_versions,
     replay,
 )
 from infra.bus.base import Bus, BusError
 from infra.bus.factory import make_bus
-from infra.eventlog.client import open_reader
 from infra.eventlog.errors import EventLogError
 from trainer.settings import TrainerSettings
-
-if TYPE_CHECKING:
-    from infra.eventlog.client import EventLogReader
-
-JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
-UrlOpt = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP, show_default=False)]
-SinceOpt = Annotated[
-    str | None, typer.Option("--since", help="ISO time (2026-11-30, 2026-11-30T12:00Z) or 30m/2h/7d ago.")
-]
-UntilOpt = Annotated[str | None, typer.Option("--until", help="ISO time or 30m/2h/7d ago (exclusive).")]
-TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Only this tenant's episodes.")]
-MinRewardOpt = Annotated[
-    str | None, typer.Option("--min-reward", help="Only episodes that scored at least this.")
-]
-
-
-def _time(value: str | None) -> datetime | None:
-
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ReplayFilterError as exc:
-        usage(str(exc))
-
-
-def _float(value: str | None, name: str) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        usage(f"{name} must be a number, got {value!r}")
-    if number != number or number in (float("inf"), float("-inf")):
-        usage(f"{name} must be a finite number, got {value!r}")
-    return number
-
-
-def _reader(url: str | None) -> EventLogReader:
-
-    settings = load_settings()
-    try:
-        return open_reader(
-            admin_url=admin_url(url),
-            admin_token=settings.admin_token.get_secret_value(),
-            clickhouse_url=settings.clickhouse_url,
-            chdb_path=settings.chdb_path,
-        )
-    except EventLogError as exc:
-        fail(f"{type(exc).__name__}: {exc}")
-
-
-# ----------------------------------------------------------------------------------- replay
 
 
 def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
@@ -131,7 +73,7 @@ async def _replay_kafka(
 ) -> ReplayReport:
 
     settings = load_settings()
-    reader = _reader(url)
+    reader = open_log_reader(url)
     bus: Bus | None = None
     try:
         if not dry_run:
@@ -250,10 +192,10 @@ def replay_command(
         if not limit.isdigit() or int(limit) < 1:
             raise ReplayFilterError(f"--limit must be a positive whole number, got {limit!r}")
         flt = ReplayFilter(
-            since=_time(since),
-            until=_time(until),
+            since=time_option(since),
+            until=time_option(until),
             tenant=tenant,
-            min_reward=_float(min_reward, "--min-reward"),
+            min_reward=number_option(min_reward, "--min-reward"),
             min_weight_version=lo,
             max_weight_version=hi,
             task_pattern=task_filter,
@@ -292,249 +234,5 @@ def _one_line(exc: Exception) -> str:
     return _first_error(exc) if isinstance(exc, ValueError) else str(exc)
 
 
-# ----------------------------------------------------------------------------------- export
-
-
-def export_command(
-    kind: Annotated[
-        str, typer.Option("--kind", help="sft: chat messages (TRL); rl: token ids, masks, logprobs (verl).")
-    ] = "rl",
-    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="File to write (default flywheel-KIND.FORMAT).")
-    ] = None,
-    since: SinceOpt = None,
-    until: UntilOpt = None,
-    tenant: TenantOpt = None,
-    min_reward: MinRewardOpt = None,
-    source: Annotated[str | None, typer.Option("--source", help="live, production or replay.")] = None,
-    limit: Annotated[str | None, typer.Option("--limit", help="At most this many rows.")] = None,
-    merged: Annotated[
-        bool,
-        typer.Option(
-            "--merged",
-            help="Not a dataset: write base + one policy's adapter (--policy) as one Hugging Face model "
-            "directory (--output).",
-        ),
-    ] = False,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy", help="Only this policy's rows; with --merged: the policy whose adapter is merged."
-        ),
-    ] = None,
-    version: Annotated[
-        str | None, typer.Option("--version", help="With --merged: the adapter's version (default: latest).")
-    ] = None,
-    directory: Annotated[
-        Path | None,
-        typer.Option(
-            "--dir", help="With --merged: the trainer directory (default FLYWHEEL_DATA_DIR/trainer)."
-        ),
-    ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            "--model", help="With --merged: the base model (default: the one the checkpoint names)."
-        ),
-    ] = None,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Export recorded data for other trainers (chat SFT data or token-level RL data), or with --merged a
-    policy's adapter folded into the base as one model directory."""
-    if merged or version is not None:
-        _export_merged(policy, version, output, directory, model, merged, as_json)
-        return
-
-    if kind not in ("sft", "rl"):
-        usage(f"--kind must be sft or rl, got {kind!r}")
-    if fmt not in ("jsonl", "parquet"):
-        usage(f"--format must be jsonl or parquet, got {fmt!r}")
-    if source is not None and source not in ("live", "production", "replay"):
-        usage(f"--source must be live, production or replay, got {source!r}")
-    if limit is not None and (not limit.isdigit() or int(limit) < 1):
-        usage(f"--limit must be a positive whole number, got {limit!r}")
-    flt = ExportFilter(
-        since=_time(since),
-        until=_time(until),
-        tenant=tenant,
-        min_reward=_float(min_reward, "--min-reward"),
-        source=source,
-        policy=policy,
-        limit=int(limit) if limit else None,
-    )
-    if flt.since and flt.until and flt.since >= flt.until:
-        usage("--since must be before --until")
-    path = output or Path(f"flywheel-{kind}.{fmt}")
-    k: Literal["sft", "rl"] = "sft" if kind == "sft" else "rl"
-    f: Literal["jsonl", "parquet"] = "parquet" if fmt == "parquet" else "jsonl"
-    reader = _reader(url)
-    try:
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"exporting {kind}", total=None)
-            report = export(reader, path, kind=k, fmt=f, flt=flt, on_rows=lambda n: progress.advance(task, n))
-    except EventLogError as exc:
-        fail(f"{type(exc).__name__}: {exc}")
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
-    finally:
-        reader.close()
-    if as_json:
-        print_json(report.as_dict())
-        return
-    skipped = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
-    typer.echo(f"wrote {report.rows} {kind} row(s) to {path}" + (f" (skipped {skipped})" if skipped else ""))
-
-
-def _export_merged(
-    policy: str | None,
-    version: str | None,
-    output: Path | None,
-    directory: Path | None,
-    model: Path | None,
-    merged: bool,
-    as_json: bool,
-) -> None:
-
-    if not merged:
-        usage("--version goes with --merged (a policy's adapter merged into the base)")
-    if policy is None:
-        usage("--merged needs --policy NAME (the policy whose adapter is merged into the base)")
-    if version is not None and (not version.isdigit() or int(version) < 1):
-        usage(f"--version must be a positive whole number, got {version!r}")
-    root = directory if directory is not None else _trainer_root()
-    path = output or Path(f"flywheel-merged-{policy}")
-    try:
-        report = export_merged(
-            root, policy, path, version=int(version) if version else None, base_model=model
-        )
-    except MergeError as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
-    if as_json:
-        print_json(report.as_dict())
-        return
-    typer.echo(
-        f"wrote {report.policy} v{report.version} merged into {report.base_model} to {report.path} "
-        f"({report.bytes / 1e6:.1f} MB, {report.seconds:.1f} s)"
-    )
-
-
-def _trainer_root() -> Path:
-
-    return TrainerSettings().trainer_root
-
-
-# ------------------------------------------------------------------------------------ stats
-
-
-def stats_command(
-    since: SinceOpt = None,
-    until: UntilOpt = None,
-    bucket: Annotated[str, typer.Option("--bucket", help="minute, hour or day.")] = "hour",
-    success_threshold: Annotated[
-        str, typer.Option("--success-threshold", help="Reward that counts as success.")
-    ] = "1.0",
-    plot: Annotated[Path | None, typer.Option("--plot", help="Also draw the curves into this PNG.")] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            "--policy",
-            help="With a policy map: only episodes with calls of this policy; versions are its adapter's.",
-        ),
-    ] = None,
-    by_policy: Annotated[
-        bool, typer.Option("--by-policy", help="One row per bucket and policy ('-': the base).")
-    ] = False,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Reward, success rate, transitions per episode, policy versions and production feedback over time.
-
-    For production traffic: the scored sessions per bucket, the share with user feedback and the share
-    of those whose latest feedback is a thumbs up (a rating > 0, or a score ≥ the success threshold).
-    """
-    if bucket not in ("minute", "hour", "day"):
-        usage(f"--bucket must be minute, hour or day, got {bucket!r}")
-    threshold = _float(success_threshold, "--success-threshold")
-    lo, hi = _time(since), _time(until)
-    if plot is not None and plot.suffix.lower() != ".png":
-        usage(f"--plot writes a PNG; give a .png path, got {plot}")
-    if plot is not None and by_policy:
-        usage("--plot draws one series: pick one policy with --policy instead of --by-policy")
-    if policy is not None and not policy.strip():
-        usage("--policy must name a policy")
-    reader = _reader(url)
-    try:
-        points = reader.stats(
-            since=lo,
-            until=hi,
-            bucket=bucket,  # type: ignore[arg-type]
-            success_threshold=threshold or 0.0,
-            policy=policy,
-            by_policy=by_policy,
-        )
-    except EventLogError as exc:
-        fail(f"{type(exc).__name__}: {exc}")
-    finally:
-        reader.close()
-    rows = [p.model_dump(mode="json") for p in points]
-    if plot is not None:
-        try:
-            plot_stats(points, plot)
-        except OSError as exc:
-            fail(f"cannot write {plot}: {exc.strerror or exc}")
-    if as_json:
-        print_json({"bucket": bucket, "points": rows, "plot": str(plot) if plot else None})
-        return
-    _print_stats(rows, plot, by_policy)
-
-
-def _print_stats(rows: list[dict[str, Any]], plot: Path | None, by_policy: bool = False) -> None:
-    def num(v: Any, digits: int = 3) -> str:
-        return "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-
-    headers = [
-        "bucket",
-        "episodes",
-        "mean reward",
-        "success",
-        "calls/ep",
-        "transitions/ep",
-        "weights (mean/max)",
-    ]
-    table = Table(*([*headers[:1], "policy", *headers[1:]] if by_policy else headers))
-    production = any(r.get("production_sessions") for r in rows)
-    if production:
-        for column in ("production", "feedback", "thumbs up"):
-            table.add_column(column)
-    for r in rows:
-        extra = (
-            [str(r["production_sessions"]), num(r["feedback_rate"], 2), num(r["thumbs_up_rate"], 2)]
-            if production
-            else []
-        )
-        policy_cell = [r.get("policy") or "-"] if by_policy else []
-        table.add_row(
-            r["bucket"],
-            *policy_cell,
-            str(r["episodes"]),
-            num(r["mean_reward"]),
-            num(r["success_rate"], 2),
-            num(r["mean_calls"], 2),
-            num(r["mean_transitions"], 2),
-            f"{num(r['mean_weight_version'], 1)}/{num(r['max_weight_version'])}",
-            *extra,
-        )
-    console = Console()
-    console.print(table if rows else "no scored episodes in this range")
-    if plot is not None:
-        console.print(f"plot written to {plot}")
-
-
 def register(app: typer.Typer) -> None:
     app.command("replay")(replay_command)
-    app.command("export")(export_command)
-    app.command("stats")(stats_command)
