@@ -25,7 +25,8 @@ from flywheel.cli.eventlog_opts import (
     open_log_reader,
     time_option,
 )
-from flywheel.export import ExportFilter, MergeError, export, export_merged
+from flywheel.export import ExportFilter, export
+from flywheel.merged import MergeError, export_merged
 from infra.eventlog.errors import EventLogError
 from trainer.settings import TrainerSettings
 
