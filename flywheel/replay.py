@@ -31,7 +31,8 @@ topic's partitions concurrently, as Kafka does — so the trainer's batches mix 
 and the staleness rule drops the early episodes (docs/replay.md measures it). Groups whose members all
 carry the same return teach nothing and are left out of a paced replay (``no_signal``).
 
-Nothing here parses command lines or prints: :mod:`flywheel.cli.replay_cmd` does.
+Nothing here parses command lines or prints: :mod:`flywheel.cli.replay_cmd` and
+:mod:`flywheel.cli.eventlog_opts` do.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.bus.base import Bus, Message, Subscription
 from infra.eventlog.models import EpisodeFilter
-from infra.eventlog.timeparse import parse_when
 from schemas import (
     CONTROL,
     TRANSITIONS,
@@ -132,7 +132,7 @@ class ReplayFilter(BaseModel):
                 limit=self.limit,
             )
         except ValueError as exc:
-            raise ReplayFilterError(_first_error(exc)) from exc
+            raise ReplayFilterError(first_error(exc)) from exc
 
 
 @dataclass
@@ -168,53 +168,11 @@ class ReplayReport:
         }
 
 
-# --------------------------------------------------------------------------------- parsing
+# --------------------------------------------------------------------------------- errors
 
 
-def parse_time(text: str, *, now: datetime | None = None) -> datetime:
-    """The command line's one time syntax (``infra.eventlog.timeparse``), as a filter error."""
-    try:
-        return parse_when(text, now=now)
-    except ValueError as exc:
-        raise ReplayFilterError(str(exc)) from None
-
-
-def parse_weight_versions(text: str) -> tuple[int | None, int | None]:
-    """``3`` → (3, 3); ``2..5`` → (2, 5); ``..5`` / ``2..`` open on one side."""
-    value = text.strip()
-    lo_text, sep, hi_text = value.partition("..")
-    try:
-        lo = int(lo_text) if lo_text else None
-        hi = (int(hi_text) if hi_text else None) if sep else lo
-    except ValueError:
-        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..") from None
-    if (lo is not None and lo < 0) or (hi is not None and hi < 0):
-        raise ReplayFilterError(f"weight versions are never negative: {text!r}")
-    if lo is None and hi is None:
-        raise ReplayFilterError(f"cannot read weight version {text!r}: use N, A..B, ..B or A..")
-    if lo is not None and hi is not None and lo > hi:
-        raise ReplayFilterError(f"weight version range {text!r} is empty")
-    return lo, hi
-
-
-def parse_rate(text: str) -> float:
-    """``50``, ``50/s``, ``3000/m`` → events per second (> 0)."""
-    value = text.strip().lower()
-    per = 1.0
-    for suffix, seconds in (("/s", 1.0), ("/m", 60.0), ("/min", 60.0), ("/h", 3600.0)):
-        if value.endswith(suffix):
-            value, per = value[: -len(suffix)], seconds
-            break
-    try:
-        rate = float(value) / per
-    except ValueError:
-        raise ReplayFilterError(f"cannot read rate {text!r}: use N/s (e.g. 20/s)") from None
-    if not rate > 0 or rate == float("inf"):
-        raise ReplayFilterError(f"rate must be a positive number of events per second, got {text!r}")
-    return rate
-
-
-def _first_error(exc: ValueError) -> str:
+def first_error(exc: ValueError) -> str:
+    """A validation error's first message, in one line (pydantic's list, else the text's first line)."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
         found = errors()

@@ -25,6 +25,8 @@ from flywheel.cli.eventlog_opts import (
     UrlOpt,
     number_option,
     open_log_reader,
+    parse_rate,
+    parse_weight_versions,
     time_option,
 )
 from flywheel.ops.admin import AdminClient, AdminError
@@ -34,9 +36,7 @@ from flywheel.replay import (
     ReplayFilterError,
     ReplayReport,
     ReplayStalledError,
-    _first_error,
-    parse_rate,
-    parse_weight_versions,
+    first_error,
     replay,
 )
 from infra.bus.base import Bus, BusError
@@ -231,7 +231,7 @@ def _trainer_batch_groups() -> int:
 
 def _one_line(exc: Exception) -> str:
 
-    return _first_error(exc) if isinstance(exc, ValueError) else str(exc)
+    return first_error(exc) if isinstance(exc, ValueError) else str(exc)
 
 
 def register(app: typer.Typer) -> None:

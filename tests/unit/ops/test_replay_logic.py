@@ -7,16 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import schemas as s
-from flywheel.replay import (
-    ReplayFilter,
-    ReplayFilterError,
-    ReplayReport,
-    parse_rate,
-    parse_time,
-    parse_weight_versions,
-    plan_replay,
-    skip_reason,
-)
+from flywheel.cli.eventlog_opts import parse_rate, parse_time, parse_weight_versions
+from flywheel.replay import ReplayFilter, ReplayFilterError, ReplayReport, plan_replay, skip_reason
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
