@@ -24,7 +24,7 @@ from flywheel.stack import EmbeddedStack, StackError, StackSettings
 from infra.eventlog.errors import EventLogError
 from infra.eventlog.store import open_store
 from infra.logging import configure_logging
-from schemas import AgentKind, AgentRef
+from schemas import AgentKind, AgentRef, Task
 
 
 def register(app: typer.Typer) -> None:
@@ -96,29 +96,10 @@ def optimize(
     threads: Annotated[int, typer.Option(min=0, help="torch threads of the engine (0: torch's default)")] = 1,
 ) -> None:
     """Optimise the agent's prompt with GEPA, every evaluation a real rollout through the stack."""
-    if match not in ("system", "span"):
-        usage(f"--match must be system or span, not {match!r}")
-    if accept not in ("strict", "equal"):
-        usage(f"--accept must be strict or equal, not {accept!r}")
-    if agent_kind not in ("callable", "command"):
-        usage(f"--agent-kind must be callable or command, not {agent_kind!r}")
-    if (tasks is None) == (from_eventlog is None):
-        usage("give exactly one of --tasks FILE and --from-eventlog DIR")
-    if not (model_dir / "config.json").is_file():
-        usage(f"--model-dir {model_dir} is not a model directory (no config.json)")
-    if not reflection_url.startswith(("http://", "https://")):
-        usage(f"--reflection-url must be an http(s) URL, not {reflection_url!r}")
+    _check_options(match, accept, agent_kind, tasks, from_eventlog, model_dir, reflection_url)
     configure_logging("WARNING", None)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        pool = load_tasks(tasks) if tasks is not None else _eventlog_tasks(from_eventlog, train + val + test)
-        held = load_tasks(test_tasks) if test_tasks is not None else None
-        tr, va, te = split(pool, train=train, val=val, test=0 if held is not None else test, seed=seed)
-    except TaskFileError as exc:
-        usage(str(exc))
-    if held is not None:
-        seen = {t.task_id for t in tr + va}
-        te = [t for t in held if t.task_id not in seen]
+    tr, va, te = _split_tasks(tasks, from_eventlog, test_tasks, train, val, test, seed)
     try:
         report = asyncio.run(
             _run(
@@ -151,6 +132,56 @@ def optimize(
         fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    _print_summary(report, out)
+
+
+def _check_options(
+    match: str,
+    accept: str,
+    agent_kind: str,
+    tasks: Path | None,
+    from_eventlog: Path | None,
+    model_dir: Path,
+    reflection_url: str,
+) -> None:
+    if match not in ("system", "span"):
+        usage(f"--match must be system or span, not {match!r}")
+    if accept not in ("strict", "equal"):
+        usage(f"--accept must be strict or equal, not {accept!r}")
+    if agent_kind not in ("callable", "command"):
+        usage(f"--agent-kind must be callable or command, not {agent_kind!r}")
+    if (tasks is None) == (from_eventlog is None):
+        usage("give exactly one of --tasks FILE and --from-eventlog DIR")
+    if not (model_dir / "config.json").is_file():
+        usage(f"--model-dir {model_dir} is not a model directory (no config.json)")
+    if not reflection_url.startswith(("http://", "https://")):
+        usage(f"--reflection-url must be an http(s) URL, not {reflection_url!r}")
+
+
+def _split_tasks(
+    tasks: Path | None,
+    from_eventlog: Path | None,
+    test_tasks: Path | None,
+    train: int,
+    val: int,
+    test: int,
+    seed: int,
+) -> tuple[list[Task], list[Task], list[Task]]:
+    """Train, validation and held-out tasks; held-out ones from ``--test-tasks`` never repeat a train or
+    validation task."""
+    try:
+        pool = load_tasks(tasks) if tasks is not None else _eventlog_tasks(from_eventlog, train + val + test)
+        held = load_tasks(test_tasks) if test_tasks is not None else None
+        tr, va, te = split(pool, train=train, val=val, test=0 if held is not None else test, seed=seed)
+    except TaskFileError as exc:
+        usage(str(exc))
+    if held is not None:
+        seen = {t.task_id for t in tr + va}
+        te = [t for t in held if t.task_id not in seen]
+    return tr, va, te
+
+
+def _print_summary(report: dict[str, Any], out: Path) -> None:
     typer.echo(
         f"best: candidate {report['best']['index']} ({report['best']['prompt_version']}), validation score "
         f"{report['best']['val_score']:.3f}; {len(report['candidates'])} candidates, "
@@ -167,7 +198,7 @@ def optimize(
     )
 
 
-def _eventlog_tasks(path: Path | None, limit: int) -> list[Any]:
+def _eventlog_tasks(path: Path | None, limit: int) -> list[Task]:
 
     if path is None:
         usage("give --tasks FILE or --from-eventlog DIR")

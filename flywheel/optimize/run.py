@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gepa.api import optimize
+from gepa.core.result import GEPAResult
+from gepa.utils.stop_condition import TimeoutStopCondition
+
 from flywheel.optimize.adapter import FlywheelAdapter, ReflectionLM
 from flywheel.optimize.rollouts import (
     Candidate,
@@ -75,9 +79,6 @@ async def optimize_prompt(
     cfg: OptimizeConfig, rollouts: Rollouts, say: Say, tick: Tick | None = None
 ) -> dict[str, Any]:
     """Run the whole optimisation on a started stack reached through ``rollouts``; returns the report."""
-    from gepa.api import optimize
-    from gepa.utils.stop_condition import TimeoutStopCondition
-
     t0 = time.perf_counter()
     shutil.rmtree(cfg.out / "gepa", ignore_errors=True)  # GEPA resumes from a run_dir it finds: start fresh
     if not cfg.train or not cfg.val:
@@ -136,26 +137,13 @@ async def optimize_prompt(
         f"GEPA done: {len(result.candidates)} candidates, {result.total_metric_calls} episodes, "
         f"best validation score {result.val_aggregate_scores[result.best_idx]:.3f} (candidate {result.best_idx})"
     )
-    held_out: dict[str, Any] | None = None
-    if cfg.test:
-        say(f"held-out check: seed and winner on {len(cfg.test)} unseen tasks")
-        await rollouts.activate(seed)
-        before = _summary(await rollouts.run(cfg.test))
-        await rollouts.activate(best)
-        after = _summary(await rollouts.run(cfg.test))
-        held_out = {
-            "seed": before,
-            "best": after,
-            "success_points": round(100.0 * (after["success"] - before["success"]), 2),
-        }
-        say(f"held-out success: seed {100 * before['success']:.1f}% → winner {100 * after['success']:.1f}%")
+    held_out = await _held_out(cfg.test, rollouts, seed, best, say) if cfg.test else None
     activated = None
     if cfg.activate:
         activated = await rollouts.activate(best, reason="flywheel optimize --activate")
         say(f"activated prompt version {activated} at the gateway")
     else:
         await rollouts.activate(None, reason="flywheel optimize: done, the agent's own prompts again")
-    frontier = sorted({i for front in result.per_val_instance_best_candidates.values() for i in front})
     report: dict[str, Any] = {
         "component": {"name": cfg.component, "match": cfg.match, "original": original},
         "seed": {"prompt_version": versions[0], "text": seed[cfg.component]},
@@ -165,6 +153,42 @@ async def optimize_prompt(
             "text": best[cfg.component],
             "val_score": result.val_aggregate_scores[result.best_idx],
         },
+        **_lineage(result, versions, cfg),
+        "held_out": held_out,
+        "episodes": {"gepa": result.total_metric_calls, "all": rollouts.episodes_run},
+        "budget": {"max_metric_calls": cfg.max_metric_calls, "max_seconds": cfg.max_seconds},
+        "tasks": {"train": len(cfg.train), "val": len(cfg.val), "test": len(cfg.test)},
+        "reflection": {"url": cfg.reflection_url, "model": cfg.reflection_model, "calls": lm.calls},
+        "evaluations": adapter.evaluations,
+        "activated": activated,
+        "gepa_seconds": round(gepa_seconds, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    write_outputs(cfg.out, report)
+    return report
+
+
+async def _held_out(
+    test: list[Task], rollouts: Rollouts, seed: Candidate, best: Candidate, say: Say
+) -> dict[str, Any]:
+    """The seed and the winner on tasks GEPA never saw."""
+    say(f"held-out check: seed and winner on {len(test)} unseen tasks")
+    await rollouts.activate(seed)
+    before = _summary(await rollouts.run(test))
+    await rollouts.activate(best)
+    after = _summary(await rollouts.run(test))
+    say(f"held-out success: seed {100 * before['success']:.1f}% → winner {100 * after['success']:.1f}%")
+    return {
+        "seed": before,
+        "best": after,
+        "success_points": round(100.0 * (after["success"] - before["success"]), 2),
+    }
+
+
+def _lineage(result: GEPAResult[Any, Any], versions: list[str], cfg: OptimizeConfig) -> dict[str, Any]:
+    """The report's ``candidates`` (each with its parents and score) and ``pareto_frontier``."""
+    frontier = sorted({i for front in result.per_val_instance_best_candidates.values() for i in front})
+    return {
         "candidates": [
             {
                 "index": i,
@@ -184,18 +208,7 @@ async def optimize_prompt(
                 for k, v in result.per_val_instance_best_candidates.items()
             },
         },
-        "held_out": held_out,
-        "episodes": {"gepa": result.total_metric_calls, "all": rollouts.episodes_run},
-        "budget": {"max_metric_calls": cfg.max_metric_calls, "max_seconds": cfg.max_seconds},
-        "tasks": {"train": len(cfg.train), "val": len(cfg.val), "test": len(cfg.test)},
-        "reflection": {"url": cfg.reflection_url, "model": cfg.reflection_model, "calls": lm.calls},
-        "evaluations": adapter.evaluations,
-        "activated": activated,
-        "gepa_seconds": round(gepa_seconds, 1),
-        "seconds": round(time.perf_counter() - t0, 1),
     }
-    write_outputs(cfg.out, report)
-    return report
 
 
 class _QuietLogger:
@@ -217,6 +230,7 @@ def write_outputs(out: Path, report: dict[str, Any]) -> None:
 
 def plot(path: Path, report: dict[str, Any]) -> None:
     """Validation score per candidate, with lines from each parent (lineage); frontier marked."""
+    # lazy, and in this order: the Agg backend must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
