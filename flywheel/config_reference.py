@@ -32,9 +32,20 @@ from typing import Literal, get_args, get_origin
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+import trainer.config
+from flywheel.stack_settings import PARTS, StackGatewaySettings, StackSettings
+from gateway.settings import GatewaySettings
+from infra.eventlog.settings import EventLogSettings
+from infra.otel.settings import OtelSettings
+from infra.settings import FlywheelSettings
+from reward_service.settings import RewardSettings
+from rollout_worker.settings import WorkerSettings
+from trainer.config import AlgorithmConfig
+from trainer.settings import TrainerSettings
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
-PACKAGES = ("schemas", "infra", "gateway", "rollout_worker", "reward_service", "trainer")
+PACKAGES = ("schemas", "infra", "gateway", "rollout_worker", "reward_service", "trainer", "flywheel")
 _VAR = re.compile(r"\bFLYWHEEL_[A-Z0-9_]*[A-Z0-9]\b")
 
 # Meanings of the fields whose source carries neither a description nor a comment (or, for the
@@ -212,8 +223,6 @@ def _default(model: type[BaseModel], name: str) -> str:
 
 def _algo_meanings() -> dict[str, str]:
     """``name: text`` entries of ``trainer/config.py``'s docstring (``a / b: text`` names both)."""
-    import trainer.config
-
     doc = inspect.getdoc(trainer.config) or ""
     meanings: dict[str, str] = {}
     names: list[str] = []
@@ -277,14 +286,6 @@ def _section(
 
 
 def sections() -> list[Section]:
-    from gateway.settings import GatewaySettings
-    from infra.eventlog.settings import EventLogSettings
-    from infra.otel.settings import OtelSettings
-    from infra.settings import FlywheelSettings
-    from reward_service.settings import RewardSettings
-    from rollout_worker.settings import WorkerSettings
-    from trainer.config import AlgorithmConfig
-    from trainer.settings import TrainerSettings
 
     return [
         _section("Shared by every service", FlywheelSettings, "The base every service's settings extend."),
@@ -316,8 +317,6 @@ def sections() -> list[Section]:
 def _stack_section() -> Section:
     """The stack's own knobs, and the fields whose default differs in it (``StackGatewaySettings``); its
     parts (``gateway``, ``worker``, ...) are the sections above, read from the same variables."""
-    from flywheel.stack_settings import PARTS, StackGatewaySettings, StackSettings
-
     own = _section("", StackSettings, "")
     changed = _section("", StackGatewaySettings, "")
     return Section(
