@@ -33,7 +33,7 @@ from infra.logging import get_logger
 if TYPE_CHECKING:
     from gateway.service import Gateway
     from gateway.settings import GatewaySettings
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
     from infra.bus.base import Bus
     from infra.eventlog.settings import EventLogSettings
     from infra.otel.exporter import OtelExporter

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from gateway.keys import KeyStore
     from gateway.service import Gateway
     from gateway.settings import GatewaySettings
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
     from infra.bus.base import Bus
     from infra.engine.core import InferenceEngine
     from infra.engine.process import EngineProcess
@@ -259,7 +259,7 @@ class RunningEngine:
 
     def upstream(self, settings: GatewaySettings) -> Upstream:
         """The gateway's upstream in front of this engine (the caller closes its client)."""
-        from gateway.upstream import make_upstream
+        from gateway.upstream.client import make_upstream
         from schemas import UpstreamKind
 
         kind = self.choice.kind

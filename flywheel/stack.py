@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from flywheel.assembly import RunningEngine
     from gateway.server import GatewayServer
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
     from infra.engine.core import InferenceEngine
     from infra.engine.process import EngineProcess
     from infra.eventlog.recorder import Recorder

@@ -29,16 +29,16 @@ from fastapi import FastAPI
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.dialects import Route, error_response
 from gateway.errors import GatewayError, PayloadTooLargeError
 from gateway.keys import KeyStore
 from gateway.limits import check_json_bytes
+from gateway.protocols.dialects import Route, error_response
 from gateway.routes import build_router, call_response, serve_call
 from gateway.service import Gateway
 from gateway.serving import Answer
 from gateway.settings import GatewaySettings
-from gateway.span_intake import SpanIntake, build_otlp_router
-from gateway.upstream import Upstream
+from gateway.spans.intake import SpanIntake, build_otlp_router
+from gateway.upstream.client import Upstream
 from infra.bus.base import Bus
 from infra.http import install_error_handlers
 from infra.logging import get_logger
@@ -89,7 +89,7 @@ def app_for(gateway: Gateway, *, lifespan: bool = True) -> FastAPI:
         redoc_url=None,
     )
     app.state.gateway = gateway
-    app.state.span_intake = SpanIntake(gateway, settings.otlp_max_body_bytes)  # OTLP: gateway/span_intake.py
+    app.state.span_intake = SpanIntake(gateway, settings.otlp_max_body_bytes)  # OTLP: gateway/spans/intake.py
     app.include_router(build_router())
     app.include_router(build_otlp_router())
     install_error_handlers(app, unexpected="internal gateway error")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from infra.logging import get_logger
 from schemas import PromptComponent, PromptSubstitution, PromptVersionRequested
 

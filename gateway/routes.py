@@ -10,9 +10,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.anthropic import MessagesExchange, MessagesRequest
-from gateway.dialects import Route, error_response
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.errors import AuthenticationError, GatewayError, ServiceUnavailableError, ValidationFailedError
 from gateway.protocol import (
     AglEventRequest,
@@ -28,7 +26,9 @@ from gateway.protocol import (
     parse_json,
     validate,
 )
-from gateway.responses import ResponsesExchange, ResponsesRequest
+from gateway.protocols.anthropic import MessagesExchange, MessagesRequest
+from gateway.protocols.dialects import Route, error_response
+from gateway.protocols.responses import ResponsesExchange, ResponsesRequest
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
 from infra.http import bearer_token, require_admin_token
@@ -91,7 +91,7 @@ async def serve_call(
     Free of the HTTP framework: ``handle_call`` (the FastAPI routes) and ``gateway.app.HotCalls`` (the
     same paths straight from the ASGI server) both end here and only shape the answer differently.
     A production call is authenticated before its body is read. A Responses or Messages API call is
-    served as the chat call its exchange translates it into (gateway/dialects.py).
+    served as the chat call its exchange translates it into (gateway/protocols/dialects.py).
     """
     if not gw.caught_up.is_set():  # only right after start (see Gateway._catch_up)
         await gw.wait_caught_up()

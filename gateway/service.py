@@ -7,12 +7,12 @@ episodes exist depends on ``FLYWHEEL_EPISODE_KEY``:
 
 - with the key, workers sign their episode URLs (infra/tickets.py) and the gateway admits a call on
   the ticket alone; it reads nothing of ``flywheel.episodes``, so its cost does not grow with other
-  gateways' traffic, and it keeps ``call_seq`` across restarts in its own journal (gateway/seqs.py);
+  gateways' traffic, and it keeps ``call_seq`` across restarts in its own journal (gateway/episodes/seqs.py);
 - without it, it subscribes to ``flywheel.episodes`` (opens/closes episodes, and numbers calls after
   every recorded one; per-replica consumer group ``gateway.<gateway_id>``) and serves once it has read
   the topic to its end.
 
-Production sessions and their feedback are ``Gateway.sessions`` (gateway/sessions.py). Idle production
+Production sessions and their feedback are ``Gateway.sessions`` (gateway/episodes/sessions.py). Idle production
 sessions are closed by one owner, the reward service (it sees every gateway's calls of a session); the
 gateway forgets a session when that ``EpisodeFinished`` arrives.
 """
@@ -23,26 +23,25 @@ import asyncio
 import contextlib
 import gc
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.control import Admission, DrainResult
-from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.control import Admission, ControlTopic, DrainResult, read_to_end
+from gateway.episodes.registry import EpisodeRegistry, EpisodeState
+from gateway.episodes.seqs import SeqJournal
+from gateway.episodes.sessions import ProductionSessions
 from gateway.errors import NotFoundError, ServiceUnavailableError
 from gateway.keys import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
 from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
-from gateway.publishing import Recorder, Spool
-from gateway.response_store import ResponseStore
-from gateway.routing import RoutedPool, build_pool
-from gateway.seqs import SeqJournal
+from gateway.protocols.response_store import ResponseStore
+from gateway.recording.publishing import Recorder, Spool
 from gateway.serving import CallService
-from gateway.sessions import ProductionSessions
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.routing import RoutedPool, build_pool
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
 from infra.policies import PolicyMap
@@ -56,18 +55,12 @@ from schemas import (
     EpisodeStarted,
     EpisodeStatus,
     EventDecodeError,
-    InferenceDrained,
-    InferenceResumed,
     LLMCallRecorded,
     Mode,
-    PromptVersionActivated,
     PromptVersionRequested,
     RewardOrigin,
     RewardReported,
     Task,
-    WeightsActivated,
-    WeightUpdateFailed,
-    WeightUpdateRequested,
     decode_any,
     new_episode_id,
 )
@@ -133,8 +126,6 @@ class Gateway:
         self._keep_calls_episodes = keep_calls_episodes
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._pause_lock = asyncio.Lock()
-        self._adapters_heard: set[str] = set()  # adapters whose version a live control event set
         self.started = False
         # cleared by start() until the episodes topic was read to its end (a gateway that is never
         # started, as in unit tests, serves at once)
@@ -142,6 +133,16 @@ class Gateway:
         self.caught_up.set()
         # parts of a larger process still starting (the embedded stack): /readyz answers 503 until empty
         self.starting: set[str] = set()
+        self.control = ControlTopic(
+            settings,
+            bus,
+            admission=self.admission,
+            admission_for=self.calls.admission_for,
+            metrics=self.metrics,
+            prompts=self.prompts,
+            publish=self.publish,
+            starting=self.starting,
+        )
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -166,10 +167,12 @@ class Gateway:
             self.caught_up.clear()
             await self._catch_up(group)  # bounded (catch_up_timeout_s); quick on a topic read to its end
         self._subs.append(
-            await self.bus.subscribe(CONTROL, f"{group}.control", self._on_control, from_beginning=False)
+            await self.bus.subscribe(
+                CONTROL, f"{group}.control", self.control.on_control, from_beginning=False
+            )
         )
         if self.calls.policies:
-            await self._learn_adapter_versions(group)
+            await self.control.learn_adapter_versions(group)
         # Everything alive now (modules, pydantic schemas, the app) lives as long as the process: move it
         # out of the cyclic GC's reach, so a full collection does not walk it in the middle of calls
         # (those pauses were the gateway's p99). Reference counting still frees what is dropped.
@@ -199,64 +202,11 @@ class Gateway:
         gateway from serving; an episode it could not learn about is unknown to it anyway (404).
         """
         try:
-            if not await self._read_to_end(EPISODES, group):
+            if not await read_to_end(self.bus, EPISODES, group, self.settings.catch_up_timeout_s):
                 log.warning("serving before the episodes topic was read to its end", group=group)
         finally:
             self.starting.discard("catching-up")
             self.caught_up.set()
-
-    async def _read_to_end(self, topic: str, group: str) -> bool:
-        """Until ``group`` has no lag on ``topic``, at most ``catch_up_timeout_s``; False when time ran out.
-
-        A bus that cannot say its lag (down) is asked again until the deadline.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.catch_up_timeout_s
-        while loop.time() < deadline:
-            try:
-                if await self.bus.lag(topic, group) == 0:
-                    return True
-            except Exception as exc:  # the bus could not tell: try again until the deadline
-                log.debug("lag unknown", topic=topic, error=type(exc).__name__)
-            await asyncio.sleep(0.05)
-        return False
-
-    async def _learn_adapter_versions(self, group: str) -> None:
-        """Each adapter serves at the version last activated for it on the control topic.
-
-        A gateway that starts while adapters are trained (a restart, a replica added) would otherwise
-        stamp their calls with version 0 until each adapter's next update. The control topic is read from
-        its beginning to its end by a private consumer group (as ``_catch_up`` reads the episodes topic,
-        bounded by ``catch_up_timeout_s``); the last ``WeightsActivated`` of an adapter (or the serving
-        version of its last ``WeightUpdateFailed``) sets that adapter's version, unless a live control
-        event set it meanwhile (the live subscription is already running).
-        """
-        found: dict[str, int] = {}
-
-        async def on(msg: Message) -> None:
-            event = msg.event
-            adapter = getattr(event, "adapter", None)
-            if adapter is None or getattr(event, "model", None) != self.settings.model:
-                return
-            if isinstance(event, WeightsActivated):
-                found[adapter] = event.version
-            elif isinstance(event, WeightUpdateFailed):
-                found[adapter] = event.serving_version
-
-        history = f"{group}.versions-{uuid.uuid4().hex[:8]}"
-        self.starting.add("adapter-versions")
-        sub = await self.bus.subscribe(CONTROL, history, on, from_beginning=True)
-        try:
-            if not await self._read_to_end(CONTROL, history):
-                log.warning("serving before the control topic was read to its end", group=history)
-        finally:
-            await sub.stop()
-            self.starting.discard("adapter-versions")
-        for adapter, version in found.items():
-            if adapter not in self._adapters_heard:
-                self.calls.admission_for(adapter).weight_version = version
-        if found:
-            log.info("adapter versions learnt", versions=found)
 
     async def wait_caught_up(self) -> None:
         """Until :meth:`_catch_up` is done; a call that waits longer than that is a 503."""
@@ -269,7 +219,7 @@ class Gateway:
             ) from None
 
     async def _forget_abandoned(self) -> None:
-        """Forget abandoned episodes (gateway/episodes.py), a tenth of the idle timeout at a time."""
+        """Forget abandoned episodes (gateway/episodes/registry.py), a tenth of the idle timeout at a time."""
         every = min(30.0, self.settings.idle_timeout_s / 10)
         while True:
             await asyncio.sleep(every)
@@ -321,73 +271,6 @@ class Gateway:
                 self._remember_call(event)  # our own calls were remembered when they were recorded
         self.metrics.open_episodes.set(len(self.episodes))
 
-    async def _on_control(self, msg: Message) -> None:
-        event = msg.event
-        if getattr(event, "model", None) != self.settings.model:
-            return
-        if getattr(event, "adapter", None) is not None:  # one adapter's update: only its calls wait
-            await self._on_adapter_control(event)
-            return
-        if isinstance(event, WeightUpdateRequested):
-            await self.pause(event.version, event.drain_timeout_s)
-        elif isinstance(event, WeightsActivated):
-            await self.resume(event.version)
-        elif isinstance(event, WeightUpdateFailed):
-            await self.resume(event.serving_version)
-        elif isinstance(event, PromptVersionRequested):
-            await self.activate_prompt(event)
-
-    async def _on_adapter_control(self, event: object) -> None:
-        if isinstance(event, WeightUpdateRequested) and event.adapter is not None:
-            adm = self.calls.admission_for(event.adapter)
-            result = await adm.pause(
-                event.version, event.drain_timeout_s or self.settings.pause_drain_timeout_s
-            )
-            log.info(
-                "adapter drained", adapter=event.adapter, version=event.version, waited_ms=result.waited_ms
-            )
-            await self.publish(
-                InferenceDrained(
-                    producer=f"gateway:{self.id}",
-                    model=self.settings.model,
-                    adapter=event.adapter,
-                    version=result.version,
-                    gateway_id=self.id,
-                    waited_ms=result.waited_ms,
-                    timed_out=result.timed_out,
-                )
-            )
-        elif isinstance(event, WeightsActivated | WeightUpdateFailed) and event.adapter is not None:
-            self._adapters_heard.add(event.adapter)
-            adm = self.calls.admission_for(event.adapter)
-            was_paused = adm.paused
-            version = event.version if isinstance(event, WeightsActivated) else event.serving_version
-            served = adm.resume(version)
-            if was_paused:
-                await self.publish(
-                    InferenceResumed(
-                        producer=f"gateway:{self.id}",
-                        model=self.settings.model,
-                        adapter=event.adapter,
-                        version=served,
-                        gateway_id=self.id,
-                    )
-                )
-
-    async def activate_prompt(self, event: PromptVersionRequested) -> None:
-        """Serve ``event``'s prompt version to new groups (gateway/prompts.py) and say so on the bus."""
-        self.prompts.activate(event)
-        log.info("prompt version activated", prompt_version=event.prompt_version)
-        await self.publish(
-            PromptVersionActivated(
-                producer=f"gateway:{self.id}",
-                model=self.settings.model,
-                prompt_version=event.prompt_version,
-                gateway_id=self.id,
-                request_id=event.event_id,
-            )
-        )
-
     def _remember_call(self, event: LLMCallRecorded) -> None:
         calls = self._recent.get(event.episode_id)
         if calls is None:
@@ -401,43 +284,15 @@ class Gateway:
     async def publish(self, event: AnyEvent) -> None:
         await self.recorder.record(event)
 
-    # ------------------------------------------------------------------------- pause/resume
+    # ------------------------------------------------------------- pause/resume (gateway/control.py)
     async def pause(self, version: int | None, drain_timeout_s: float | None = None) -> DrainResult:
-        async with self._pause_lock:
-            self.metrics.paused.set(1)
-            result = await self.admission.pause(
-                version, drain_timeout_s or self.settings.pause_drain_timeout_s
-            )
-            log.info(
-                "drained", version=result.version, waited_ms=result.waited_ms, timed_out=result.timed_out
-            )
-            await self.publish(
-                InferenceDrained(
-                    producer=f"gateway:{self.id}",
-                    model=self.settings.model,
-                    version=result.version,
-                    gateway_id=self.id,
-                    waited_ms=result.waited_ms,
-                    timed_out=result.timed_out,
-                )
-            )
-            return result
+        return await self.control.pause(version, drain_timeout_s)
 
     async def resume(self, version: int | None = None) -> int:
-        was_paused = self.admission.paused
-        served = self.admission.resume(version)
-        self.metrics.paused.set(0)
-        self.metrics.weight_version.set(served)
-        if was_paused:
-            await self.publish(
-                InferenceResumed(
-                    producer=f"gateway:{self.id}",
-                    model=self.settings.model,
-                    version=served,
-                    gateway_id=self.id,
-                )
-            )
-        return served
+        return await self.control.resume(version)
+
+    async def activate_prompt(self, event: PromptVersionRequested) -> None:
+        await self.control.activate_prompt(event)
 
     # ------------------------------------------------------------------------------ episodes
     async def training_episode(self, segment: str) -> EpisodeState:

@@ -4,8 +4,8 @@
 SSE bytes (:class:`StreamAnswer`). The call's ``LLMCallRecorded`` is durable before the body is returned
 (non-streamed) or before the held-back final chunks and ``[DONE]`` are yielded (streamed).
 
-A call in another protocol (the Responses or Messages API, gateway/dialects.py) is served as the chat
-call its :class:`~gateway.dialects.Exchange` translates it into; the exchange writes the answer, or the
+A call in another protocol (the Responses or Messages API, gateway/protocols/dialects.py) is served as the chat
+call its :class:`~gateway.protocols.dialects.Exchange` translates it into; the exchange writes the answer, or the
 stream's events, in the agent's protocol, and that is what the call's event records as its response.
 """
 
@@ -21,28 +21,30 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.capture import (
-    Asked,
-    Captured,
-    Endpoint,
-    PromptLayout,
-    StreamAssembler,
-    capture_response,
-    count_tokens,
-    prepare_body,
-    prompt_layout,
-    sampling_temperature,
-    strip_response,
-)
 from gateway.control import Admission
-from gateway.dialects import Exchange
-from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.episodes.registry import EpisodeRegistry, EpisodeState
 from gateway.errors import GatewayError, RecordingError, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore, Substituted
-from gateway.publishing import Recorder
-from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
-from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse
+from gateway.protocols.dialects import Exchange
+from gateway.recording.capture import (
+    Captured,
+    StreamAssembler,
+    capture_response,
+    count_tokens,
+    strip_response,
+)
+from gateway.recording.prepare import (
+    Asked,
+    Endpoint,
+    PromptLayout,
+    prepare_body,
+    prompt_layout,
+    sampling_temperature,
+)
+from gateway.recording.publishing import Recorder
+from gateway.upstream.client import Upstream, UpstreamPool, UpstreamResponse
+from gateway.upstream.tokens_in import prompt_prefix, splice_ids, turn_of
 from infra.logging import get_logger
 from infra.policies import PolicyMap
 from schemas import LLMCallRecorded, LogprobsMode, UpstreamKind, new_event_id
@@ -58,7 +60,7 @@ class Call:
     endpoint: Endpoint
     raw: bytes  # the body exactly as the agent sent it
     data: dict[str, Any]  # the parsed body (validated by protocol.py); an exchange's: the chat body
-    exchange: Exchange | None = None  # set for a call in another protocol (gateway/dialects.py)
+    exchange: Exchange | None = None  # set for a call in another protocol (gateway/protocols/dialects.py)
 
     @property
     def recorded_endpoint(self) -> str:
@@ -140,7 +142,7 @@ class CallService:
         return self.policies.policy_for(str(call.data.get("model") or ""), call.episode.tenant, call.data)
 
     def _prefix(self, call: Call, sent: dict[str, Any]) -> dict[str, Any] | None:
-        """Tokens-in: the previous call's ids when this chat call extends it exactly (gateway/tokens_in.py)."""
+        """Tokens-in: the previous call's ids when this chat call extends it exactly (gateway/upstream/tokens_in.py)."""
         if not self.tokens_in:
             return None
         ep = call.episode

@@ -1,6 +1,6 @@
 """One SQLite journal for the local durable state of the services; each keeps its own tables.
 
-Users: the gateway's spool (``gateway/publishing.py``), its ``call_seq`` blocks (``gateway/seqs.py``),
+Users: the gateway's spool (``gateway/recording/publishing.py``), its ``call_seq`` blocks (``gateway/episodes/seqs.py``),
 the AGL server's records (``gateway/agl/journal.py``) and the reward service's open episodes
 (``reward_service/state.py``). What they share is here, once:
 

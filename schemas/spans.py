@@ -1,7 +1,7 @@
 """Spans an agent emitted itself (OpenTelemetry), attached to its episode by the gateway's OTLP intake.
 
 An agent instrumented with OpenTelemetry (the OpenAI Agents SDK's tracing through OpenInference, a
-LangChain callback, its own tracer) sends OTLP/HTTP to the gateway (``gateway/otlp.py``); the gateway
+LangChain callback, its own tracer) sends OTLP/HTTP to the gateway (``gateway/spans/otlp.py``); the gateway
 decides which episode each span belongs to and publishes them on ``flywheel.episodes`` as
 :class:`AgentSpansRecorded`, keyed by the episode like its calls. Tool durations and agent steps then
 sit beside the calls in the event log (``agent_spans``, infra/eventlog/ddl.py).

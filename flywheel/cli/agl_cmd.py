@@ -40,7 +40,7 @@ from rollout_worker.agl_agent import main
 from schemas import TOPICS
 
 if TYPE_CHECKING:
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ from infra.logging import configure_logging
 from schemas import UpstreamKind
 
 if TYPE_CHECKING:
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
 
 keys_app = typer.Typer(help="Tenant API keys for production traffic (stored hashed).", no_args_is_help=True)
 

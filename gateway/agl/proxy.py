@@ -38,7 +38,6 @@ import orjson
 
 from gateway.agl.models import Model
 from gateway.agl.serving import AglError, AglService, not_found
-from gateway.capture import Endpoint
 from gateway.errors import (
     GatewayError,
     PausedError,
@@ -46,9 +45,10 @@ from gateway.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from gateway.recording.prepare import Endpoint
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, CallService, StreamAnswer
-from gateway.upstream import Upstream, UpstreamPool, UpstreamResponse, make_upstream
+from gateway.upstream.client import Upstream, UpstreamPool, UpstreamResponse, make_upstream
 from schemas import LLMCallRecorded, UpstreamKind
 
 ENDPOINTS: dict[str, Endpoint] = {"chat/completions": "chat.completions", "completions": "completions"}
@@ -89,7 +89,7 @@ class _Call:
 
 
 _CALL: ContextVar[_Call] = ContextVar("agl_call")
-# What gateway.capture.prepare_body adds to every call to a token-faithful upstream so it can record
+# What gateway.recording.prepare.prepare_body adds to every call to a token-faithful upstream so it can record
 # ids and logprobs; AGL decides these per mode (``prepared``), and its upstream gets AGL's choice.
 CAPTURE_FIELDS = ("logprobs", "return_token_ids")
 

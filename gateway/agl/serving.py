@@ -56,7 +56,7 @@ from gateway.agl.state import (
     to_triplet,
     without_routes,
 )
-from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.episodes.registry import EpisodeRegistry, EpisodeState
 from schemas import (
     AglRecorded,
     AnyEvent,

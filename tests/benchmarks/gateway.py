@@ -7,7 +7,7 @@ uvloop):
 - the upstream, as fast as it can be: the fake vLLM of tests/fakes/upstream.py behind a memo of its
   answers (FAKE). Calling it directly is the "direct" path;
 - the floor: the fastest forwarder on the same stack, the gateway's server and its upstream client
-  (gateway/wire.py), forwarding and recording nothing (FLOOR);
+  (gateway/upstream/wire.py), forwarding and recording nothing (FLOOR);
 - the Flywheel gateway via `flywheel gateway`, on the in-process bus, on real Kafka with acks=all, and
   with httpx as its upstream client; and on the in-process bus with OpenTelemetry export on
   (`gateway_memory_otel`: FLYWHEEL_OTLP_ENDPOINT set, so the exporter consumes the gateway's events in
@@ -28,7 +28,7 @@ window (each request goes to the target or to direct in turn), so a difference i
 moments; the whole pass over every target runs ``--rounds`` times and each figure is the median of its
 per-round values; one proxy runs at a time (no idle proxy's background work in another's figures).
 ``FLYWHEEL_BIN`` runs the gateway with another ``flywheel`` executable (default: the venv's own). The
-load generator is this process, on gateway/wire.py's keep-alive client (~0.1 ms of CPU a request, where
+load generator is this process, on gateway/upstream/wire.py's keep-alive client (~0.1 ms of CPU a request, where
 httpx took ~1.5 ms and so queued its own requests).
 
 Three regimes:
@@ -74,7 +74,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # before this file's own folder, where "gateway" would be this script
 
-from gateway.wire import WirePool  # noqa: E402 - needs the path above
+from gateway.upstream.wire import WirePool  # noqa: E402 - needs the path above
 from infra.kafka.launcher import BrokerConfig, read_pid  # noqa: E402 - needs the path above
 
 PY = sys.executable
@@ -133,13 +133,13 @@ FAKE = textwrap.dedent(
 
 # The floor: the fastest forwarder on the gateway's stack. The gateway's own server (GatewayServer:
 # uvicorn with its protocol, httptools, on uvloop via infra.service.run) and its own upstream client
-# (make_upstream's keep-alive pool, gateway/wire.py), forwarding each request and its answer as they
+# (make_upstream's keep-alive pool, gateway/upstream/wire.py), forwarding each request and its answer as they
 # are and recording nothing. The gateway minus this is what recording costs.
 FLOOR = textwrap.dedent(
     """
     import asyncio, sys
     from gateway.server import GatewayServer
-    from gateway.upstream import make_upstream
+    from gateway.upstream.client import make_upstream
     from infra.service import run
     wire = make_upstream(sys.argv[2]).wire
     JSON = [(b"content-type", b"application/json")]
@@ -280,7 +280,7 @@ async def wait_http(url: str, proc: Proc, within_s: float = 90) -> None:
 def _client(url: str, headers: dict[str, str]) -> tuple[WirePool, str]:
     """A lean keep-alive HTTP/1.1 client for the load generator, and the path to POST to.
 
-    The load generator uses gateway/wire.py (not httpx) so that its own CPU per request (~0.1 ms
+    The load generator uses gateway/upstream/wire.py (not httpx) so that its own CPU per request (~0.1 ms
     instead of ~1.5 ms) perturbs the shared CPUs as little as possible; it is the same for every target.
     """
     base, _, path = url.rpartition("/v1/")
@@ -678,7 +678,7 @@ TARGETS = (
     "gateway_memory",
     "gateway_memory_otel",  # the same, with OpenTelemetry export on in its process (to SINK)
     "gateway_kafka",
-    "gateway_memory_httpx",  # the same gateway with httpx to the upstream: what gateway/wire.py buys
+    "gateway_memory_httpx",  # the same gateway with httpx to the upstream: what gateway/upstream/wire.py buys
     "litellm",
     "agl",
     "flywheel_agl",
@@ -1019,7 +1019,7 @@ def print_table(res: dict[str, Any], args: argparse.Namespace) -> None:
     if "throughput_wire_vs_httpx_upstream" in figures:
         print(
             f"{'throughput_wire_vs_httpx_upstream':<40}{figures['throughput_wire_vs_httpx_upstream']:>10.2f}"
-            "  (the gateway with gateway/wire.py vs with httpx upstream)"
+            "  (the gateway with gateway/upstream/wire.py vs with httpx upstream)"
         )
     for mode in ADMISSIONS:
         key = f"idle_gateway_{mode}_added_cpu_ms_per_call"

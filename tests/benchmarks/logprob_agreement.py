@@ -4,7 +4,7 @@ For the same weights, N calculator-agent first calls (``examples.demo_agents.cal
 varied questions) go to a live vLLM (``infra.engine.vllm_server``: Flywheel's flags, so
 ``--logprobs-mode processed_logprobs``) as the gateway sends them: chat completions with ``logprobs``
 and ``return_token_ids``, the temperature the agent asked for, nothing else. Each reply becomes the
-``LLMCallRecorded`` the gateway would record (its ``temperature`` as ``gateway.capture.sampling_temperature``
+``LLMCallRecorded`` the gateway would record (its ``temperature`` as ``gateway.recording.prepare.sampling_temperature``
 reads it from the body sent) and the ``Transition`` the reward service assembles from it
 (``reward_service.transitions.assemble``), whose ``temperature`` the ``Sample`` carries. The trainer then
 scores exactly the ids vLLM returned (``prompt_token_ids`` + ``choices[0].token_ids``) with its own code
@@ -76,7 +76,7 @@ class Call:
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]  # vLLM's processed logprob of each token in token_ids
-    temperature: float  # what the gateway records for the call (gateway.capture.sampling_temperature)
+    temperature: float  # what the gateway records for the call (gateway.recording.prepare.sampling_temperature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ async def sample_calls(
     import httpx
 
     from examples.demo_agents.calc_agent.agent import first_messages
-    from gateway.capture import sampling_temperature
+    from gateway.recording.prepare import sampling_temperature
     from schemas import UpstreamKind
 
     async def one(client: httpx.AsyncClient, i: int, question: str) -> Call:

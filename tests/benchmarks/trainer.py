@@ -381,7 +381,7 @@ async def _update_latency(model_dir: Path, in_flight: int) -> dict[str, float]:
 
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
-    from gateway.upstream import make_upstream
+    from gateway.upstream.client import make_upstream
     from infra.bus.memory import MemoryBus
     from infra.engine import InferenceEngine
     from infra.engine.app import create_engine_app

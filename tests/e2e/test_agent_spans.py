@@ -49,7 +49,7 @@ async def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     import httpx
     from transformers import AutoTokenizer
 
-    from gateway.upstream import make_upstream
+    from gateway.upstream.client import make_upstream
     from infra.engine import InferenceEngine
     from infra.engine.app import create_engine_app
     from infra.engine.forcing import scripted_replies

@@ -89,11 +89,11 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def stack(
     request: pytest.FixtureRequest, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[EmbeddedStack]:
-    """The gateway with tokens-in (gateway/tokens_in.py: a call that extends the previous one exactly
+    """The gateway with tokens-in (gateway/upstream/tokens_in.py: a call that extends the previous one exactly
     starts from its recorded ids) and without (every prompt rendered from the messages)."""
     import httpx
 
-    from gateway.upstream import make_upstream
+    from gateway.upstream.client import make_upstream
     from infra.engine import InferenceEngine
     from infra.engine.app import create_engine_app
     from infra.engine.forcing import scripted_replies

@@ -17,7 +17,7 @@ import pytest
 from examples.demo_agents.sql_agent.data import generate
 from flywheel.stack import EmbeddedStack, StackSettings
 from gateway.server import GatewayServer
-from gateway.upstream import make_upstream
+from gateway.upstream.client import make_upstream
 from schemas import (
     EPISODES,
     TASKS,

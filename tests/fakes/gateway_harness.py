@@ -17,7 +17,7 @@ import httpx
 from gateway.app import create_app
 from gateway.keys import KeyStore
 from gateway.settings import GatewaySettings
-from gateway.upstream import Upstream, make_upstream
+from gateway.upstream.client import Upstream, make_upstream
 from infra.bus.base import Bus
 from infra.bus.memory import MemoryBus
 from schemas import EPISODES, EpisodeStarted, LogprobsMode, UpstreamKind, new_episode_id

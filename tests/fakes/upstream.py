@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 if TYPE_CHECKING:
-    from gateway.upstream import Upstream
+    from gateway.upstream.client import Upstream
 
 ROLE_IDS = {"system": 256, "user": 257, "assistant": 258, "tool": 259, "developer": 260}
 END_ID = 261
@@ -444,7 +444,7 @@ def fake_upstream(cfg: FakeUpstreamConfig, *, timeout_s: float = 10.0) -> Upstre
     ``EmbeddedStack(upstream=...)`` takes it."""
     import httpx
 
-    from gateway.upstream import make_upstream
+    from gateway.upstream.client import make_upstream
 
     transport = httpx.ASGITransport(app=create_fake_upstream(cfg))
     return make_upstream("http://fake/v1", timeout_s=timeout_s, transport=transport)

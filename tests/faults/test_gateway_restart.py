@@ -88,7 +88,7 @@ def test_call_seq_survives_a_gateway_kill9(
     admission: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     """``topic``: the gateway learns episodes and calls from flywheel.episodes; ``ticket``: it reads
-    nothing of the topic (signed episode URLs) and keeps its numbering in gateway/seqs.py's journal."""
+    nothing of the topic (signed episode URLs) and keeps its numbering in gateway/episodes/seqs.py's journal."""
     key = {"FLYWHEEL_EPISODE_KEY": "restart-test-episode-key-0123"} if admission == "ticket" else {}
     env = clean_env(
         FLYWHEEL_BUS="kafka",

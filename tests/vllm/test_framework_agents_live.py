@@ -5,7 +5,7 @@ gateway's episode URL); its first call forces the tool (a named or ``required`` 
 vLLM turns into constrained decoding), the framework runs the tool and sends the result back, and the
 model answers. The reward service scores each episode. Every call is recorded with vLLM's ids and
 logprobs. Every follow-up call extends the previous one token for token (tokens-in: the gateway sends vLLM
-the recorded ids, gateway/tokens_in.py), so each episode trains as one trajectory; the test prints how the
+the recorded ids, gateway/upstream/tokens_in.py), so each episode trains as one trajectory; the test prints how the
 calls merged (``MERGE-FIGURES``).
 """
 

@@ -20,7 +20,7 @@ from gateway.agl.routes import create_agl_app, tenant_lookup
 from gateway.agl.serving import AglService
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
-from gateway.upstream import make_upstream
+from gateway.upstream.client import make_upstream
 from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from reward_service.app import build

@@ -15,7 +15,7 @@ CANDIDATE = "Answer with ANSWER: <n> after CALC: <expr>."
 
 
 async def test_recorded_prompt_ids_are_those_of_the_substituted_prompt(tiny_dir, tmp_path):
-    from gateway.upstream import UpstreamKind
+    from gateway.upstream.client import UpstreamKind
     from infra.engine import InferenceEngine
     from infra.engine.app import create_engine_app
 

@@ -1,4 +1,4 @@
-"""The lean upstream client (gateway/wire.py) on real loopback sockets.
+"""The lean upstream client (gateway/upstream/wire.py) on real loopback sockets.
 
 The gateway over ``WirePool`` must record and answer exactly what it does over httpx; the client
 itself must frame bodies (Content-Length, chunked, read-to-close), reuse connections, survive a server
@@ -21,8 +21,8 @@ from gateway.app import create_app
 from gateway.errors import UpstreamTimeoutError
 from gateway.server import GatewayServer
 from gateway.settings import GatewaySettings
-from gateway.upstream import UpstreamPool, make_upstream
-from gateway.wire import WirePool
+from gateway.upstream.client import UpstreamPool, make_upstream
+from gateway.upstream.wire import WirePool
 from infra.bus.memory import MemoryBus
 from schemas import EPISODES, LLMCallRecorded, new_episode_id
 from tests.fakes.events import Collector

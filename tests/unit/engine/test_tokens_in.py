@@ -1,4 +1,4 @@
-"""Tokens-in, both halves: the gateway's ``prompt_prefix`` (gateway/tokens_in.py) only for a call that
+"""Tokens-in, both halves: the gateway's ``prompt_prefix`` (gateway/upstream/tokens_in.py) only for a call that
 extends the previous one exactly, and the engine's prompt from it (``EngineServing._extended_prompt``):
 the recorded ids, then only what the template adds after the assistant turn."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tokens_in import prompt_prefix, splice_ids, turn_of
+from gateway.upstream.tokens_in import prompt_prefix, splice_ids, turn_of
 from infra.engine import InferenceEngine
 from infra.engine.protocol import ChatCompletionRequest, PromptPrefix
 from infra.engine.serving import EngineServing

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from gateway.anthropic import MessagesExchange
-from gateway.capture import Captured
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.response_store import Kept, ResponseStore
-from gateway.responses import ResponsesExchange, input_messages
+from gateway.protocols.anthropic import MessagesExchange
+from gateway.protocols.response_store import Kept, ResponseStore
+from gateway.protocols.responses import ResponsesExchange, input_messages
+from gateway.recording.capture import Captured
 from schemas import CallChoice
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"x": 1}'}}

@@ -1,6 +1,6 @@
 """Self-certifying episode URLs (infra/tickets.py): a gateway with ``FLYWHEEL_EPISODE_KEY`` admits a
 signed episode's calls without reading ``flywheel.episodes``, refuses forged or expired tickets with an
-OpenAI-format 404, and keeps ``call_seq`` unique and ordered across a restart (gateway/seqs.py)."""
+OpenAI-format 404, and keeps ``call_seq`` unique and ordered across a restart (gateway/episodes/seqs.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from gateway.capture import PromptLayout, capture_response, prompt_layout
+from gateway.recording.capture import capture_response
+from gateway.recording.prepare import PromptLayout, prompt_layout
 from reward_service.transitions import assemble
 from schemas import LLMCallRecorded
 from tests.fakes.gateway_harness import GatewayHarness

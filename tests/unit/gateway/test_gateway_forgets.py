@@ -1,4 +1,4 @@
-"""Abandoned episodes are forgotten (gateway/episodes.py): a gateway that admits episodes by ticket reads
+"""Abandoned episodes are forgotten (gateway/episodes/registry.py): a gateway that admits episodes by ticket reads
 no ``EpisodeFinished``, so an episode whose agent crashed would otherwise be held until the LRU bound
 (20,000 episodes, each with its last prompt and turn) pushed it out."""
 
@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.episodes import EpisodeRegistry
+from gateway.episodes.registry import EpisodeRegistry
 from infra.tickets import EpisodeTicket
 from schemas import EpisodeSource, EpisodeStarted, new_episode_id
 from tests.fakes.gateway_harness import ADMIN, GatewayHarness

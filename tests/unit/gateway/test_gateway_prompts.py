@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.prompts import ActivePrompt, PromptStore, substitute
 from schemas import (
     CONTROL,

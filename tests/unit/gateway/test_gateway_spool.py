@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.publishing import Spool
+from gateway.recording.publishing import Spool
 from infra.bus.base import BusUnavailableError
 from infra.bus.memory import MemoryBus
 from schemas import LLMCallRecorded
@@ -136,7 +136,7 @@ def _spooled(spool: Spool, episodes: int, calls: int) -> None:
 
 
 async def test_drain_sends_keys_side_by_side_each_in_order(tmp_path):
-    from gateway.publishing import Recorder
+    from gateway.recording.publishing import Recorder
 
     bus = SlowAckBus()
     spool = Spool(tmp_path / "s.sqlite")
@@ -149,7 +149,7 @@ async def test_drain_sends_keys_side_by_side_each_in_order(tmp_path):
 
 
 async def test_a_failed_drain_keeps_what_was_not_sent(tmp_path):
-    from gateway.publishing import Recorder
+    from gateway.recording.publishing import Recorder
 
     bus = SlowAckBus(fail_after=10)
     spool = Spool(tmp_path / "s.sqlite")

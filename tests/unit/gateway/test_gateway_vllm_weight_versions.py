@@ -4,7 +4,7 @@ version per token, as it does for the embedded engine's per-token list."""
 
 from __future__ import annotations
 
-from gateway.capture import _ChoiceAcc
+from gateway.recording.capture import _ChoiceAcc
 
 
 def test_spans_become_one_version_per_token() -> None:

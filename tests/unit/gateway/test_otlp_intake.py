@@ -1,4 +1,4 @@
-"""The gateway's OTLP intake (gateway/otlp.py, gateway/span_intake.py): decoding, validation, the two
+"""The gateway's OTLP intake (gateway/spans/otlp.py, gateway/spans/intake.py): decoding, validation, the two
 ways in (the episode's URL, a tenant key), tenant isolation, and its 4xx answers.
 
 Payloads come from the OpenTelemetry SDK itself (its spans, encoded by the OTLP exporter's own
@@ -25,8 +25,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 
 from flywheel.cli.episodes_cmd import print_spans
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaError
-from gateway.otlp import JSON, PROTOBUF, decode_request
-from gateway.span_intake import MAX_EVENT_BYTES, THREAD_ABOVE_BYTES, _chunks
+from gateway.spans.intake import MAX_EVENT_BYTES, THREAD_ABOVE_BYTES, _chunks
+from gateway.spans.otlp import JSON, PROTOBUF, decode_request
 from infra.otel.spans import trace_id_for
 from schemas import AgentSpan, AgentSpansRecorded, LLMCallRecorded
 from tests.fakes.gateway_harness import GatewayHarness

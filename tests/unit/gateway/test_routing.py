@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.routing import Route, RoutedPool, build_pool, parse_routes
 from gateway.settings import GatewaySettings
-from gateway.upstream import UpstreamPool, make_upstream
+from gateway.upstream.client import UpstreamPool, make_upstream
+from gateway.upstream.routing import Route, RoutedPool, build_pool, parse_routes
 from schemas import UpstreamKind
 from tests.fakes.gateway_harness import GatewayHarness
 

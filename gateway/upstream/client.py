@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from gateway.wire import WirePool
+from gateway.upstream.wire import WirePool
 from schemas import LogprobsMode, UpstreamKind
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -46,7 +46,7 @@ class Upstream:
     """One model server. ``client.base_url`` ends with ``/v1`` (requests go to ``chat/completions``).
 
     ``wire`` (set by ``make_upstream`` for plain ``http://`` URLs without an injected transport) carries
-    the calls instead of ``client``: the same requests, a fraction of the CPU (``gateway/wire.py``).
+    the calls instead of ``client``: the same requests, a fraction of the CPU (``gateway/upstream/wire.py``).
     """
 
     client: httpx.AsyncClient
@@ -155,7 +155,7 @@ class UpstreamPool:
         self.backoff_s = backoff_s
 
     def pick(self, episode_id: str, model: str = "") -> Upstream:
-        """The replica for ``episode_id``; ``model`` is for :class:`gateway.routing.RoutedPool`."""
+        """The replica for ``episode_id``; ``model`` is for :class:`gateway.upstream.routing.RoutedPool`."""
         return self.upstreams[zlib.crc32(episode_id.encode()) % len(self.upstreams)]
 
     async def aclose(self) -> None:

@@ -38,11 +38,11 @@ from fastapi.responses import Response
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from pydantic import JsonValue
 
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.errors import NotFoundError, PermissionDeniedError
-from gateway.otlp import PROTOBUF, DecodedSpan, decode_request
 from gateway.routes import tenant_for_key
 from gateway.service import Gateway
+from gateway.spans.otlp import PROTOBUF, DecodedSpan, decode_request
 from infra.http import bearer_token
 from infra.otel.spans import trace_id_for
 from schemas import AgentSpan, AgentSpansRecorded

@@ -1,7 +1,7 @@
 """Agent protocols other than chat completions, served through the chat-completions engine path.
 
 An agent speaks the protocol its framework speaks: the OpenAI Responses API (``POST /v1/responses``,
-gateway/responses.py) or Anthropic's Messages API (``POST /v1/messages``, gateway/anthropic.py). Each
+gateway/protocols/responses.py) or Anthropic's Messages API (``POST /v1/messages``, gateway/protocols/anthropic.py). Each
 call is translated into one chat-completions call (:class:`Exchange.chat`), which ``CallService``
 serves exactly as it serves an agent's own chat call: admission, the engine, token ids, logprobs,
 weight version, tokens-in, the durable record. Only the way back differs: the engine's chat response
@@ -23,8 +23,8 @@ from typing import Any, Literal, Protocol
 import orjson
 from starlette.responses import Response
 
-from gateway.capture import Captured
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.recording.capture import Captured
 
 DialectEndpoint = Literal["responses", "messages"]
 Route = Literal["chat.completions", "completions", "responses", "messages"]

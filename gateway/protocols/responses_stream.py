@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.dialects import JSON, obj, sse
 from gateway.errors import GatewayError
+from gateway.protocols.dialects import JSON, obj, sse
 
 
 class Items(Protocol):
-    """What the stream needs of its exchange (gateway/responses.py): the answer's ids and shapes."""
+    """What the stream needs of its exchange (gateway/protocols/responses.py): the answer's ids and shapes."""
 
     def skeleton(self, status: str) -> JSON: ...
     def message_id(self) -> str: ...

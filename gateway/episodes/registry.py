@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.episodes.seqs import BLOCK, SeqJournal
 from gateway.errors import NotFoundError
-from gateway.seqs import BLOCK, SeqJournal
-from gateway.tokens_in import Turn
+from gateway.upstream.tokens_in import Turn
 from infra.tickets import EpisodeTicket
 from schemas import EpisodeSource, EpisodeStarted, Mode, is_valid_episode_id
 
@@ -63,7 +63,7 @@ class EpisodeState:
     prefix_mismatches: int = 0
     prev_prompt: list[int] | None = None
     prev_responses: list[list[int]] = field(default_factory=list)
-    turn: Turn | None = None  # the previous chat call, for tokens-in (gateway/tokens_in.py)
+    turn: Turn | None = None  # the previous chat call, for tokens-in (gateway/upstream/tokens_in.py)
     # the prompt version that serves it (gateway/prompts.py), set at its first call: an episode without
     # a group keeps its own pin, so it is forgotten with the episode
     prompt_pinned: bool = False
@@ -128,7 +128,9 @@ class EpisodeRegistry:
         # process saw its EpisodeStarted: from the spool, or a topic replayed out of order)
         self._seq_floor: OrderedDict[str, int] = OrderedDict()
         self.prefix_mismatches = 0
-        self.journal: SeqJournal | None = None  # set when episodes are admitted by ticket (gateway/seqs.py)
+        self.journal: SeqJournal | None = (
+            None  # set when episodes are admitted by ticket (gateway/episodes/seqs.py)
+        )
 
     def use_journal(self, journal: SeqJournal) -> None:
         """Number ticket-admitted episodes after what a predecessor on this data directory reserved."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from gateway.episodes import EpisodeRegistry, EpisodeState
+from gateway.episodes.registry import EpisodeRegistry, EpisodeState
 from gateway.errors import ConflictError, NotFoundError, ValidationFailedError
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import FeedbackRequest

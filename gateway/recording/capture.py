@@ -1,4 +1,5 @@
-"""Token-faithful capture: what the gateway adds to a request, reads from a response, strips again.
+"""Token-faithful capture: what the gateway reads from a response, and strips again (what it adds to
+the request: ``gateway/recording/prepare.py``).
 
 Pure functions and small accumulators over vLLM's OpenAI-compatible JSON (docs/architecture.md, "Token-faithful capture"):
 - chat: ``prompt_token_ids`` top-level, ``choices[i].token_ids``, ``choices[i].logprobs.content[]``;
@@ -21,91 +22,10 @@ that differ from a token-id prompt as sent — is recorded with no prompt ids ou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from gateway.recording.prepare import SINGLE, Asked, Endpoint, PromptLayout, ints
 from schemas import CallChoice, TokenLogprob
-from schemas.events import UpstreamKind
-
-Endpoint = Literal["chat.completions", "completions"]
-
-
-@dataclass(frozen=True, slots=True)
-class PromptLayout:
-    """How a request's prompts map onto its response's choices: ``index = prompt_i * n + j``."""
-
-    prompts: int  # how many prompts the request carries (chat: 1)
-    n: int  # choices per prompt
-    ids: tuple[list[int] | None, ...] = ()  # per prompt: the ids it was sent as, None for text
-
-    @property
-    def batched(self) -> bool:
-        return self.prompts != 1
-
-
-SINGLE = PromptLayout(prompts=1, n=1, ids=(None,))
-
-
-def prompt_layout(data: dict[str, Any], endpoint: Endpoint) -> PromptLayout:
-    """The prompts of a (validated) request body: one for chat, one or a list for completions."""
-    n = data.get("n")
-    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
-    prompt = data.get("prompt") if endpoint == "completions" else None
-    if not isinstance(prompt, list):
-        return PromptLayout(prompts=1, n=n, ids=(None,))
-    if prompt and _ints(prompt) is not None:  # one prompt given as token ids
-        return PromptLayout(prompts=1, n=n, ids=(prompt,))
-    return PromptLayout(
-        prompts=len(prompt), n=n, ids=tuple(p if isinstance(p, list) else None for p in prompt)
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """What the client itself asked for (so the gateway's additions can be stripped)."""
-
-    logprobs: bool
-    token_ids: bool
-    weight_versions: bool
-
-
-def prepare_body(
-    data: dict[str, Any], endpoint: Endpoint, kind: UpstreamKind, *, weight_versions: bool
-) -> tuple[dict[str, Any], Asked]:
-    """The body sent upstream: the client's own plus ids and logprobs for token-faithful upstreams."""
-    asked = Asked(
-        logprobs=bool(data.get("logprobs")) or (endpoint == "completions" and data.get("logprobs") == 0),
-        token_ids=data.get("return_token_ids") is True,
-        weight_versions=data.get("return_weight_versions") is True,
-    )
-    if kind is UpstreamKind.openai:
-        return data, asked
-    body = dict(data)
-    body["return_token_ids"] = True
-    if endpoint == "chat.completions":
-        body["logprobs"] = True
-    elif not isinstance(data.get("logprobs"), int) or isinstance(data.get("logprobs"), bool):
-        body["logprobs"] = 0
-    if weight_versions or kind is UpstreamKind.embedded:
-        body["return_weight_versions"] = True
-    return body, asked
-
-
-GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS and the embedded engine's GREEDY_EPS
-
-
-def sampling_temperature(body: dict[str, Any], kind: UpstreamKind) -> float | None:
-    """The temperature the engine's processed logprobs are of, from the body sent upstream.
-
-    The request's ``temperature``; absent, the engine's default: 1.0 for the embedded engine
-    (infra/engine/protocol.py) and for vLLM as Flywheel starts it (``--generation-config vllm``, so
-    no model's ``generation_config.json`` sets another); a text-only upstream's is not known (None).
-    A greedy request (below ``GREEDY_BELOW``) records 1.0: vLLM (``Sampler.sample``, all-greedy or
-    mixed batches) and the embedded engine (``processed_logprobs``) both report its logprobs unscaled.
-    """
-    value = body.get("temperature")
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None if kind is UpstreamKind.openai else 1.0
-    return 1.0 if value < GREEDY_BELOW else float(value)
 
 
 def _token_id(token: Any) -> int | None:
@@ -114,13 +34,6 @@ def _token_id(token: Any) -> int | None:
             return int(token[9:])
         except ValueError:
             return None
-    return None
-
-
-def _ints(value: Any) -> list[int] | None:
-    # the element types collected at C speed: this runs on every id list of every call
-    if isinstance(value, list) and set(map(type, value)) <= {int}:
-        return value
     return None
 
 
@@ -163,12 +76,12 @@ class _ChoiceAcc:
     extra_message: dict[str, Any] = field(default_factory=dict)
 
     def add_ids(self, ids: Any) -> None:
-        got = _ints(ids)
+        got = ints(ids)
         if got is not None:
             self.token_ids = (self.token_ids or []) + got
 
     def add_versions(self, versions: Any) -> None:
-        got = _ints(versions)
+        got = ints(versions)
         if got is None:
             got = _spans(versions)
         if got is not None:
@@ -308,7 +221,7 @@ def _resolve(
 def capture_response(data: dict[str, Any], endpoint: Endpoint, layout: PromptLayout = SINGLE) -> Captured:
     """Read ids, logprobs and text from a complete (non-streamed) response."""
     accs: list[_ChoiceAcc] = []
-    prompt = _ints(data.get("prompt_token_ids"))
+    prompt = ints(data.get("prompt_token_ids"))
     for raw in data.get("choices") or []:
         if not isinstance(raw, dict):
             continue
@@ -331,7 +244,7 @@ def capture_response(data: dict[str, Any], endpoint: Endpoint, layout: PromptLay
         else:
             acc.text.append(str(raw.get("text") or ""))
             acc.add_completion_logprobs(raw.get("logprobs"))
-            acc.prompt_token_ids = _ints(raw.get("prompt_token_ids"))
+            acc.prompt_token_ids = ints(raw.get("prompt_token_ids"))
         accs.append(acc)
     return _resolve(accs, prompt, layout, endpoint, data)
 
@@ -367,7 +280,7 @@ class StreamAssembler:
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")}
         if self.prompt_token_ids is None:
-            self.prompt_token_ids = _ints(chunk.get("prompt_token_ids"))
+            self.prompt_token_ids = ints(chunk.get("prompt_token_ids"))
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for raw in chunk.get("choices") or []:
@@ -394,7 +307,7 @@ class StreamAssembler:
                 if isinstance(raw.get("text"), str):
                     acc.text.append(raw["text"])
                 if acc.prompt_token_ids is None:  # vLLM: on each choice's first chunk
-                    acc.prompt_token_ids = _ints(raw.get("prompt_token_ids"))
+                    acc.prompt_token_ids = ints(raw.get("prompt_token_ids"))
                 acc.add_completion_logprobs(raw.get("logprobs"))
 
     @staticmethod

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gateway.dialects import JSON, anthropic_error, obj, sse, tool_arguments
 from gateway.errors import GatewayError
+from gateway.protocols.dialects import JSON, anthropic_error, obj, sse, tool_arguments
 
 
 class Skeleton(Protocol):
-    """What the stream needs of its exchange (gateway/anthropic.py)."""
+    """What the stream needs of its exchange (gateway/protocols/anthropic.py)."""
 
     def skeleton(self) -> JSON: ...
 

@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (``POST /v1/messages``) as one chat-completions call (gateway/dialects.py).
+"""Anthropic's Messages API (``POST /v1/messages``) as one chat-completions call (gateway/protocols/dialects.py).
 
 Request → chat:
 - ``system`` (a string or text blocks) → a leading system message.
@@ -15,7 +15,7 @@ Request → chat:
 Chat → message: the reply's text is a ``text`` block, each tool call a ``tool_use`` block (``id`` the
 chat tool call's id, ``input`` its parsed arguments); ``stop_reason`` from ``finish_reason``
 (``stop`` → ``end_turn`` or ``stop_sequence``, ``length`` → ``max_tokens``, ``tool_calls`` →
-``tool_use``); ``usage`` from the engine's counts. Streaming: gateway/anthropic_stream.py.
+``tool_use``); ``usage`` from the engine's counts. Streaming: gateway/protocols/anthropic_stream.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from gateway.anthropic_stream import MessagesStream
-from gateway.capture import Captured
-from gateway.dialects import JSON, DialectEndpoint, StreamConverter, bad, obj, tool_arguments, unsupported
 from gateway.protocol import MAX_INT, validate
+from gateway.protocols.anthropic_stream import MessagesStream
+from gateway.protocols.dialects import (
+    JSON,
+    DialectEndpoint,
+    StreamConverter,
+    bad,
+    obj,
+    tool_arguments,
+    unsupported,
+)
+from gateway.recording.capture import Captured
 
 UNSUPPORTED = {
     "mcp_servers": "MCP connectors run on Anthropic's platform",
@@ -186,7 +194,7 @@ def chat_tool_choice(choice: JSON | None) -> tuple[str | JSON | None, bool | Non
 
 
 class MessagesExchange:
-    """One Messages API call (gateway/dialects.py's ``Exchange``)."""
+    """One Messages API call (gateway/protocols/dialects.py's ``Exchange``)."""
 
     endpoint: DialectEndpoint = "messages"
     prefix: JSON | None = None

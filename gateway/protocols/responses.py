@@ -1,4 +1,4 @@
-"""The OpenAI Responses API (``POST /v1/responses``) as one chat-completions call (gateway/dialects.py).
+"""The OpenAI Responses API (``POST /v1/responses``) as one chat-completions call (gateway/protocols/dialects.py).
 
 Request → chat:
 - ``instructions`` → a leading system message; ``input`` a string → one user message; ``input`` items:
@@ -16,11 +16,11 @@ Request → chat:
 
 Chat → response: choice 0's text is one ``message`` item with an ``output_text`` part, each tool call a
 ``function_call`` item (``call_id`` the chat tool call's id); ``finish_reason == "length"`` is status
-``incomplete``. Streaming: gateway/responses_stream.py.
+``incomplete``. Streaming: gateway/protocols/responses_stream.py.
 
 Continuity: a ``previous_response_id`` chain extends its conversation exactly, so when the named
 response came from the same instructions and tools, :attr:`ResponsesExchange.prefix` hands the engine
-that response's prompt and reply ids (tokens-in, gateway/tokens_in.py): the call starts from the
+that response's prompt and reply ids (tokens-in, gateway/upstream/tokens_in.py): the call starts from the
 recorded ids and merges into the same trajectory.
 """
 
@@ -33,12 +33,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from gateway.capture import Captured
-from gateway.dialects import JSON, DialectEndpoint, StreamConverter, bad, obj, unsupported
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.protocol import MAX_INT, validate
-from gateway.response_store import Kept, ResponseStore
-from gateway.responses_stream import ResponsesStream
+from gateway.protocols.dialects import JSON, DialectEndpoint, StreamConverter, bad, obj, unsupported
+from gateway.protocols.response_store import Kept, ResponseStore
+from gateway.protocols.responses_stream import ResponsesStream
+from gateway.recording.capture import Captured
 
 UNSUPPORTED = {
     "background": "responses are answered in the request",
@@ -207,7 +207,7 @@ def _digest(value: Any) -> bytes:
 
 # ------------------------------------------------------------------------------- the exchange
 class ResponsesExchange:
-    """One Responses API call (gateway/dialects.py's ``Exchange``)."""
+    """One Responses API call (gateway/protocols/dialects.py's ``Exchange``)."""
 
     endpoint: DialectEndpoint = "responses"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.upstream import Upstream, UpstreamPool, make_upstream
+from gateway.upstream.client import Upstream, UpstreamPool, make_upstream
 from schemas import UpstreamKind
 
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.episodes import EpisodeState
+from gateway.episodes.registry import EpisodeState
 from gateway.errors import NotFoundError
 
 JSON = dict[str, Any]

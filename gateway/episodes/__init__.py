@@ -1,0 +1,1 @@
+"""Episodes at the gateway: the registry of open episodes, call numbering across restarts, production sessions."""

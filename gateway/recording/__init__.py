@@ -1,0 +1,1 @@
+"""Recording a call: token-faithful capture of ids and logprobs, and durable publishing."""
