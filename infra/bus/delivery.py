@@ -8,8 +8,8 @@ find the poison message.
 * a batch: the batch handler gets the same retries; if it still raises, every message of the batch is
   delivered alone with its own retries, so the poison ones are dead-lettered and the rest are handled.
 
-The in-process bus (``memory_group``) and the Kafka consumer (``kafka_consumer``) both call these; only
-how a message is handed over and committed differs between them.
+The consumer loop both buses share (``infra.bus.consumer``) calls these; only how records are fetched
+and committed differs between the buses.
 """
 
 from __future__ import annotations

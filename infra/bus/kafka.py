@@ -7,7 +7,8 @@
   broker stay apart. Topics are created with ``schemas.TOPICS`` partition counts before first use.
 - The key decides the partition with Kafka's own murmur2 rule (``infra.bus.partitioner``), so the
   in-process bus and Kafka put a key in the same partition.
-- Consuming (offsets committed after success, retries, dead letters) is in ``infra.bus.kafka_consumer``.
+- Consuming is the loop both buses share (``infra.bus.consumer``: offsets committed after success,
+  retries, dead letters) over this bus's fetch/commit blocks (``infra.bus.kafka_consumer``).
 
 Why aiokafka and not faststream here: faststream 0.7's publish path measured ~0.6× raw aiokafka on
 this machine (its middleware and message wrapping run per message), below the 0.7× goal; and the
@@ -31,11 +32,23 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
+from infra.bus.consumer import Consumer
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
-from infra.bus.kafka_consumer import KafkaSubscription
+from infra.bus.delivery import RetryPolicy
+from infra.bus.kafka_consumer import KafkaFetcher
 from infra.bus.partitioner import partition_for
 from infra.logging import get_logger
-from schemas import DEADLETTER, EPISODES, TRANSITIONS, AnyEvent, TopicSpec, encode, key_for, spec_for
+from schemas import (
+    DEADLETTER,
+    EPISODES,
+    TRANSITIONS,
+    AnyEvent,
+    DeadLetter,
+    TopicSpec,
+    encode,
+    key_for,
+    spec_for,
+)
 
 log = get_logger(__name__)
 
@@ -116,7 +129,7 @@ class KafkaBus:
         self._admin: AIOKafkaAdminClient | None = None
         self._probe: AIOKafkaConsumer | None = None
         self._partitions: dict[str, int] = {}  # logical topic → partition count (topic ensured)
-        self._subscriptions: list[KafkaSubscription] = []
+        self._subscriptions: list[Consumer] = []
         self._topic_lock = asyncio.Lock()
         self._pending: deque[tuple[float, asyncio.Future[Any]]] = deque()  # (deadline, ack)
         self._watchdog: asyncio.Task[None] | None = None
@@ -332,7 +345,7 @@ class KafkaBus:
         *,
         from_beginning: bool = True,
         max_retries: int = 2,
-    ) -> KafkaSubscription:
+    ) -> Consumer:
         return await self._subscribe(topic, group, handler, None, from_beginning, max_retries, 500, 0.0)
 
     async def subscribe_batch(
@@ -345,7 +358,7 @@ class KafkaBus:
         max_wait_s: float = 0.2,
         from_beginning: bool = True,
         max_retries: int = 2,
-    ) -> KafkaSubscription:
+    ) -> Consumer:
         return await self._subscribe(
             topic, group, None, handler, from_beginning, max_retries, max_batch, max_wait_s
         )
@@ -360,26 +373,56 @@ class KafkaBus:
         max_retries: int,
         max_batch: int,
         max_wait_s: float,
-    ) -> KafkaSubscription:
+    ) -> Consumer:
         self._running_producer()
         if max_batch < 1 or max_retries < 0:
             raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
         await self.ensure_topics([topic, DEADLETTER])
-        sub = KafkaSubscription(
-            self,
+        fetch_min_bytes, fetch_max_wait_ms = self.fetch_params(topic)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self.client_id}-{group}",
+            group_id=self.physical(group),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            max_poll_records=max_batch,
+            fetch_min_bytes=fetch_min_bytes,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 5),
+            max_poll_interval_ms=int(self.max_poll_interval_s * 1000),
+        )
+        fetcher = KafkaFetcher(
+            consumer,
+            topic,
+            self.physical(topic),
+            group,
+            assignment_timeout_s=self.assignment_timeout_s,
+            max_poll_interval_s=self.max_poll_interval_s,
+            close_timeout_s=self.publish_timeout_s,
+        )
+        await fetcher.start()
+        sub = Consumer(
+            fetcher,
             topic,
             group,
             handler=handler,
             batch_handler=batch_handler,
-            from_beginning=from_beginning,
-            max_retries=max_retries,
+            policy=RetryPolicy(max_retries, self.retry_backoff_s, max_backoff_s=2.0),
             max_batch=max_batch,
             max_wait_s=max_wait_s,
+            stop_grace_s=self.stop_grace_s,
+            publish_dead_letter=self._publish_dead_letter,
+            parking=self.parking,
+            on_stop=self.forget,
         )
-        await sub.start()
         self._subscriptions.append(sub)
+        sub.start()
         return sub
 
-    def forget(self, sub: KafkaSubscription) -> None:
+    async def _publish_dead_letter(self, letter: DeadLetter, key: str) -> None:
+        await self.publish(DEADLETTER, letter, key=key)
+
+    def forget(self, sub: Consumer) -> None:
         with contextlib.suppress(ValueError):
             self._subscriptions.remove(sub)

@@ -2,9 +2,10 @@
 
 - A topic is a list of partitions; the key decides the partition (murmur2, as Kafka does), so per-key
   order holds. Partition counts come from ``schemas.spec_for``.
-- Every consumer group sees every event. Within a group, each partition is worked by one task at a
-  time, so one handler per partition is in flight (partitions of one group run concurrently). Several
-  subscribers in one group split the partitions between them, as Kafka consumers in a group do.
+- Every consumer group sees every event. Within a group, each partition is worked by one subscriber at
+  a time, so one handler per partition is in flight (the partitions of a fetched block run
+  concurrently). Several subscribers in one group split the partitions between them, as Kafka
+  consumers in a group do; the consuming itself is the loop both buses share (``infra.bus.consumer``).
 - Offsets are committed per (group, partition) after the handler returned; a group that subscribes
   again resumes after its last committed offset. A new group starts at the beginning of the retained
   history (``from_beginning=True``) or at the end.
@@ -13,8 +14,9 @@
   a handler of this bus do not wait: a handler publishing to a topic whose consumers wait on that
   handler would otherwise deadlock (the Kafka log is unbounded; this queue is not).
 - A handler that raises is retried ``max_retries`` times, then the message goes to
-  ``flywheel.deadletter`` and the partition moves on (``infra.bus.delivery``, shared with Kafka). Raw bytes that do not decode are stored as
-  they are and dead-lettered by each group that reaches them, as on Kafka.
+  ``flywheel.deadletter`` and the partition moves on (the consumer loop of ``infra.bus.consumer``,
+  shared with Kafka). Raw bytes that do not decode are stored as they are and dead-lettered by each
+  group that reaches them, as on Kafka.
 - History is bounded: records every group has committed are trimmed down to ``retain`` per partition,
   and no partition keeps much more than ``max_retained`` records (checked every ``retain`` appends);
   a group further behind resumes at the oldest record kept, like ``auto.offset.reset=earliest``.
@@ -36,23 +38,14 @@ from pathlib import Path
 
 from infra.bus import gc_policy
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
-from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking, dead_letter, deliver
+from infra.bus.consumer import Consumer
+from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.delivery import RetryPolicy
-from infra.bus.memory_group import (
-    IN_CONSUMER,
-    Bad,
-    Group,
-    Item,
-    Member,
-    MemorySubscription,
-    Partition,
-    Topic,
-)
+from infra.bus.memory_group import IN_CONSUMER, Bad, Group, Item, Member, Partition, Topic
 from infra.bus.partitioner import partition_for
-from infra.logging import get_logger
 from schemas import DEADLETTER, AnyEvent, DeadLetter, EventDecodeError, decode, key_for, spec_for
 
-log = get_logger(__name__)
+MemorySubscription = Consumer
 
 __all__ = ["MemoryBus", "MemorySubscription"]
 
@@ -80,6 +73,7 @@ class MemoryBus:
         self.stop_grace_s = stop_grace_s  # how long stop() lets an in-flight handler finish
         self.publish_timeout_s = publish_timeout_s  # how long a publish waits for backlog room
         self._topics: dict[str, Topic] = {}
+        self._subscriptions: set[Consumer] = set()
         self._running = False
         self._gc = gc_policy.POLICY  # process-wide: see infra.bus.gc_policy
         self.parking = Parking(park_path)  # dead letters the bus could not take (infra.bus.deadletter)
@@ -95,10 +89,8 @@ class MemoryBus:
         if self._running:
             self._gc.release()
         self._running = False
-        for topic in list(self._topics.values()):
-            for group in list(topic.groups.values()):
-                for member in list(group.members):
-                    await member.stop()
+        for sub in list(self._subscriptions):
+            await sub.stop()
 
     async def __aenter__(self) -> MemoryBus:
         await self.start()
@@ -223,44 +215,8 @@ class MemoryBus:
             part.base += cut
         part.next_trim = len(part.items) + self._retain
 
-    async def dead_letter(
-        self,
-        group: Group,
-        p: int,
-        offset: int,
-        key: str,
-        item: Item,
-        error: BaseException | str,
-        attempts: int,
-    ) -> None:
-        topic = group.topic.name
-        log.warning(
-            "bus.dead_letter",
-            topic=topic,
-            partition=p,
-            offset=offset,
-            group=group.name,
-            error=str(error)[:500],
-            attempts=attempts,
-        )
-        if topic == DEADLETTER:
-            return  # never dead-letter a dead letter
-        letter = dead_letter(
-            topic=topic,
-            partition=p,
-            offset=offset,
-            key=key,
-            group=group.name,
-            error=error,
-            attempts=attempts,
-            event=None if isinstance(item, Bad) else item,
-            raw=item.raw if isinstance(item, Bad) else None,
-        )
-
-        async def publish(letter: DeadLetter) -> None:
-            await self._append(self._topic(DEADLETTER), key, letter)
-
-        await deliver(letter, publish, self.parking, backoff_s=self._retry_backoff_s)
+    async def _publish_dead_letter(self, letter: DeadLetter, key: str) -> None:
+        await self._append(self._topic(DEADLETTER), key, letter)
 
     # subscribing --------------------------------------------------------------------------------------
 
@@ -273,7 +229,7 @@ class MemoryBus:
         from_beginning: bool = True,
         max_retries: int = 2,
     ) -> MemorySubscription:
-        return self._join(topic, group, handler, None, from_beginning, max_retries, 1, 0.0)
+        return self._join(topic, group, handler, None, from_beginning, max_retries, 500, 0.0)
 
     async def subscribe_batch(
         self,
@@ -298,7 +254,7 @@ class MemoryBus:
         max_retries: int,
         max_batch: int,
         max_wait_s: float,
-    ) -> Member:
+    ) -> Consumer:
         self._check_running()
         if max_batch < 1 or max_retries < 0:
             raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
@@ -306,10 +262,26 @@ class MemoryBus:
         batch = batch_handler is not None
         g = t.groups.get(group)
         if g is None:
-            g = t.groups[group] = Group(self, t, group, batch, from_beginning)
+            g = t.groups[group] = Group(t, group, batch, from_beginning, self.max_backlog)
         elif g.members and g.batch != batch:
             raise BusError(f"group {group!r} on {topic} mixes batch and single-message subscribers")
         g.batch = batch
-        member = Member(g, handler, batch_handler, max_retries, max_batch, max_wait_s)
+        member = Member(g)
         g.join(member)
-        return member
+        sub = Consumer(
+            member,
+            topic,
+            group,
+            handler=handler,
+            batch_handler=batch_handler,
+            policy=self.retry_policy(max_retries),
+            max_batch=max_batch,
+            max_wait_s=max_wait_s,
+            stop_grace_s=self.stop_grace_s,
+            publish_dead_letter=self._publish_dead_letter,
+            parking=self.parking,
+            on_stop=self._subscriptions.discard,
+        )
+        self._subscriptions.add(sub)
+        sub.start()
+        return sub
