@@ -18,7 +18,8 @@ trace without any state shared between them:
 Rewards, scores and feedback are ``gen_ai.evaluation.result`` span events (``gen_ai.evaluation.name``,
 ``gen_ai.evaluation.score.value``, ``.score.label``, ``.explanation``, ``gen_ai.response.id`` of the call
 a per-call reward is for). Flywheel's own fields are ``flywheel.*`` attributes. Message content is put on
-call spans (``gen_ai.input.messages``, ``gen_ai.output.messages``) only when ``capture_content`` is set.
+call spans (``gen_ai.input.messages``, ``gen_ai.output.messages``, shaped by :mod:`infra.otel.messages`)
+only when ``capture_content`` is set.
 
 Nothing here imports OpenTelemetry: the exporter (``infra.otel.exporter``) turns :class:`SpanData` into
 SDK spans, so the mapping is tested on its own.
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from infra.otel.messages import input_messages, output_messages
 from schemas import AgentSpan, EpisodeFinished, EpisodeScored, EpisodeStarted, LLMCallRecorded, RewardReported
 
 AttrValue = str | bool | int | float | list[str]
@@ -200,78 +202,6 @@ def _call_flywheel_attrs(attrs: Attrs, call: LLMCallRecorded) -> None:
         # how unsure the model was: the mean and the lowest behaviour logprob of what it generated
         attrs["flywheel.logprob.mean"] = sum(logprobs) / len(logprobs)
         attrs["flywheel.logprob.min"] = min(logprobs)
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "content": content}]
-    parts: list[dict[str, Any]] = []
-    if isinstance(content, list):
-        for item in content:
-            if isinstance(item, dict) and isinstance(item.get("text"), str):
-                parts.append({"type": "text", "content": item["text"]})
-            elif isinstance(item, str):
-                parts.append({"type": "text", "content": item})
-    return parts
-
-
-def _message(message: dict[str, Any]) -> dict[str, Any]:
-    role = message.get("role") if isinstance(message.get("role"), str) else "user"
-    if role == "tool":
-        return {
-            "role": "tool",
-            "parts": [
-                {
-                    "type": "tool_call_response",
-                    "id": message.get("tool_call_id"),
-                    "response": message.get("content"),
-                }
-            ],
-        }
-    parts = _parts(message.get("content"))
-    for tc in message.get("tool_calls") or ():
-        if isinstance(tc, dict):
-            fn: dict[str, Any] = tc["function"] if isinstance(tc.get("function"), dict) else {}
-            parts.append(
-                {
-                    "type": "tool_call",
-                    "id": tc.get("id"),
-                    "name": fn.get("name"),
-                    "arguments": fn.get("arguments"),
-                }
-            )
-    return {"role": role, "parts": parts}
-
-
-def input_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's messages in the conventions' shape (``gen_ai.input.messages``)."""
-    messages = request.get("messages")
-    if isinstance(messages, list):
-        return [_message(m) for m in messages if isinstance(m, dict)]
-    for key in ("prompt", "input"):
-        value = request.get(key)
-        if isinstance(value, str):
-            return [{"role": "user", "parts": [{"type": "text", "content": value}]}]
-        if isinstance(value, list):
-            if all(isinstance(v, dict) for v in value):
-                return [_message(v) for v in value]
-            return [{"role": "user", "parts": [{"type": "text", "content": str(v)} for v in value]}]
-    return []
-
-
-def output_messages(call: LLMCallRecorded) -> list[dict[str, Any]]:
-    """The choices as output messages (``gen_ai.output.messages``), each with its finish reason."""
-    out: list[dict[str, Any]] = []
-    for choice in call.choices:
-        message = (
-            _message(choice.message)
-            if isinstance(choice.message, dict)
-            else {"role": "assistant", "parts": _parts(choice.text)}
-        )
-        message["role"] = "assistant"
-        message["finish_reason"] = choice.finish_reason or "stop"
-        out.append(message)
-    return out
 
 
 # -------------------------------------------------------------------------------- episodes
