@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from infra.bus.base import BatchHandler, Handler, Message, new_message
@@ -86,6 +87,22 @@ class Fetcher(Protocol):
 PublishDeadLetter = Callable[[DeadLetter, str], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Subscriber:
+    """What ``Bus.subscribe`` (a handler) or ``Bus.subscribe_batch`` (a batch handler) asked for."""
+
+    handler: Handler | None
+    batch_handler: BatchHandler | None
+    from_beginning: bool
+    max_retries: int
+    max_batch: int = 500  # a single-message subscriber's fetch
+    max_wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_retries < 0:
+            raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
+
+
 class Consumer:
     """One subscription: the loop of the module docstring over ``fetcher``."""
 
@@ -94,12 +111,9 @@ class Consumer:
         fetcher: Fetcher,
         topic: str,
         group: str,
+        subscriber: Subscriber,
         *,
-        handler: Handler | None,
-        batch_handler: BatchHandler | None,
         policy: RetryPolicy,
-        max_batch: int,
-        max_wait_s: float,
         stop_grace_s: float,
         publish_dead_letter: PublishDeadLetter,
         parking: Parking,
@@ -109,11 +123,11 @@ class Consumer:
         self.topic = topic
         self.group = group
         self._fetcher = fetcher
-        self._handler = handler
-        self._batch_handler = batch_handler
+        self._handler = subscriber.handler
+        self._batch_handler = subscriber.batch_handler
         self._policy = policy
-        self._max_batch = max_batch
-        self._max_wait_s = max_wait_s
+        self._max_batch = subscriber.max_batch
+        self._max_wait_s = subscriber.max_wait_s
         self._stop_grace_s = stop_grace_s  # how long stop() lets an in-flight block finish
         self._publish_dead_letter = publish_dead_letter
         self._parking = parking

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.bus.base import Bus
+from infra.bus.kafka import KafkaBus
+from infra.bus.memory import MemoryBus
 from infra.settings import FlywheelSettings
 
 
 def make_bus(settings: FlywheelSettings) -> Bus:
     """A bus (not started) for ``settings.bus``, with ``settings.topic_prefix`` applied."""
     if settings.bus == "kafka":
-        from infra.bus.kafka import KafkaBus
-
         return KafkaBus(
             settings.kafka_bootstrap,
             prefix=settings.topic_prefix,
@@ -20,8 +20,6 @@ def make_bus(settings: FlywheelSettings) -> Bus:
             publish_timeout_s=settings.publish_timeout_s,
             park_path=park_path(settings),
         )
-    from infra.bus.memory import MemoryBus
-
     return MemoryBus(
         prefix=settings.topic_prefix,
         publish_timeout_s=settings.publish_timeout_s,

@@ -32,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
-from infra.bus.consumer import Consumer
+from infra.bus.consumer import Consumer, Subscriber
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.delivery import RetryPolicy
 from infra.bus.kafka_consumer import KafkaFetcher
@@ -346,7 +346,7 @@ class KafkaBus:
         from_beginning: bool = True,
         max_retries: int = 2,
     ) -> Consumer:
-        return await self._subscribe(topic, group, handler, None, from_beginning, max_retries, 500, 0.0)
+        return await self._subscribe(topic, group, Subscriber(handler, None, from_beginning, max_retries))
 
     async def subscribe_batch(
         self,
@@ -360,23 +360,11 @@ class KafkaBus:
         max_retries: int = 2,
     ) -> Consumer:
         return await self._subscribe(
-            topic, group, None, handler, from_beginning, max_retries, max_batch, max_wait_s
+            topic, group, Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s)
         )
 
-    async def _subscribe(
-        self,
-        topic: str,
-        group: str,
-        handler: Handler | None,
-        batch_handler: BatchHandler | None,
-        from_beginning: bool,
-        max_retries: int,
-        max_batch: int,
-        max_wait_s: float,
-    ) -> Consumer:
+    async def _subscribe(self, topic: str, group: str, subscriber: Subscriber) -> Consumer:
         self._running_producer()
-        if max_batch < 1 or max_retries < 0:
-            raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
         await self.ensure_topics([topic, DEADLETTER])
         fetch_min_bytes, fetch_max_wait_ms = self.fetch_params(topic)
         consumer = AIOKafkaConsumer(
@@ -384,8 +372,8 @@ class KafkaBus:
             client_id=f"{self.client_id}-{group}",
             group_id=self.physical(group),
             enable_auto_commit=False,
-            auto_offset_reset="earliest" if from_beginning else "latest",
-            max_poll_records=max_batch,
+            auto_offset_reset="earliest" if subscriber.from_beginning else "latest",
+            max_poll_records=subscriber.max_batch,
             fetch_min_bytes=fetch_min_bytes,
             fetch_max_wait_ms=fetch_max_wait_ms,
             session_timeout_ms=self.session_timeout_ms,
@@ -406,11 +394,8 @@ class KafkaBus:
             fetcher,
             topic,
             group,
-            handler=handler,
-            batch_handler=batch_handler,
-            policy=RetryPolicy(max_retries, self.retry_backoff_s, max_backoff_s=2.0),
-            max_batch=max_batch,
-            max_wait_s=max_wait_s,
+            subscriber,
+            policy=RetryPolicy(subscriber.max_retries, self.retry_backoff_s, max_backoff_s=2.0),
             stop_grace_s=self.stop_grace_s,
             publish_dead_letter=self._publish_dead_letter,
             parking=self.parking,

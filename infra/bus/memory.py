@@ -38,7 +38,7 @@ from pathlib import Path
 
 from infra.bus import gc_policy
 from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
-from infra.bus.consumer import Consumer
+from infra.bus.consumer import Consumer, Subscriber
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.delivery import RetryPolicy
 from infra.bus.memory_group import IN_CONSUMER, Bad, Group, Item, Member, Partition, Topic
@@ -229,7 +229,7 @@ class MemoryBus:
         from_beginning: bool = True,
         max_retries: int = 2,
     ) -> MemorySubscription:
-        return self._join(topic, group, handler, None, from_beginning, max_retries, 500, 0.0)
+        return self._join(topic, group, Subscriber(handler, None, from_beginning, max_retries))
 
     async def subscribe_batch(
         self,
@@ -242,27 +242,17 @@ class MemoryBus:
         from_beginning: bool = True,
         max_retries: int = 2,
     ) -> MemorySubscription:
-        return self._join(topic, group, None, handler, from_beginning, max_retries, max_batch, max_wait_s)
+        return self._join(
+            topic, group, Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s)
+        )
 
-    def _join(
-        self,
-        topic: str,
-        group: str,
-        handler: Handler | None,
-        batch_handler: BatchHandler | None,
-        from_beginning: bool,
-        max_retries: int,
-        max_batch: int,
-        max_wait_s: float,
-    ) -> Consumer:
+    def _join(self, topic: str, group: str, subscriber: Subscriber) -> Consumer:
         self._check_running()
-        if max_batch < 1 or max_retries < 0:
-            raise ValueError("max_batch must be ≥ 1 and max_retries ≥ 0")
         t = self._topic(topic)
-        batch = batch_handler is not None
+        batch = subscriber.batch_handler is not None
         g = t.groups.get(group)
         if g is None:
-            g = t.groups[group] = Group(t, group, batch, from_beginning, self.max_backlog)
+            g = t.groups[group] = Group(t, group, batch, subscriber.from_beginning, self.max_backlog)
         elif g.members and g.batch != batch:
             raise BusError(f"group {group!r} on {topic} mixes batch and single-message subscribers")
         g.batch = batch
@@ -272,11 +262,8 @@ class MemoryBus:
             member,
             topic,
             group,
-            handler=handler,
-            batch_handler=batch_handler,
-            policy=self.retry_policy(max_retries),
-            max_batch=max_batch,
-            max_wait_s=max_wait_s,
+            subscriber,
+            policy=self.retry_policy(subscriber.max_retries),
             stop_grace_s=self.stop_grace_s,
             publish_dead_letter=self._publish_dead_letter,
             parking=self.parking,
