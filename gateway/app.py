@@ -27,11 +27,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from gateway.errors import GatewayError, PayloadTooLargeError
+from gateway.body import BodyLimit, Disconnected, check_length, read_body
+from gateway.errors import GatewayError
 from gateway.keys import KeyStore
-from gateway.limits import check_json_bytes
 from gateway.protocols.dialects import Route, error_response
 from gateway.routes import build_router, call_response, serve_call
 from gateway.service import Gateway
@@ -123,10 +123,6 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-class _Disconnected(Exception):
-    """The client went away before its request body was read: nothing to answer."""
-
-
 class HotCalls:
     """The LLM-call routes (``POST [/episodes/{id}]/v1/{chat/completions,completions}``) straight from
     the ASGI server to ``routes.serve_call``, without FastAPI's per-request machinery: its middleware
@@ -153,18 +149,15 @@ class HotCalls:
     async def __call__(self, match: re.Match[str], scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = _ENDPOINTS[match[2]]
         try:
-            if _declared_length(scope) > self.max_body_bytes:
-                raise PayloadTooLargeError(
-                    f"request body over {self.max_body_bytes} bytes", code="body_too_large"
-                )
+            check_length(scope, self.max_body_bytes)  # before the key is checked, as the routes do
             episode, answer = await serve_call(
                 self.gateway,
                 endpoint,
                 match[1],
                 Headers(scope=scope),
-                lambda: self._body(receive),
+                lambda: read_body(scope, receive, self.max_body_bytes),
             )
-        except _Disconnected:
+        except Disconnected:
             return
         except GatewayError as exc:
             await error_response(endpoint, exc)(scope, receive, send)  # in the protocol's error format
@@ -190,84 +183,3 @@ class HotCalls:
             await send({"type": "http.response.body", "body": answer.body})
         else:
             await call_response(episode, answer)(scope, receive, send)
-
-    async def _body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        seen = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk: bytes = message.get("body", b"")
-            if chunk:
-                seen += len(chunk)
-                if seen > self.max_body_bytes:
-                    raise PayloadTooLargeError(
-                        f"request body over {self.max_body_bytes} bytes", code="body_too_large"
-                    )
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _declared_length(scope: Scope) -> int:
-    """The request's Content-Length, 0 when absent or unreadable (the body is then counted as it comes)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return 0
-    return 0
-
-
-class BodyLimit:
-    """The door for every route but the hot ones: a body over ``max_bytes`` is a 413 (by
-    Content-Length, or counted while a chunked body is read), and a JSON body beyond
-    ``gateway.limits`` (depth, members) a 4xx, all before the route runs.
-
-    The body is read whole here (it is bounded) and handed on: a limit hit while the route itself
-    reads would reach FastAPI's body parsing, which answers any error there as a 400.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
-            await self.app(scope, receive, send)
-            return
-        try:
-            if _declared_length(scope) > self.max_bytes:
-                raise PayloadTooLargeError(f"request body over {self.max_bytes} bytes", code="body_too_large")
-            chunks: list[bytes] = []
-            seen = 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk: bytes = message.get("body", b"")
-                seen += len(chunk)
-                if seen > self.max_bytes:
-                    raise PayloadTooLargeError(
-                        f"request body over {self.max_bytes} bytes", code="body_too_large"
-                    )
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-            body = b"".join(chunks)
-            check_json_bytes(body)
-        except GatewayError as exc:
-            await exc.response()(scope, receive, send)
-            return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the disconnect, when it comes
-
-        await self.app(scope, replay, send)

@@ -73,10 +73,11 @@ def require_admin(request: Request) -> None:
     require_admin_token(request.headers, _gw(request).settings.admin_token.get_secret_value())
 
 
-def _parse(raw: bytes, endpoint: Route) -> dict[str, Any]:
+def _parse(raw: bytes, endpoint: Route) -> tuple[dict[str, Any], Any]:
+    """The call's body as JSON and as its endpoint's request model: parsed and validated once, here."""
     data = parse_json(raw)
-    validate(_MODELS[endpoint], data)  # a JSON object, or it raised
-    return cast(dict[str, Any], data)
+    request = validate(_MODELS[endpoint], data)  # a JSON object, or it raised
+    return cast(dict[str, Any], data), request
 
 
 async def serve_call(
@@ -97,20 +98,22 @@ async def serve_call(
         await gw.wait_caught_up()
     if episode_id is not None:
         raw = await read_body()
-        data = _parse(raw, endpoint)
+        data, request = _parse(raw, endpoint)
         episode = await gw.training_episode(episode_id)
     else:
         tenant = tenant_for_key(gw, _bearer(headers))
         raw = await read_body()
-        data = _parse(raw, endpoint)
+        data, request = _parse(raw, endpoint)
         session = _session_of(headers, data)
         if session is None and endpoint == "responses":
             session = gw.responses.session_of(tenant, data)  # a previous response's session continues
         episode = await gw.sessions.episode(tenant, session)
     if endpoint == "responses":
-        exchange: ResponsesExchange | MessagesExchange = ResponsesExchange(data, episode, gw.responses)
+        exchange: ResponsesExchange | MessagesExchange = ResponsesExchange(
+            data, episode, gw.responses, request
+        )
     elif endpoint == "messages":
-        exchange = MessagesExchange(data)
+        exchange = MessagesExchange(data, request)
     else:
         return episode, await gw.calls.serve(Call(episode, endpoint, raw, data))
     return episode, await gw.calls.serve(Call(episode, "chat.completions", raw, exchange.chat, exchange))
@@ -189,13 +192,21 @@ async def record_agl_event(gw: Gateway, state: EpisodeState, body: AglEventReque
 
 
 def build_router() -> APIRouter:
+    """Every route of the gateway but the OTLP intake's (``gateway/spans/intake.py``)."""
     router = APIRouter()
-    chat_body = openapi_body(ChatCompletionRequest)
-    completion_body = openapi_body(CompletionRequest)
-    responses_body = openapi_body(ResponsesRequest)
-    messages_body = openapi_body(MessagesRequest)
+    bodies = {route: openapi_body(model) for route, model in _MODELS.items()}
+    _episode_routes(router, bodies)
+    _production_routes(router, bodies)
+    _operation_routes(router)
+    _admin_routes(router)
+    return router
 
-    # ------------------------------------------------------------- training episodes (no key)
+
+def _episode_routes(router: APIRouter, bodies: Mapping[Route, dict[str, Any]]) -> None:
+    """Training episodes: the episode's URL (its id, or its signed ticket) is the capability."""
+    chat_body, completion_body = bodies["chat.completions"], bodies["completions"]
+    responses_body, messages_body = bodies["responses"], bodies["messages"]
+
     @router.post("/episodes/{episode_id}/v1/chat/completions", openapi_extra=chat_body, tags=["episodes"])
     async def episode_chat(episode_id: str, request: Request) -> Response:
         return await handle_call(request, "chat.completions", episode_id)
@@ -229,7 +240,12 @@ def build_router() -> APIRouter:
         gw = _gw(request)
         return _json(await record_agl_event(gw, await gw.training_episode(episode_id), body))
 
-    # ----------------------------------------------------------- production traffic (tenant key)
+
+def _production_routes(router: APIRouter, bodies: Mapping[Route, dict[str, Any]]) -> None:
+    """Production traffic: a tenant's key."""
+    chat_body, completion_body = bodies["chat.completions"], bodies["completions"]
+    responses_body, messages_body = bodies["responses"], bodies["messages"]
+
     @router.post("/v1/chat/completions", openapi_extra=chat_body, tags=["production"])
     async def chat(request: Request) -> Response:
         return await handle_call(request, "chat.completions", None)
@@ -272,7 +288,8 @@ def build_router() -> APIRouter:
         episode_id = await _gw(request).sessions.end(tenant, session_id)
         return _json({"ok": True, "episode_id": episode_id})
 
-    # ------------------------------------------------------------------------- operations
+
+def _operation_routes(router: APIRouter) -> None:
     @router.get("/healthz", tags=["operations"])
     async def healthz() -> Response:
         return _json({"ok": True})
@@ -295,7 +312,10 @@ def build_router() -> APIRouter:
         gw.metrics.in_flight.set(gw.admission.in_flight)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    # ------------------------------------------------------------------------------ admin
+
+def _admin_routes(router: APIRouter) -> None:
+    """Operator routes (the admin token)."""
+
     @router.post("/admin/pause", tags=["admin"])
     async def pause(request: Request, body: PauseRequest | None = None) -> Response:
         require_admin(request)
@@ -354,8 +374,6 @@ def build_router() -> APIRouter:
         require_admin(request)
         await _gw(request).finish_episode(episode_id, body or FinishEpisodeRequest())
         return _json({"ok": True})
-
-    return router
 
 
 def _models(gw: Gateway) -> dict[str, Any]:

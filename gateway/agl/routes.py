@@ -29,7 +29,7 @@ from gateway.agl.models import (
 )
 from gateway.agl.proxy import AglProxy
 from gateway.agl.serving import AglError, AglService
-from gateway.app import BodyLimit
+from gateway.body import BodyLimit
 from gateway.serving import StreamAnswer
 from infra.http import bearer_token, token_matches
 from infra.logging import get_logger
@@ -87,6 +87,14 @@ def create_agl_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    app.include_router(_api_router(service))
+    _proxy_routes(app, service, proxy)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app
+
+
+def _api_router(service: AglService) -> APIRouter:
+    """``/api``: rollouts, their events, and the models AGL's trainer registers."""
     api = APIRouter(prefix="/api")
 
     @api.post("/rollouts", status_code=201, response_model=list[Rollout])
@@ -145,7 +153,11 @@ def create_agl_app(
         await service.clear_models(t)
         return {"status": "ok"}
 
-    app.include_router(api)
+    return api
+
+
+def _proxy_routes(app: FastAPI, service: AglService, proxy: AglProxy) -> None:
+    """``/proxy``: the agent's model calls (recorded as the gateway records them), pause and resume."""
 
     @app.post("/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/{path:path}")
     async def llm_proxy(
@@ -185,6 +197,3 @@ def create_agl_app(
     @app.get("/proxy/state", response_model=PauseState)
     async def state(t: Tenant) -> PauseState:
         return service.pause_state(t)
-
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    return app

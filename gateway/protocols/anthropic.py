@@ -199,8 +199,9 @@ class MessagesExchange:
     endpoint: DialectEndpoint = "messages"
     prefix: JSON | None = None
 
-    def __init__(self, data: JSON) -> None:
-        req = validate(MessagesRequest, data)
+    def __init__(self, data: JSON, req: MessagesRequest | None = None) -> None:
+        """``req``: ``data`` already validated (the routes parse a body once); validated here if not."""
+        req = req if req is not None else validate(MessagesRequest, data)
         unsupported(data, UNSUPPORTED)
         if isinstance(req.thinking, dict) and req.thinking.get("type") not in (None, "disabled"):
             raise bad("thinking is not supported by this gateway", "thinking", "unsupported_parameter")

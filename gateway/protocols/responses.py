@@ -211,8 +211,11 @@ class ResponsesExchange:
 
     endpoint: DialectEndpoint = "responses"
 
-    def __init__(self, data: JSON, episode: EpisodeState, store: ResponseStore) -> None:
-        req = validate(ResponsesRequest, data)
+    def __init__(
+        self, data: JSON, episode: EpisodeState, store: ResponseStore, req: ResponsesRequest | None = None
+    ) -> None:
+        """``req``: ``data`` already validated (the routes parse a body once); validated here if not."""
+        req = req if req is not None else validate(ResponsesRequest, data)
         unsupported(data, UNSUPPORTED)
         self.data = data
         self.episode = episode
