@@ -30,7 +30,7 @@ from infra.eventlog.timeparse import parse_when
 from infra.logging import configure_logging
 
 if TYPE_CHECKING:
-    from infra.eventlog.client import EventLogReader
+    from infra.eventlog.reader import EventLogReader
 
 db_app = typer.Typer(help="The ClickHouse event log: schema migrations.", no_args_is_help=True)
 

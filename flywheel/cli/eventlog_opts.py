@@ -16,8 +16,9 @@ import typer
 
 from flywheel.cli.common import ADMIN_URL_HELP, JSON_HELP, admin_url, fail, load_settings, usage
 from flywheel.replay import ReplayFilterError
-from infra.eventlog.client import EventLogReader, open_reader
+from infra.eventlog.client import open_reader
 from infra.eventlog.errors import EventLogError
+from infra.eventlog.reader import EventLogReader
 from infra.eventlog.timeparse import parse_when
 
 

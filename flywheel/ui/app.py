@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
-from typing import Protocol
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -36,16 +34,8 @@ from flywheel.ui.params import BadInput, parse_list_query
 from flywheel.ui.training_page import training_data, training_page
 from infra.eventlog.api import Readers
 from infra.eventlog.errors import EventLogError, EventLogTimeoutError
-from infra.eventlog.models import (
-    Bucket,
-    EpisodeFilter,
-    EpisodeSummary,
-    EventRecord,
-    StatsPoint,
-    TenantFeedback,
-    TrainerStepPoint,
-    VersionPoint,
-)
+from infra.eventlog.models import Bucket, EpisodeFilter, EpisodeSummary
+from infra.eventlog.reader import TrendReader
 from infra.http import HttpError, error_response
 
 PREFIX = "/ui"
@@ -53,32 +43,6 @@ STATIC = Path(__file__).parent / "static"
 STATIC_FILES = {"chart.umd.min.js": "text/javascript", "ui.js": "text/javascript", "ui.css": "text/css"}
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 BUCKETS: tuple[Bucket, ...] = ("minute", "hour", "day")
-
-
-class UiReader(Protocol):
-    """The reads the view makes; ``infra.eventlog.base.SqlStore`` (chdb or a server) provides them."""
-
-    def episodes(self, f: EpisodeFilter) -> list[EpisodeSummary]: ...
-
-    def episode_events(self, episode_id: str) -> list[EventRecord]: ...
-
-    def stats(
-        self,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        bucket: Bucket = "hour",
-        success_threshold: float = 1.0,
-    ) -> list[StatsPoint]: ...
-
-    def trainer_steps(self, since: datetime | None = None, limit: int = 2000) -> list[TrainerStepPoint]: ...
-
-    def by_version(
-        self, since: datetime | None = None, success_threshold: float = 1.0
-    ) -> list[VersionPoint]: ...
-
-    def tenant_feedback(
-        self, since: datetime | None = None, success_threshold: float = 1.0
-    ) -> list[TenantFeedback]: ...
 
 
 def _status_of(exc: Exception) -> tuple[int, str] | None:
@@ -100,24 +64,42 @@ def _last(summary: EpisodeSummary | None) -> str:
     return f"{summary.last_event_at.isoformat()}/{summary.num_calls}/{summary.status}/{summary.scored}"
 
 
-def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX) -> APIRouter:
-    """The view's routes under ``prefix``, reading ``reader``, signed in with ``admin_token``."""
-    readers = Readers()
-    router = APIRouter(tags=["ui"], include_in_schema=False)
+def _bucket_of(request: Request) -> Bucket:
+    raw = request.query_params.get("bucket", "minute")
+    for b in BUCKETS:
+        if raw == b:
+            return b
+    raise BadInput(f"bucket must be one of {', '.join(BUCKETS)}, not {raw!r}", "bucket")
 
-    async def html(request: Request, render: Callable[[], Awaitable[str]]) -> Response:
-        if not auth.signed_in(request, admin_token):
-            return login_page(prefix)
+
+def _episode_id_of(raw: str) -> str:
+    if not _EPISODE_ID.match(raw):
+        raise BadInput(f"not an episode id: {raw[:80]!r}", "episode_id")
+    return raw
+
+
+class _View:
+    """What every route of the view shares: the reader and its threads, the sign-in, the error answers."""
+
+    def __init__(self, reader: TrendReader, admin_token: str, prefix: str) -> None:
+        self.reader = reader
+        self.admin_token = admin_token
+        self.prefix = prefix
+        self.readers = Readers()
+
+    async def html(self, request: Request, render: Callable[[], Awaitable[str]]) -> Response:
+        if not auth.signed_in(request, self.admin_token):
+            return login_page(self.prefix)
         try:
             return HTMLResponse(await render())
         except Exception as exc:
             answer = _status_of(exc)
             if answer is None:
                 raise
-            return error_page(prefix, *answer)
+            return error_page(self.prefix, *answer)
 
-    async def api(request: Request, build: Callable[[], Awaitable[object]]) -> Response:
-        if not auth.signed_in(request, admin_token):
+    async def api(self, request: Request, build: Callable[[], Awaitable[object]]) -> Response:
+        if not auth.signed_in(request, self.admin_token):
             return error_response(401, "sign in first", "authentication_error", code="invalid_admin_token")
         try:
             return JSONResponse(await build())
@@ -128,21 +110,16 @@ def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX
             kind = "invalid_request_error" if answer[0] < 500 else "server_error"
             return error_response(answer[0], answer[1], kind)
 
-    def bucket_of(request: Request) -> Bucket:
-        raw = request.query_params.get("bucket", "minute")
-        for b in BUCKETS:
-            if raw == b:
-                return b
-        raise BadInput(f"bucket must be one of {', '.join(BUCKETS)}, not {raw!r}", "bucket")
-
-    def episode_id_of(raw: str) -> str:
-        if not _EPISODE_ID.match(raw):
-            raise BadInput(f"not an episode id: {raw[:80]!r}", "episode_id")
-        return raw
-
-    async def summary(episode_id: str) -> EpisodeSummary | None:
-        found = await readers.run(lambda: reader.episodes(EpisodeFilter(episode_ids=[episode_id], limit=1)))
+    async def summary(self, episode_id: str) -> EpisodeSummary | None:
+        found = await self.readers.run(
+            lambda: self.reader.episodes(EpisodeFilter(episode_ids=[episode_id], limit=1))
+        )
         return found[0] if found else None
+
+
+def _episode_routes(router: APIRouter, view: _View) -> None:
+    """The episode list, its rows, one episode and when it last changed."""
+    prefix, reader, readers = view.prefix, view.reader, view.readers
 
     @router.get(prefix, include_in_schema=False)
     async def root() -> RedirectResponse:
@@ -154,7 +131,7 @@ def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX
             q = parse_list_query(request.query_params)
             return list_page(prefix, q, await readers.run(lambda: reader.episodes(q.filter)))
 
-        return await html(request, render)
+        return await view.html(request, render)
 
     @router.get(prefix + "/episodes/rows")
     async def episode_rows(request: Request) -> Response:
@@ -163,47 +140,56 @@ def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX
             found = await readers.run(lambda: reader.episodes(q.filter))
             return rows_html(prefix, found[: q.page_size])
 
-        return await html(request, render)
+        return await view.html(request, render)
 
     @router.get(prefix + "/episodes/{episode_id}")
     async def episode(request: Request, episode_id: str) -> Response:
         async def render() -> str:
-            eid = episode_id_of(episode_id)
+            eid = _episode_id_of(episode_id)
             events = await readers.run(lambda: reader.episode_events(eid))
             if not events:
                 raise HttpError(f"no episode {eid} in the event log", status_code=404)
-            return episode_page(prefix, build_episode(eid, events), _last(await summary(eid)))
+            return episode_page(prefix, build_episode(eid, events), _last(await view.summary(eid)))
 
-        return await html(request, render)
+        return await view.html(request, render)
 
     @router.get(prefix + "/api/episodes/{episode_id}/last")
     async def episode_last(request: Request, episode_id: str) -> Response:
         async def build() -> object:
-            return {"last": _last(await summary(episode_id_of(episode_id)))}
+            return {"last": _last(await view.summary(_episode_id_of(episode_id)))}
 
-        return await api(request, build)
+        return await view.api(request, build)
+
+
+def _training_routes(router: APIRouter, view: _View) -> None:
+    """The training page and the data it polls."""
+    prefix, reader, readers = view.prefix, view.reader, view.readers
 
     @router.get(prefix + "/training")
     async def training(request: Request) -> Response:
         async def render() -> str:
-            bucket = bucket_of(request)
+            bucket = _bucket_of(request)
             steps = await readers.run(lambda: reader.trainer_steps())
             tenants = await readers.run(lambda: reader.tenant_feedback())
             return training_page(prefix, steps, tenants, bucket)
 
-        return await html(request, render)
+        return await view.html(request, render)
 
     @router.get(prefix + "/api/training")
     async def training_api(request: Request) -> Response:
         async def build() -> object:
-            bucket = bucket_of(request)
+            bucket = _bucket_of(request)
             steps = await readers.run(lambda: reader.trainer_steps())
             versions = await readers.run(lambda: reader.by_version())
             stats = await readers.run(lambda: reader.stats(bucket=bucket))
             tenants = await readers.run(lambda: reader.tenant_feedback())
             return training_data(steps, versions, stats, tenants)
 
-        return await api(request, build)
+        return await view.api(request, build)
+
+
+def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
+    """The static files, sign-in and sign-out, and a 404 page for any other path (so: added last)."""
 
     @router.get(prefix + "/static/{name}")
     async def static(name: str) -> Response:
@@ -227,10 +213,18 @@ def create_ui_router(reader: UiReader, admin_token: str, *, prefix: str = PREFIX
     async def unknown(rest: str) -> Response:
         return error_page(prefix, 404, f"no page {prefix}/{rest[:80]}")
 
+
+def create_ui_router(reader: TrendReader, admin_token: str, *, prefix: str = PREFIX) -> APIRouter:
+    """The view's routes under ``prefix``, reading ``reader``, signed in with ``admin_token``."""
+    router = APIRouter(tags=["ui"], include_in_schema=False)
+    view = _View(reader, admin_token, prefix)
+    _episode_routes(router, view)
+    _training_routes(router, view)
+    _site_routes(router, admin_token, prefix)
     return router
 
 
-def create_ui_app(reader: UiReader, admin_token: str) -> FastAPI:
+def create_ui_app(reader: TrendReader, admin_token: str) -> FastAPI:
     """The view alone (``flywheel ui``): its routes, and ``/`` sends the browser to them."""
     app = FastAPI(title="Flywheel", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(create_ui_router(reader, admin_token))

@@ -140,7 +140,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def build_episode(episode_id: str, events: list[EventRecord]) -> EpisodeView:
-    """The view of ``episode_id`` from its events (as ``EventStore.episode_events`` returns them)."""
+    """The view of ``episode_id`` from its events (as ``EventLogReader.episode_events`` returns them)."""
     view = EpisodeView(episode_id, [], None, [], {}, {})
     calls: dict[int, CallView] = {}
     call_rewards: list[RewardReported] = []

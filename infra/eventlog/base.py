@@ -1,7 +1,8 @@
 """What every event store does, written once: the ``EventStore`` protocol and ``SqlStore``.
 
-``SqlStore`` implements every write and query on four primitives (select, read-only select, command,
-Arrow insert) that the chdb and server stores provide (:mod:`infra.eventlog.store`).
+``EventStore`` is the event log's reads (``infra.eventlog.reader.TrendReader``) with the writes and
+the schema. ``SqlStore`` implements every write and query on four primitives (select, read-only
+select, command, Arrow insert) that the chdb and server stores provide (:mod:`infra.eventlog.store`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from infra.eventlog.models import (
     TrainerStepPoint,
     VersionPoint,
 )
+from infra.eventlog.reader import TrendReader
 from infra.eventlog.readonly import check_read_only
 from infra.eventlog.rows import messages_to_arrow, to_arrow
 from infra.logging import get_logger
@@ -45,7 +47,9 @@ Rows = list[tuple[Any, ...]]
 
 
 @runtime_checkable
-class EventStore(Protocol):
+class EventStore(TrendReader, Protocol):
+    """A store: the event log's reads (``infra.eventlog.reader``), its writes and its schema."""
+
     database: str
 
     def migrate(self) -> list[int]:
@@ -58,36 +62,9 @@ class EventStore(Protocol):
 
     def insert_table(self, table: pa.Table) -> None: ...
 
-    def episode_events(self, episode_id: str) -> list[EventRecord]: ...
-
-    def episodes(self, f: EpisodeFilter) -> list[EpisodeSummary]: ...
-
-    def select_scored_episodes(
-        self, f: EpisodeFilter, *, latest_per_episode: bool = True
-    ) -> Iterator[EpisodeScored]: ...
-
-    def select_calls(self, f: CallFilter) -> Iterator[LLMCallRecorded]: ...
-
-    def stats(
-        self,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        bucket: Bucket = "hour",
-        success_threshold: float = 1.0,
-        *,
-        policy: str | None = None,
-        by_policy: bool = False,
-    ) -> list[StatsPoint]: ...
-
     def task_history(
         self, since: datetime | None = None, groups_per_task: int = 4
     ) -> dict[str, list[list[float]]]: ...
-
-    def counts(self) -> EventCounts: ...
-
-    def query(self, sql: str, *, max_rows: int = 10_000) -> QueryResult: ...
-
-    def close(self) -> None: ...
 
 
 def _json_value(value: Any) -> JsonValue:
@@ -124,7 +101,7 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-class SqlStore:
+class SqlStore(EventStore):
     """Every query, written once; subclasses provide the four primitives below."""
 
     database: str

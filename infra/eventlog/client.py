@@ -3,7 +3,8 @@
 :func:`open_reader` decides: an explicit ``--url`` / ``FLYWHEEL_ADMIN_URL`` → the running process's
 admin API (:class:`HttpEventLogReader`); ``FLYWHEEL_CLICKHOUSE_URL`` → the server; otherwise the chdb
 directory, opened here when it is free. When another process holds it and no admin URL is known, the
-error says so in one line (:class:`EventLogLockedError`).
+error says so in one line (:class:`EventLogLockedError`). Either way the caller gets the same reads
+(``infra.eventlog.reader.EventLogReader``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -36,48 +37,17 @@ from infra.eventlog.models import (
     QueryResult,
     StatsPoint,
 )
+from infra.eventlog.reader import EventLogReader
 from infra.eventlog.store import DEFAULT_DATABASE, open_store
 from schemas import EpisodeScored, LLMCallRecorded
-
-
-class EventLogReader(Protocol):
-    """The reads the CLI and the ops tools need; a store satisfies it, so does the HTTP reader."""
-
-    def query(self, sql: str, *, max_rows: int = 10_000) -> QueryResult: ...
-
-    def episodes(self, f: EpisodeFilter) -> list[EpisodeSummary]: ...
-
-    def episode_events(self, episode_id: str) -> list[EventRecord]: ...
-
-    def stats(
-        self,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        bucket: Bucket = "hour",
-        success_threshold: float = 1.0,
-        *,
-        policy: str | None = None,
-        by_policy: bool = False,
-    ) -> list[StatsPoint]: ...
-
-    def counts(self) -> EventCounts: ...
-
-    def select_scored_episodes(
-        self, f: EpisodeFilter, *, latest_per_episode: bool = True
-    ) -> Iterator[EpisodeScored]: ...
-
-    def select_calls(self, f: CallFilter) -> Iterator[LLMCallRecorded]: ...
-
-    def close(self) -> None: ...
-
 
 _EPISODES = TypeAdapter(list[EpisodeSummary])
 _EVENTS = TypeAdapter(list[EventRecord])
 _STATS = TypeAdapter(list[StatsPoint])
 
 
-class HttpEventLogReader:
-    """The admin API of a running Flywheel process (``create_eventlog_router``)."""
+class HttpEventLogReader(EventLogReader):
+    """The event log's reads through a running process's admin API (``create_eventlog_router``)."""
 
     def __init__(
         self, url: str, admin_token: str, *, timeout_s: float = 60.0, client: httpx.Client | None = None
