@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from examples.demo import production, replaying, roles
 from examples.demo.agents import CALC_REF, DemoAgent, demo_agent
+from examples.demo.engines import serve_weights, start_fixed_engine, start_vllm, stop_engines
 from examples.demo.ledger import Ledger, model_of
 from examples.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
 from examples.demo.prompt_stage import PromptStageConfig, optimize_stage
@@ -48,6 +49,7 @@ from examples.demo.warmstart import (
 from flywheel.stack import EmbeddedStack, StackSettings
 from infra.engine.process import EngineProcess
 from infra.engine.vllm_server import VllmServer
+from schemas import Task
 from trainer.config import AlgorithmConfig
 
 AGENT = CALC_REF  # the calculator agent (``DemoConfig.agent`` picks another)
@@ -90,7 +92,7 @@ class DemoConfig:
     validation_tasks: int | None = None
     agent: str = "calc"  # which demo agent (examples/demo/agents.py); ``warm`` is its recipe
     curriculum: float | None = None  # rollouts: the signal curriculum's revisit probability (None: off)
-    engine: Literal["embedded", "vllm"] = "embedded"  # vllm: a real vLLM serves the policy (_vllm_server)
+    engine: Literal["embedded", "vllm"] = "embedded"  # vllm: a real vLLM serves the policy (start_vllm)
     # an agent with roles: a LoRA adapter per role ("writer,rewriter") or one shared ("shared") over the
     # frozen warm start (examples/demo/roles.py); "": the whole model, fully fine-tuned
     policies: str = ""
@@ -146,57 +148,18 @@ async def run_seed(
     seed_dir = cfg.out / f"seed-{cfg.seed}"
     trainer_dir = seed_dir / "trainer"
     shutil.rmtree(trainer_dir, ignore_errors=True)  # a demo starts fresh, never resumes an old run
-    recorded: replaying.RecordedRun | None = None
-    loaded = replaying.LoadedEpisodes([])
     data_dir = cfg.out / "data"
-    if cfg.source == "replay":
-        if cfg.replay_from is None:
-            raise replaying.RecordedRunError("--source replay needs --from <a recorded demo run's --out>")
-        recorded = replaying.recorded_run(cfg.replay_from, cfg.seed)
-        say(f"[seed {cfg.seed}] reading the recorded run's episodes from {recorded.chdb}")
-        loaded = await asyncio.to_thread(replaying.load_episodes, recorded, data_dir)
+    recorded, loaded = await _recorded_episodes(cfg, data_dir, say)
     agent = demo_agent(cfg.agent, cfg.cache)
-    if cfg.agent != "calc" and (cfg.source != "rollouts" or cfg.optimize is not None):
-        # production users, replayed runs and the prompt stage are written for the calculator's tasks
-        raise ValueError(f"agent {cfg.agent!r} runs with source 'rollouts' only, without a prompt stage")
-    policies = roles.role_policies(agent, cfg.policies) if cfg.policies else None
-    if policies is not None and (cfg.baseline or cfg.engine != "embedded"):
-        # the SFT-only baseline replaces the whole model; vLLM would need LoRA enabled at its launch
-        raise roles.RolePoliciesError("--policies runs on the embedded engine, without --baseline")
+    policies = _role_policies(cfg, agent)
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
     say(f"[seed {cfg.seed}] warm start (cache {cfg.cache / warm_cfg.key()})")
     warm_dir, warm_s = await asyncio.to_thread(warm_start, warm_cfg, cfg.cache, say, cfg.gate)
     say(f"[seed {cfg.seed}] warm start ready in {warm_s:.0f}s: {warm_dir}")
-    heldout = agent.heldout(warm_cfg, cfg.eval_tasks)
+    seed = _Seed(cfg, agent, warm_cfg, warm_dir, seed_dir, agent.heldout(warm_cfg, cfg.eval_tasks), say)
     by_model = bool(agent.train_models)  # a selective agent: report trained vs context calls per model
-    # One event-log directory per process (chdb's rule): every seed of this run records into it.
-    settings = stack_settings(cfg, data_dir, trainer_dir, agent)
-    lora: dict[str, Any] | None = None
-    if policies is not None:  # adapters over the frozen warm start, at the rate the command line gave
-        settings, lora = roles.with_adapters(settings, policies, cfg.learning_rate)
-    fixed = await _fixed_models(agent, cfg, warm_dir, seed_dir, say)
-    if fixed is not None:
-        routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
-        settings = settings.replace(gateway_model_routes=routes)
-    rollouts: dict[str, Any] = {}
-    if cfg.source == "rollouts":
-        rollouts = {
-            "tasks": agent.rl_tasks(warm_cfg),
-            "agent": agent.ref,
-            "group_size": cfg.group_size,
-            "curriculum_revisit": cfg.curriculum,
-        }
     key = production.create_key(data_dir) if cfg.source == "production" else ""
-    vllm = await _vllm_server(cfg, warm_dir, seed_dir, settings.model, say) if cfg.engine == "vllm" else None
-    stack = EmbeddedStack(settings, model_dir=warm_dir, vllm_url=vllm.url if vllm else None, **rollouts)
-    try:
-        await stack.start()
-    except BaseException:
-        if fixed is not None:
-            await fixed.stop()
-        if vllm is not None:
-            await asyncio.to_thread(vllm.stop)
-        raise
+    stack, lora, fixed, vllm = await _start_stack(seed, policies, data_dir, trainer_dir)
     assert stack.bus is not None and stack.trainer is not None
     report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source, "engine": cfg.engine}
     if cfg.agent != "calc":
@@ -206,14 +169,14 @@ async def run_seed(
         report["fixed_models"] = {name: fixed.url for name in agent.fixed_models}
     try:
         say(
-            f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out tasks"
+            f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(seed.heldout)} held-out tasks"
         )
         if cfg.optimize is not None:  # stage 1: the prompt, from a poor one; RL then runs under the winner
             say(f"[seed {cfg.seed}] prompt optimisation (GEPA) from {cfg.optimize.seed_prompt!r}")
             report["prompt_optimization"] = await optimize_stage(
-                cfg.optimize, stack.bus, agent.ref, heldout, seed_dir / "optimize", cfg.seed, say
+                cfg.optimize, stack.bus, agent.ref, seed.heldout, seed_dir / "optimize", cfg.seed, say
             )
-        before = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
+        before = await evaluate(stack.bus, seed.heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)
         await monitor.start()
@@ -222,39 +185,7 @@ async def run_seed(
         if ledger is not None:
             await ledger.start()
         since = datetime.now(UTC)
-        if cfg.source == "production":
-            phase = await production.production_phase(
-                stack,
-                key,
-                seed=cfg.seed,
-                users=cfg.users,
-                mistake_rate=cfg.user_mistake_rate,
-                rl_seconds=cfg.rl_seconds,
-                max_steps=cfg.max_steps,
-                say=say,
-            )
-        elif recorded is not None:
-            # validation tasks: the next held-out tasks after the report's (disjoint from them)
-            n_val = cfg.validation_tasks or max(1, cfg.eval_tasks // 2)
-            validation = agent.heldout(warm_cfg, cfg.eval_tasks + n_val)[cfg.eval_tasks :]
-            assert stack.bus is not None
-            bus = stack.bus
-            phase = await replaying.replay_phase(
-                stack,
-                recorded,
-                loaded,
-                rl_seconds=cfg.rl_seconds,
-                max_steps=cfg.max_steps,
-                say=say,
-                steps_seen=lambda: [p.metrics for p in monitor.points],
-                batch_groups=cfg.batch_groups,
-                validate=lambda: evaluate(bus, validation, agent.ref),
-                warm_weights=warm_dir,
-                work_dir=seed_dir / "replay",
-                options=cfg.replay,
-            )
-        else:
-            phase = await _rollouts_phase(stack, cfg)
+        phase = await _rl_phase(stack, seed, monitor, key, recorded, loaded)
         rl_seconds = float(phase.pop("rl_seconds"))
         until = datetime.now(UTC)
         await monitor.stop()
@@ -262,22 +193,12 @@ async def run_seed(
             await ledger.stop()
             report.update(roles.update_figures(ledger, policies, warm_dir))
         say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
-        after = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
+        after = await evaluate(stack.bus, seed.heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
         # The RL run: stack, evaluations and RL, from the warm start on. Building the warm start happens
         # once per machine (it is cached outside the repo) and is reported as warm_start_seconds.
         rl_run_seconds = time.perf_counter() - t0 - warm_s
-        baseline: EvalResult | None = None
-        baseline_steps = 0
-        if cfg.baseline:
-            seconds = rl_seconds if cfg.baseline_seconds is None else cfg.baseline_seconds
-            say(f"[seed {cfg.seed}] SFT-only baseline: {seconds:.0f}s of SFT from the warm start")
-            base_dir, baseline_steps = await asyncio.to_thread(
-                sft_only_baseline, warm_cfg, warm_dir, seed_dir / "sft_only_baseline", seconds, say, agent
-            )
-            await _serve(stack, base_dir)
-            baseline = await evaluate(stack.bus, heldout, agent.ref, by_model=by_model)
-            say(f"[seed {cfg.seed}] SFT-only baseline: {_fmt(baseline)}")
+        baseline, baseline_steps = await _sft_baseline(stack, seed, rl_seconds, by_model)
         report.update(
             {
                 "before": before.as_dict(),
@@ -287,19 +208,13 @@ async def run_seed(
                 "rl_seconds": round(rl_seconds, 1),
                 "rl_run_seconds": round(rl_run_seconds, 1),
                 "rl_window": {"since": since.isoformat(), "until": until.isoformat()},
-                # with adapters a point is one adapter's update; a step may update several
-                "rl_steps": stack.trainer.step if policies is not None else len(monitor.points),
-                "rl_batches_without_signal": stack.trainer.batches_without_signal,
-                "rl_groups_received": len(stack.trainer.intake.consumed),
-                "trainer_samples": stack.trainer.status().samples,
-                "trainer_skipped": dict(stack.trainer.intake.skipped),
-                "trainer_stale_dropped": replaying.stale_counts(stack.trainer),
+                **_trainer_figures(stack, monitor, adapters=policies is not None),
                 **phase,
                 "baseline_sft_steps": baseline_steps,
                 "warm_start_seconds": round(warm_s, 1),
                 "warm_start_dir": str(warm_dir),
                 "warm_start_gate": gate_record(warm_cfg, cfg.gate, cfg.cache),
-                "heldout_tasks": len(heldout),
+                "heldout_tasks": len(seed.heldout),
                 "recorded_events": stack.recorder.stats.events if stack.recorder else 0,
                 "points": monitor.points,
             }
@@ -309,56 +224,163 @@ async def run_seed(
             report["curriculum"] = {"revisit": cfg.curriculum, **planner.curriculum.stats.as_dict()}
     finally:
         await stack.stop()
-        if fixed is not None:
-            await fixed.stop()
-        if vllm is not None:
-            await asyncio.to_thread(vllm.stop)
+        await stop_engines(fixed, vllm)
     report["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return report
 
 
-async def _vllm_server(cfg: DemoConfig, warm_dir: Path, seed_dir: Path, name: str, say: Say) -> VllmServer:
-    """vLLM on the warm start for this seed's run (2-4 minutes to start on 2 cores), its context the
-    model's own (the demo's model has 512 positions; vLLM refuses a longer ``max_model_len``)."""
-    import json
-    import socket
+@dataclass(frozen=True)
+class _Seed:
+    """What one seed's phases share once its warm start is ready."""
 
-    from infra.engine.vllm_server import VllmLaunch
+    cfg: DemoConfig
+    agent: DemoAgent
+    warm_cfg: WarmStartConfig
+    warm_dir: Path
+    seed_dir: Path
+    heldout: list[Task]
+    say: Say
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
 
-    positions = json.loads((warm_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
-    launch = VllmLaunch(
-        model=warm_dir, served_model_name=name, port=port, max_model_len=min(int(positions), 2048)
+async def _start_stack(
+    seed: _Seed, policies: roles.RolePolicies | None, data_dir: Path, trainer_dir: Path
+) -> tuple[EmbeddedStack, dict[str, Any] | None, EngineProcess | None, VllmServer | None]:
+    """The embedded stack on the warm start, with the engines beside it (the fixed roles' engine, vLLM),
+    started; with the adapters' settings when the agent's roles train as LoRA adapters."""
+    cfg, agent, warm_dir, seed_dir, say = seed.cfg, seed.agent, seed.warm_dir, seed.seed_dir, seed.say
+    # One event-log directory per process (chdb's rule): every seed of this run records into it.
+    settings = stack_settings(cfg, data_dir, trainer_dir, agent)
+    lora: dict[str, Any] | None = None
+    if policies is not None:  # adapters over the frozen warm start, at the rate the command line gave
+        settings, lora = roles.with_adapters(settings, policies, cfg.learning_rate)
+    fixed = await start_fixed_engine(agent, cfg, warm_dir, seed_dir, say)
+    if fixed is not None:
+        routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
+        settings = settings.replace(gateway_model_routes=routes)
+    rollouts: dict[str, Any] = {}
+    if cfg.source == "rollouts":
+        rollouts = {
+            "tasks": agent.rl_tasks(seed.warm_cfg),
+            "agent": agent.ref,
+            "group_size": cfg.group_size,
+            "curriculum_revisit": cfg.curriculum,
+        }
+    vllm = await start_vllm(cfg, warm_dir, seed_dir, settings.model, say) if cfg.engine == "vllm" else None
+    stack = EmbeddedStack(settings, model_dir=warm_dir, vllm_url=vllm.url if vllm else None, **rollouts)
+    try:
+        await stack.start()
+    except BaseException:
+        await stop_engines(fixed, vllm)
+        raise
+    return stack, lora, fixed, vllm
+
+
+async def _recorded_episodes(
+    cfg: DemoConfig, data_dir: Path, say: Say
+) -> tuple[replaying.RecordedRun | None, replaying.LoadedEpisodes]:
+    """``--source replay``: the recorded run and its episodes, loaded into this run's event log."""
+    if cfg.source != "replay":
+        return None, replaying.LoadedEpisodes([])
+    if cfg.replay_from is None:
+        raise replaying.RecordedRunError("--source replay needs --from <a recorded demo run's --out>")
+    recorded = replaying.recorded_run(cfg.replay_from, cfg.seed)
+    say(f"[seed {cfg.seed}] reading the recorded run's episodes from {recorded.chdb}")
+    return recorded, await asyncio.to_thread(replaying.load_episodes, recorded, data_dir)
+
+
+def _role_policies(cfg: DemoConfig, agent: DemoAgent) -> roles.RolePolicies | None:
+    if cfg.agent != "calc" and (cfg.source != "rollouts" or cfg.optimize is not None):
+        # production users, replayed runs and the prompt stage are written for the calculator's tasks
+        raise ValueError(f"agent {cfg.agent!r} runs with source 'rollouts' only, without a prompt stage")
+    policies = roles.role_policies(agent, cfg.policies) if cfg.policies else None
+    if policies is not None and (cfg.baseline or cfg.engine != "embedded"):
+        # the SFT-only baseline replaces the whole model; vLLM would need LoRA enabled at its launch
+        raise roles.RolePoliciesError("--policies runs on the embedded engine, without --baseline")
+    return policies
+
+
+async def _rl_phase(
+    stack: EmbeddedStack,
+    seed: _Seed,
+    monitor: TrainingMonitor,
+    key: str,
+    recorded: replaying.RecordedRun | None,
+    loaded: replaying.LoadedEpisodes,
+) -> dict[str, Any]:
+    """RL from the configured source: production users, a recorded run, or requested rollouts."""
+    cfg = seed.cfg
+    assert stack.bus is not None
+    if cfg.source == "production":
+        return await production.production_phase(
+            stack,
+            key,
+            seed=cfg.seed,
+            users=cfg.users,
+            mistake_rate=cfg.user_mistake_rate,
+            rl_seconds=cfg.rl_seconds,
+            max_steps=cfg.max_steps,
+            say=seed.say,
+        )
+    if recorded is None:
+        return await _rollouts_phase(stack, cfg)
+    # validation tasks: the next held-out tasks after the report's (disjoint from them)
+    n_val = cfg.validation_tasks or max(1, cfg.eval_tasks // 2)
+    validation = seed.agent.heldout(seed.warm_cfg, cfg.eval_tasks + n_val)[cfg.eval_tasks :]
+    bus = stack.bus
+    return await replaying.replay_phase(
+        stack,
+        recorded,
+        loaded,
+        rl_seconds=cfg.rl_seconds,
+        max_steps=cfg.max_steps,
+        say=seed.say,
+        steps_seen=lambda: [p.metrics for p in monitor.points],
+        batch_groups=cfg.batch_groups,
+        validate=lambda: evaluate(bus, validation, seed.agent.ref),
+        warm_weights=seed.warm_dir,
+        work_dir=seed.seed_dir / "replay",
+        options=cfg.replay,
     )
-    say(f"[seed {cfg.seed}] starting vLLM on the warm start (log {seed_dir / 'vllm.log'})")
-    await asyncio.to_thread(seed_dir.mkdir, parents=True, exist_ok=True)
-    server = await asyncio.to_thread(VllmServer.start, launch, log_path=seed_dir / "vllm.log")
-    say(f"[seed {cfg.seed}] vLLM serving at {server.url}")
-    return server
 
 
-async def _fixed_models(
-    agent: DemoAgent, cfg: DemoConfig, warm_dir: Path, seed_dir: Path, say: Say
-) -> EngineProcess | None:
-    """A second engine serving the warm start, frozen, for the agent's fixed roles (None: it has none).
-    The gateway routes those roles' model names to it; the trainer's weight updates never reach it."""
-    if not agent.fixed_models:
-        return None
-    if not cfg.engine_process:
-        raise ValueError(f"the {agent.name} demo's fixed roles need engine_process (their own engine)")
-    await asyncio.to_thread(seed_dir.mkdir, parents=True, exist_ok=True)
-    fixed = await EngineProcess.start(
-        warm_dir,
-        log_path=seed_dir / "fixed-engine.log",
-        model_name=agent.fixed_models[0],
-        max_num_seqs=max(64, cfg.batch_groups * cfg.group_size),
-        threads=cfg.threads or None,
+async def _sft_baseline(
+    stack: EmbeddedStack, seed: _Seed, rl_seconds: float, by_model: bool
+) -> tuple[EvalResult | None, int]:
+    """``--baseline``: SFT alone from the warm start for as long as RL ran, served and evaluated; with
+    the SFT steps it took (None, 0 without it)."""
+    cfg, say = seed.cfg, seed.say
+    if not cfg.baseline:
+        return None, 0
+    assert stack.bus is not None
+    seconds = rl_seconds if cfg.baseline_seconds is None else cfg.baseline_seconds
+    say(f"[seed {cfg.seed}] SFT-only baseline: {seconds:.0f}s of SFT from the warm start")
+    base_dir, steps = await asyncio.to_thread(
+        sft_only_baseline,
+        seed.warm_cfg,
+        seed.warm_dir,
+        seed.seed_dir / "sft_only_baseline",
+        seconds,
+        say,
+        seed.agent,
     )
-    say(f"[seed {cfg.seed}] fixed roles {', '.join(agent.fixed_models)}: the warm start at {fixed.url}")
-    return fixed
+    await serve_weights(stack, base_dir)
+    baseline = await evaluate(stack.bus, seed.heldout, seed.agent.ref, by_model=by_model)
+    say(f"[seed {cfg.seed}] SFT-only baseline: {_fmt(baseline)}")
+    return baseline, steps
+
+
+def _trainer_figures(stack: EmbeddedStack, monitor: TrainingMonitor, *, adapters: bool) -> dict[str, Any]:
+    trainer = stack.trainer
+    assert trainer is not None
+    return {
+        # with adapters a point is one adapter's update; a step may update several
+        "rl_steps": trainer.step if adapters else len(monitor.points),
+        "rl_batches_without_signal": trainer.batches_without_signal,
+        "rl_groups_received": len(trainer.intake.consumed),
+        "trainer_samples": trainer.status().samples,
+        "trainer_skipped": dict(trainer.intake.skipped),
+        "trainer_stale_dropped": replaying.stale_counts(trainer),
+    }
 
 
 async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, Any]:
@@ -370,24 +392,6 @@ async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, An
     await stack.stop_training()
     rl_seconds = time.perf_counter() - t_rl
     return {"rl_seconds": rl_seconds, "rollouts_cancelled": stack.cancel_rollouts()}
-
-
-async def _serve(stack: EmbeddedStack, model_dir: Path) -> None:
-    """Serve ``model_dir``'s weights as the next version, through the weight-update protocol."""
-    import torch
-    from safetensors.torch import load_file
-
-    from trainer.weights import WeightUpdate
-
-    assert stack.trainer is not None
-    state: dict[str, torch.Tensor] = load_file(str(model_dir / "model.safetensors"))
-    if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    version = stack.trainer.weights.serving_version + 1
-    # The state for an in-process engine, the directory for one behind HTTP (``engine_process``).
-    result = await stack.trainer.weights.update(WeightUpdate(version, lambda: state, model_dir))
-    if not result.activated:
-        raise RuntimeError(f"could not serve the SFT-only baseline (version {version})")
 
 
 def _fmt(r: EvalResult) -> str:
