@@ -4,14 +4,25 @@ Both doors read a body here: :class:`gateway.app.HotCalls` (the LLM calls, strai
 and :class:`BodyLimit` (the middleware in front of every other route of the gateway and of
 ``flywheel agl-server``). A body over the limit is a 413, by its Content-Length or counted while a
 chunked body comes in; a client that hangs up first raises :class:`Disconnected` (nothing to answer).
+:func:`parse_json` reads a body as JSON within ``gateway.limits`` (the routes' calls), and
+:func:`check_json_body` holds a body to the same limits at the door.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, PayloadTooLargeError
-from gateway.limits import check_json_bytes
+from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
+from gateway.limits import (
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    check_int_range,
+    check_json,
+    too_deep_for_parser,
+)
 
 
 class Disconnected(Exception):
@@ -43,6 +54,37 @@ async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+def parse_json(raw: bytes) -> Any:
+    """The body as JSON; malformed JSON is a 400 in OpenAI's format, and so is JSON that nests deeper
+    than ``gateway.limits.MAX_JSON_DEPTH`` (a container too large is a 413)."""
+    if not raw.strip():
+        raise InvalidRequestError("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if too_deep_for_parser(exc):
+            raise InvalidRequestError(
+                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
+            ) from exc
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if isinstance(data, dict | list):
+        check_json(data, raw)
+    return data
+
+
+def check_json_body(raw: bytes) -> None:
+    """The limits of ``gateway.limits`` (depth, members, integer range) on a body not parsed yet, at
+    the door; a body that is not JSON is left to its route."""
+    check_int_range(raw)
+    if raw.count(b"[") + raw.count(b"{") < MAX_JSON_DEPTH and raw.count(b",") < MAX_JSON_ITEMS:
+        return
+    try:
+        parse_json(raw)
+    except InvalidRequestError as exc:
+        if exc.code == "json_too_deep":
+            raise
+
+
 def declared_length(scope: Scope) -> int:
     """The request's Content-Length, 0 when absent or unreadable (the body is then counted as it comes)."""
     for name, value in scope.get("headers", ()):
@@ -72,7 +114,7 @@ class BodyLimit:
             return
         try:
             body = await read_body(scope, receive, self.max_bytes)
-            check_json_bytes(body)
+            check_json_body(body)
         except Disconnected:
             return
         except GatewayError as exc:

@@ -82,24 +82,6 @@ def too_deep_for_parser(exc: orjson.JSONDecodeError) -> bool:
     return "depth limit" in message or "recursion" in message
 
 
-def check_json_bytes(raw: bytes) -> None:
-    """:func:`check_json` and :func:`check_int_range` on a body not parsed yet; a body that is not
-    JSON is left to its route."""
-    check_int_range(raw)
-    if raw.count(b"[") + raw.count(b"{") < MAX_JSON_DEPTH and raw.count(b",") < MAX_JSON_ITEMS:
-        return
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if too_deep_for_parser(exc):
-            raise InvalidRequestError(
-                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
-            ) from exc
-        return
-    if isinstance(data, dict | list):
-        check_json(data, raw)
-
-
 def check_int_range(raw: bytes) -> None:
     """Refuse a JSON body holding an integer that orjson cannot write (see the module's notes)."""
     if _LONG_DIGITS.search(raw) is None:

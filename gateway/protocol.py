@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from gateway.errors import InvalidRequestError, ValidationFailedError
-from gateway.limits import MAX_JSON_DEPTH, check_json, too_deep_for_parser
+from gateway.errors import ValidationFailedError
 
 M = TypeVar("M", bound=BaseModel)
 # Integers the gateway's own routes take stay in a signed 64-bit range: the JSON encoder (orjson)
@@ -130,24 +128,6 @@ class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: int | None = Field(default=None, ge=0, le=MAX_INT)
-
-
-def parse_json(raw: bytes) -> Any:
-    """The body as JSON; malformed JSON is a 400 in OpenAI's format, and so is JSON that nests deeper
-    than ``gateway.limits.MAX_JSON_DEPTH`` (a container too large is a 413)."""
-    if not raw.strip():
-        raise InvalidRequestError("request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if too_deep_for_parser(exc):
-            raise InvalidRequestError(
-                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep"
-            ) from exc
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if isinstance(data, dict | list):
-        check_json(data, raw)
-    return data
 
 
 def validate(model: type[M], data: Any) -> M:

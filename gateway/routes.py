@@ -10,6 +10,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.body import parse_json
 from gateway.episodes.registry import EpisodeState
 from gateway.errors import AuthenticationError, GatewayError, ServiceUnavailableError, ValidationFailedError
 from gateway.protocol import (
@@ -23,7 +24,6 @@ from gateway.protocol import (
     ResumeRequest,
     RewardRequest,
     openapi_body,
-    parse_json,
     validate,
 )
 from gateway.protocols.anthropic import MessagesExchange, MessagesRequest
