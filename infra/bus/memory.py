@@ -45,9 +45,7 @@ from infra.bus.memory_group import IN_CONSUMER, Bad, Group, Item, Member, Partit
 from infra.bus.partitioner import partition_for
 from schemas import DEADLETTER, AnyEvent, DeadLetter, EventDecodeError, decode, key_for, spec_for
 
-MemorySubscription = Consumer
-
-__all__ = ["MemoryBus", "MemorySubscription"]
+__all__ = ["MemoryBus"]
 
 
 class MemoryBus:
@@ -228,7 +226,7 @@ class MemoryBus:
         *,
         from_beginning: bool = True,
         max_retries: int = 2,
-    ) -> MemorySubscription:
+    ) -> Consumer:
         return self._join(topic, group, Subscriber(handler, None, from_beginning, max_retries))
 
     async def subscribe_batch(
@@ -241,7 +239,7 @@ class MemoryBus:
         max_wait_s: float = 0.2,
         from_beginning: bool = True,
         max_retries: int = 2,
-    ) -> MemorySubscription:
+    ) -> Consumer:
         return self._join(
             topic, group, Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s)
         )
