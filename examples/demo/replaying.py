@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from examples.demo.checkpoints import Checkpoint, Validation, choose, serve
 from examples.demo.ledger import summary
 from flywheel.replay import ReplayFilter, ReplayReport, completion_order, has_signal, plan_replay
 from infra.eventlog.models import EpisodeFilter
@@ -192,37 +193,6 @@ def plan_steps(
     return ReplayPlan(steps, len(groups), sum(1 for g in groups if has_signal(g)))
 
 
-# ----------------------------------------------------------------------- checkpoints
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One validation evaluation during the replay, and the weights it evaluated."""
-
-    step: int
-    version: int
-    groups_replayed: int
-    success: float
-    calls_per_episode: float
-    seconds: float
-    weights: Path  # what the engine loads: the warm start's directory, or the trainer's export
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "version": self.version,
-            "groups_replayed": self.groups_replayed,
-            "success": round(self.success, 4),
-            "calls_per_episode": round(self.calls_per_episode, 4),
-            "seconds": round(self.seconds, 1),
-        }
-
-
-def choose(points: list[Checkpoint]) -> Checkpoint:
-    """The checkpoint with the best validation success; the later one on a tie (more data seen)."""
-    return max(reversed(points), key=lambda p: p.success)
-
-
 def _taken(trainer: TrainerService, paced: bool, done_before: int, run_id: str, sent_groups: int) -> bool:
     """Paced: the step's batch was taken (trained, or skipped without signal). Unpaced: every group was."""
     if paced:
@@ -230,36 +200,6 @@ def _taken(trainer: TrainerService, paced: bool, done_before: int, run_id: str, 
     consumed = sum(1 for g in trainer.intake.consumed if g.startswith(f"r{run_id}-"))
     status = trainer.status()
     return consumed >= sent_groups and status.ready_groups == 0 and status.pending_groups == 0
-
-
-async def _served(trainer: TrainerService, timeout_s: float = 120.0) -> None:
-    """Wait until the engine serves the trainer's newest version (the async update runs after a step)."""
-    # The trainer exposes no "version served" event to the demo: poll (cheap) under a deadline.
-    deadline = time.perf_counter() + timeout_s
-    while time.perf_counter() < deadline:
-        if trainer.weights.serving_version >= trainer.backend.version:
-            return
-        await asyncio.sleep(0.1)
-
-
-async def serve(trainer: TrainerService, weights: Path) -> int:
-    """Serve ``weights`` as the next version through the weight-update protocol; returns the version."""
-    import torch
-    from safetensors.torch import load_file
-
-    from trainer.weights import WeightUpdate
-
-    def read() -> dict[str, torch.Tensor]:  # a model directory (the warm start) or the trainer's export
-        return load_file(str(weights / "model.safetensors" if weights.is_dir() else weights))
-
-    state = await asyncio.to_thread(read)
-    if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    version = trainer.weights.serving_version + 1
-    result = await trainer.weights.update(WeightUpdate(version, lambda: state, weights))
-    if not result.activated:
-        raise RuntimeError(f"could not serve the chosen replay checkpoint {weights} (version {version})")
-    return version
 
 
 # ----------------------------------------------------------------------------- the phase
@@ -317,33 +257,8 @@ async def replay_phase(
         f"{report.flat_groups} with one reward for all) in {len(steps)} steps, order {opts.order}"
     )
     t0 = time.perf_counter()
-    points: list[Checkpoint] = []
-
-    async def checkpoint(step: int, groups_replayed: int) -> None:
-        await _served(trainer)
-        version = trainer.backend.version
-        weights = warm_weights
-        if version > 0:
-            weights = await asyncio.to_thread(trainer.backend.export_weights, work_dir / f"v{version:06d}")
-        result = await validate()
-        points.append(
-            Checkpoint(
-                step,
-                version,
-                groups_replayed,
-                result.success,
-                result.calls_per_episode,
-                result.seconds,
-                weights,
-            )
-        )
-        say(
-            f"[seed {run.seed}] validation at step {step} (version {version}, {groups_replayed} groups): "
-            f"success {100 * result.success:.1f}%, {result.calls_per_episode:.2f} calls"
-        )
-
-    sent_transitions = 0
-    sent_groups = 0
+    validation = Validation(trainer, validate, warm_weights, work_dir, say, run.seed)
+    points, checkpoint = validation.points, validation.take
     too_little = plan.signal_groups < opts.min_signal_groups
     if too_little:
         say(
@@ -357,39 +272,11 @@ async def replay_phase(
     # Started only with something to train: a trainer loop stopped before it first ran would clear the
     # stop request when it starts (``TrainerService.run``) and never return.
     training = stack.start_training(None) if steps else None
-    timed_out = False
     units = steps if opts.paced else [[g for step in steps for g in step]]
-    for index, step in enumerate(units, start=1):
-        done_before = trainer.step + trainer.batches_without_signal
-        for members in step:
-            for event in members:
-                await stack.bus.publish(TRANSITIONS, event)
-                report.sent += 1
-                sent_transitions += len(event.transitions)
-        sent_groups += len(step)
-
-        # The trainer exposes no "batch taken" event: poll its counters (cheap) under a deadline.
-        deadline = time.perf_counter() + opts.step_timeout_s * (1 if opts.paced else len(steps))
-        while (
-            training is not None
-            and not _taken(trainer, opts.paced, done_before, report.run_id, sent_groups)
-            and not training.done()
-        ):
-            if time.perf_counter() > deadline or time.perf_counter() - t0 - eval_s > rl_seconds:
-                timed_out = True
-                break
-            await asyncio.sleep(0.02)
-        if timed_out or training is None or training.done():
-            say(
-                f"[seed {run.seed}] replay stopped at step {index} of {len(units)}: budget spent or trainer stuck"
-            )
-            break
-        if index in eval_after:
-            await checkpoint(trainer.step, sent_groups)
-            eval_s += points[-1].seconds
-        if time.perf_counter() - t0 - eval_s > rl_seconds:
-            say(f"[seed {run.seed}] replay budget of {rl_seconds:.0f}s spent at step {index} of {len(steps)}")
-            break
+    sent_groups, sent_transitions, eval_s = await _send_steps(
+        stack, units, validation, report, training, opts, eval_after, n_steps=len(steps),
+        started=t0, eval_s=eval_s, rl_seconds=rl_seconds,
+    )  # fmt: skip
     if training is not None:
         await stack.stop_training()
     if steps and (not points or points[-1].step != trainer.step):
@@ -403,20 +290,39 @@ async def replay_phase(
             f"({100 * best.success:.1f}%) rather than the last ({100 * points[-1].success:.1f}%)"
         )
     seconds = time.perf_counter() - t0
-    stale = stale_counts(trainer)
-    seen = steps_seen()
     report.groups = plan.groups
+    replayed = {
+        **report.as_dict(),
+        "from": str(run.root),
+        "order": opts.order,
+        "signal_groups": plan.signal_groups,
+        "too_little_signal": too_little,
+        "steps_planned": len(steps),
+        "groups_sent": sent_groups,
+        "transitions_sent": sent_transitions,
+    }
     return {
         "rl_seconds": seconds,
+        **_phase_figures(run, replayed, points, best, served, stale_counts(trainer), steps_seen(), eval_s),
+    }
+
+
+def _phase_figures(
+    run: RecordedRun,
+    replayed: dict[str, Any],
+    points: list[Checkpoint],
+    best: Checkpoint,
+    served: int,
+    stale: dict[str, int],
+    seen: list[dict[str, float]],
+    eval_s: float,
+) -> dict[str, Any]:
+    """The replay phase's report: what was sent and trained, the checkpoints and the one served, the
+    importance weights, what went stale, and the recorded run's own figures."""
+    sent_transitions = replayed["transitions_sent"]
+    return {
         "replay": {
-            **report.as_dict(),
-            "from": str(run.root),
-            "order": opts.order,
-            "signal_groups": plan.signal_groups,
-            "too_little_signal": too_little,
-            "steps_planned": len(steps),
-            "groups_sent": sent_groups,
-            "transitions_sent": sent_transitions,
+            **replayed,
             "transitions_trained": int(sum(m.get("transitions", 0.0) for m in seen)),
             "replay_episodes_trained": int(sum(m.get("replay_episodes", 0.0) for m in seen)),
             "validation_seconds": round(eval_s, 1),
@@ -437,3 +343,60 @@ async def replay_phase(
             key: run.report.get(key) for key in ("before", "after", "delta", "rl_steps", "rl_seconds")
         },
     }
+
+
+async def _send_steps(
+    stack: EmbeddedStack,
+    units: list[list[list[EpisodeScored]]],
+    validation: Validation,
+    report: ReplayReport,
+    training: asyncio.Task[Any] | None,
+    opts: ReplayOptions,
+    eval_after: set[int],
+    *,
+    n_steps: int,
+    started: float,
+    eval_s: float,
+    rl_seconds: float,
+) -> tuple[int, int, float]:
+    """Publish the replay unit by unit (a recorded step, or everything when unpaced), each once the
+    trainer took the one before, validating at the ``eval_after`` steps, until the budget is spent;
+    returns the groups and transitions sent and the seconds spent validating."""
+    assert stack.bus is not None
+    trainer = validation.trainer
+    sent_transitions = sent_groups = 0
+    timed_out = False
+    for index, step in enumerate(units, start=1):
+        done_before = trainer.step + trainer.batches_without_signal
+        for members in step:
+            for event in members:
+                await stack.bus.publish(TRANSITIONS, event)
+                report.sent += 1
+                sent_transitions += len(event.transitions)
+        sent_groups += len(step)
+
+        # The trainer exposes no "batch taken" event: poll its counters (cheap) under a deadline.
+        deadline = time.perf_counter() + opts.step_timeout_s * (1 if opts.paced else n_steps)
+        while (
+            training is not None
+            and not _taken(trainer, opts.paced, done_before, report.run_id, sent_groups)
+            and not training.done()
+        ):
+            if time.perf_counter() > deadline or time.perf_counter() - started - eval_s > rl_seconds:
+                timed_out = True
+                break
+            await asyncio.sleep(0.02)
+        if timed_out or training is None or training.done():
+            validation.say(
+                f"[seed {validation.seed}] replay stopped at step {index} of {len(units)}: budget spent or trainer stuck"
+            )
+            break
+        if index in eval_after:
+            await validation.take(trainer.step, sent_groups)
+            eval_s += validation.points[-1].seconds
+        if time.perf_counter() - started - eval_s > rl_seconds:
+            validation.say(
+                f"[seed {validation.seed}] replay budget of {rl_seconds:.0f}s spent at step {index} of {n_steps}"
+            )
+            break
+    return sent_groups, sent_transitions, eval_s

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.demo.replaying import Checkpoint, choose, plan_steps
+from examples.demo.checkpoints import Checkpoint, choose
+from examples.demo.replaying import plan_steps
 from flywheel.replay import ReplayReport, plan_replay
 from trainer.batching import build_batch
 from trainer.config import AlgorithmConfig
