@@ -21,8 +21,11 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import ValidationError
 
+from flywheel.ops.admin import AdminClient, AdminError
+from infra.eventlog.lock import chdb_holder
 from infra.settings import DEV_ADMIN_TOKEN, FlywheelSettings
 from schemas import TOPICS
 
@@ -143,8 +146,6 @@ def check_data_dir(settings: FlywheelSettings) -> Check:
 async def check_kafka(settings: FlywheelSettings, timeout_s: float = 5.0) -> Check:
     if settings.bus != "kafka":
         return Check("kafka", "ok", "in-process bus (FLYWHEEL_BUS=memory): no broker needed")
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=int(timeout_s * 1000)
     )
@@ -208,8 +209,6 @@ async def check_clickhouse(settings: FlywheelSettings, timeout_s: float = 5.0) -
 
 
 def _check_chdb(path: Path) -> Check:
-    from infra.eventlog.lock import chdb_holder
-
     holder = chdb_holder(path.resolve())
     if holder is not None:
         return Check(
@@ -261,8 +260,6 @@ async def check_upstreams(urls: Sequence[str], timeout_s: float = 5.0) -> list[C
 
 
 async def check_admin(url: str, token: str, timeout_s: float = 5.0) -> Check:
-    from flywheel.ops.admin import AdminClient, AdminError
-
     try:
         state = await AdminClient(url, token, timeout_s=timeout_s).get("/admin/state")
     except AdminError as exc:

@@ -15,6 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.admin import (
+    DescribeGroupsRequest,
+    DescribeGroupsRequest_v3,
+    DescribeGroupsResponse_v3,
+)
+
 from infra.bus.base import Bus, BusError, Message
 from schemas import (
     CONTROL,
@@ -130,6 +137,17 @@ async def topic_lags(
     return out
 
 
+class _DescribeGroupsV3(DescribeGroupsRequest_v3):  # type: ignore[misc]
+    RESPONSE_TYPE = DescribeGroupsResponse_v3
+
+
+class _DescribeGroups(DescribeGroupsRequest):  # type: ignore[misc]
+    def build(self, request_struct_class: Any) -> Any:
+        if request_struct_class.API_VERSION == 3:
+            request_struct_class = _DescribeGroupsV3
+        return super().build(request_struct_class)
+
+
 def _describe_groups_request(groups: list[str]) -> Any:
     """A DescribeGroups request that decodes on Kafka 4.x.
 
@@ -137,30 +155,13 @@ def _describe_groups_request(groups: list[str]) -> Any:
     (which adds ``authorized_operations``) fails to decode ("Buffer underrun"); this pairs v3 with
     the v3 response.
     """
-    from aiokafka.protocol.admin import (
-        DescribeGroupsRequest,
-        DescribeGroupsRequest_v3,
-        DescribeGroupsResponse_v3,
-    )
-
-    class _V3(DescribeGroupsRequest_v3):  # type: ignore[misc]
-        RESPONSE_TYPE = DescribeGroupsResponse_v3
-
-    class _Request(DescribeGroupsRequest):  # type: ignore[misc]
-        def build(self, request_struct_class: Any) -> Any:
-            if request_struct_class.API_VERSION == 3:
-                request_struct_class = _V3
-            return super().build(request_struct_class)
-
-    return _Request(groups)
+    return _DescribeGroups(groups)
 
 
 async def kafka_group_members(
     bootstrap: str, prefix: str, groups: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
     """``{group: {"state": ..., "members": n}}`` from Kafka's group coordinator."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     await admin.start()
     out: dict[str, dict[str, Any]] = {}

@@ -12,6 +12,7 @@ import asyncio
 from fastapi import FastAPI
 
 from infra.bus.base import Bus
+from infra.eventlog.api import create_eventlog_router
 from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
 from infra.eventlog.store import EventStore, open_store
@@ -35,8 +36,6 @@ class RecorderProcess:
             await asyncio.to_thread(self.store.close)
 
     def api(self, admin_token: str) -> FastAPI:
-        from infra.eventlog.api import create_eventlog_router
-
         app = FastAPI(title="Flywheel recorder")
         app.include_router(create_eventlog_router(self.store, admin_token))
         stats = self.recorder.stats
