@@ -45,13 +45,11 @@ def _config(*args: str) -> dict[str, Any]:
 
 
 def _cli_commands() -> set[str]:
-    """Top-level commands (and groups) of the `flywheel` CLI, as a user would see them in --help."""
-    import typer.main
+    """Top-level commands (and groups) of the `flywheel` CLI, as a user would see them in --help: each
+    one named in the CLI's table and registered by the module the table names."""
+    from flywheel.cli.main import COMMANDS, load_command
 
-    from flywheel.cli.main import app
-
-    group = typer.main.get_command(app)
-    return set(getattr(group, "commands", {}))
+    return {name for name in COMMANDS if load_command(name).name == name}
 
 
 def _named_volume_target(mount: object) -> str | None:
