@@ -15,7 +15,7 @@ from infra.engine.core import (
 )
 from infra.engine.runner import UnsupportedModelError
 from infra.engine.sampling import InvalidRequestError, SamplingParams
-from infra.engine.weights import WeightLoadError
+from infra.engine.weight_loading import WeightLoadError
 
 __all__ = [
     "ChoiceResult",

@@ -6,7 +6,7 @@ bad input → 400, a failed weight load → 400 (old weights keep serving), anyt
 
 Dev endpoints (as vLLM's with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep``,
 ``POST /resume``, ``GET /is_paused``; plus ``POST /load_weights {"path", "version"}``, ``POST /load_adapter
-{"name", "path", "version"}`` (a LoRA adapter served as model ``name``: infra/engine/lora.py), ``GET /health``,
+{"name", "path", "version"}`` (a LoRA adapter served as model ``name``: infra/engine/adapters.py), ``GET /health``,
 ``GET /version``. With ``admin_token`` set, pause/resume/load_weights need ``Authorization: Bearer``.
 """
 
@@ -29,7 +29,7 @@ from infra.engine.protocol import (
 )
 from infra.engine.sampling import InvalidRequestError
 from infra.engine.serving import EngineServing
-from infra.engine.weights import WeightLoadError
+from infra.engine.weight_loading import WeightLoadError
 from infra.http import HttpError, bearer_token, error_response, token_matches, validation_message
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -62,43 +62,7 @@ def create_engine_app(
                 "admin token required", status_code=401, error_type="AuthenticationError", code=401
             )
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return _error(413, f"request body larger than {MAX_BODY_BYTES} bytes", "BadRequestError")
-        response: Response = await call_next(request)
-        return response
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            detail = errors[0].get("ctx", {}).get("error", errors[0].get("msg"))
-            return _error(400, f"request body is not valid JSON: {detail}", "BadRequestError")
-        message, param = validation_message(errors)
-        return _error(400, message, "BadRequestError", param)
-
-    @app.exception_handler(InvalidRequestError)
-    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return _error(400, str(exc), "BadRequestError")
-
-    @app.exception_handler(WeightLoadError)
-    async def _weights(_: Request, exc: WeightLoadError) -> JSONResponse:
-        message = f"{exc}; still serving weight version {engine.weight_version}"
-        return _error(400, message, "WeightLoadError")
-
-    @app.exception_handler(HttpError)
-    async def _http(_: Request, exc: HttpError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(EngineStepError)
-    async def _engine(_: Request, exc: EngineStepError) -> JSONResponse:
-        return _error(500, str(exc), "InternalServerError")
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")
+    _handle_errors(app, engine)
 
     def _respond(result: dict[str, Any] | Any) -> Response:
         if isinstance(result, dict):
@@ -165,3 +129,45 @@ def create_engine_app(
         return {"version": _package_version(), "weight_version": engine.weight_version}
 
     return app
+
+
+def _handle_errors(app: FastAPI, engine: InferenceEngine) -> None:
+    """The body-size limit and one handler per error: each becomes an OpenAI-format error body."""
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return _error(413, f"request body larger than {MAX_BODY_BYTES} bytes", "BadRequestError")
+        response: Response = await call_next(request)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            detail = errors[0].get("ctx", {}).get("error", errors[0].get("msg"))
+            return _error(400, f"request body is not valid JSON: {detail}", "BadRequestError")
+        message, param = validation_message(errors)
+        return _error(400, message, "BadRequestError", param)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(400, str(exc), "BadRequestError")
+
+    @app.exception_handler(WeightLoadError)
+    async def _weights(_: Request, exc: WeightLoadError) -> JSONResponse:
+        message = f"{exc}; still serving weight version {engine.weight_version}"
+        return _error(400, message, "WeightLoadError")
+
+    @app.exception_handler(HttpError)
+    async def _http(_: Request, exc: HttpError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(EngineStepError)
+    async def _engine(_: Request, exc: EngineStepError) -> JSONResponse:
+        return _error(500, str(exc), "InternalServerError")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "InternalServerError")

@@ -25,7 +25,7 @@ class Request:
     max_tokens: int
     queue: asyncio.Queue[RequestUpdate | BaseException | None]
     forced: list[int] | None = None  # forcing.py: tokens to emit instead of sampling (tests only)
-    adapter: str | None = None  # the LoRA adapter that serves it (lora.py); None: the base
+    adapter: str | None = None  # the LoRA adapter that serves it (adapters.py); None: the base
     # sequences not done; no list of them: each Seq points back here, and a cycle waits for the GC
     unfinished: int = 0
     cancelled: bool = False

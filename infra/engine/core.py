@@ -17,7 +17,7 @@ Errors::
 
     EngineError
     ├── InvalidRequestError   (sampling.py; bad parameters or prompt; HTTP 400)
-    ├── WeightLoadError       (weights.py; old weights keep serving)
+    ├── WeightLoadError       (weight_loading.py; old weights keep serving)
     ├── UnsupportedModelError (runner.py; raised at load)
     └── EngineStepError       (a model step failed; its requests fail, the engine keeps running)
 """
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from infra.engine.adapters import Adapter, check_adapter, read_adapter
 from infra.engine.batch import BatchStepper, Request, Seq
 from infra.engine.forcing import ForcedOutput
-from infra.engine.lora import Adapter, check_adapter, read_adapter
 from infra.engine.outputs import (
     ChoiceResult,
     EngineStepError,
@@ -49,9 +49,9 @@ from infra.engine.outputs import (
     RequestUpdate,
     TokenEvent,
 )
-from infra.engine.runner import KVRunner
+from infra.engine.runner import KVRunner, model_eos_ids
 from infra.engine.sampling import InvalidRequestError, SamplingParams
-from infra.engine.weights import WeightLoadError, apply_state_dict, check_state_dict, read_state_dict
+from infra.engine.weight_loading import WeightLoadError, apply_state_dict, check_state_dict, read_state_dict
 
 __all__ = [
     "ChoiceResult",
@@ -88,7 +88,7 @@ class InferenceEngine(BatchStepper):
         self.max_model_len = self.runner.max_model_len
         self.max_num_seqs = max_num_seqs
         self.eos_token_ids = frozenset(
-            eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)
+            eos_token_ids if eos_token_ids is not None else model_eos_ids(model, tokenizer)
         )
         self._version = weight_version
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-engine")
@@ -114,17 +114,18 @@ class InferenceEngine(BatchStepper):
         **kwargs: Any,
     ) -> InferenceEngine:
         """Load a Hugging Face causal LM and its tokenizer from a local directory."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
+        # here, not at the top: transformers takes ~1.5 s to import, and the processes that
+        # import this package only to launch an engine (process.py, vllm_server.py) never load a model
+        import transformers
 
         if threads is not None:
             torch.set_num_threads(threads)
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         local = Path(path)
         if not (local / "config.json").is_file():
             raise FileNotFoundError(f"{local} is not a Hugging Face model directory (no config.json)")
-        tokenizer = AutoTokenizer.from_pretrained(local)
-        model = AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(local)
+        model = transformers.AutoModelForCausalLM.from_pretrained(local, dtype=dtype)
         return cls(model, tokenizer, model_name=model_name or local.name, **kwargs)
 
     # ------------------------------------------------------------------------------ public API
@@ -261,7 +262,7 @@ class InferenceEngine(BatchStepper):
     # ------------------------------------------------------------------------------ adapters
     @property
     def adapters(self) -> dict[str, int]:
-        """The LoRA adapters served (lora.py): name → version."""
+        """The LoRA adapters served (adapters.py): name → version."""
         return {name: a.version for name, a in self.runner.adapters.items()}
 
     def adapter_for(self, model: str | None) -> str | None:
@@ -439,19 +440,3 @@ class InferenceEngine(BatchStepper):
             req.queue.put_nowait(update)
             if req.unfinished == 0:
                 req.queue.put_nowait(None)
-
-
-def _eos_ids(model: nn.Module, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    generation_config = getattr(model, "generation_config", None)
-    for source in (
-        getattr(generation_config, "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-    ):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, list | tuple):
-            ids.update(int(i) for i in source)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids

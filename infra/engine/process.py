@@ -2,9 +2,9 @@
 
 Why a process: the engine's decode loop is hundreds of small torch calls per step, and each one
 re-acquires the GIL. In the stack's process the event loop (agents, gateway, bus, reward service) holds
-the GIL most of the time, so every decode step waited on it: measured on 2 cores, a step of 24
-sequences took 8 ms alone and 33 ms beside a loop busy 80% of the time. In its own process the engine
-has its own interpreter, which is also how a real deployment runs vLLM next to the gateway.
+the GIL most of the time, so every decode step waited on it (measured: 8 ms alone, 33 ms beside a busy
+loop; docs/results/tuning.md). In its own process the engine has its own interpreter, which is also how
+a real deployment runs vLLM next to the gateway.
 
 The gateway reaches it over loopback HTTP, the trainer loads weights through ``POST /load_weights``
 with a checkpoint path (``trainer.weights.HttpSink``): the same protocol as for a server on another host.

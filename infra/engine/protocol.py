@@ -147,7 +147,7 @@ class LoadWeightsRequest(BaseModel):
 
 
 class LoadAdapterRequest(BaseModel):
-    """``POST /load_adapter``: a peft adapter directory served as ``name`` from now on (infra/engine/lora.py)."""
+    """``POST /load_adapter``: a peft adapter directory served as ``name`` from now on (infra/engine/adapters.py)."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=128)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infra.engine.lora import Adapter, add_deltas
+from infra.engine.adapters import Adapter, add_deltas
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 
@@ -116,7 +116,7 @@ class KVRunner:
         self._v: list[torch.Tensor] = []
         self._slots = 0
         self._length = 0
-        # LoRA adapters by name (infra/engine/lora.py) and, during one forward, which rows use which
+        # LoRA adapters by name (infra/engine/adapters.py) and, during one forward, which rows use which
         self.adapters: dict[str, Adapter] = {}
         self._rows: list[tuple[torch.Tensor, Adapter]] = []
 
@@ -265,3 +265,20 @@ class KVRunner:
             x = x + self._mlp(i, h)
         logits: torch.Tensor = self.lm_head(_rms(self.final_norm, x)).float()
         return logits
+
+
+def model_eos_ids(model: nn.Module, tokenizer: Any) -> set[int]:
+    """The token ids that end a sequence: the generation config's, the model config's and the tokenizer's."""
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (
+        getattr(generation_config, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(i) for i in source)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

@@ -30,6 +30,7 @@ server module is started directly; fp32, eager mode (``torch.compile`` was slowe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -215,8 +216,6 @@ def _die_with_parent() -> None:
     (Linux ``PR_SET_PDEATHSIG``; elsewhere :meth:`VllmServer.stop` is the only way it ends)."""
     if sys.platform != "linux":
         return
-    import ctypes
-
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 

@@ -135,7 +135,7 @@ def test_a_child_that_misses_its_start_deadline_is_stopped(
 def test_ppo_trains_in_the_child_and_the_engine_loads_its_checkpoint(model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from infra.engine.weights import check_state_dict, read_state_dict
+    from infra.engine.weight_loading import check_state_dict, read_state_dict
     from trainer.ppo import VALUE_HEAD_FILE
 
     ppo = ALGO.model_copy(update={"algorithm": "ppo"})

@@ -257,7 +257,7 @@ async def test_failed_weight_loads_keep_the_old_weights_serving(
 def test_the_weight_check_finds_every_non_finite_value(
     values: list[float], finite: bool, dtype: torch.dtype
 ) -> None:
-    from infra.engine.weights import _all_finite
+    from infra.engine.weight_loading import _all_finite
 
     tensor = torch.tensor(values).to(dtype)  # 3e38 overflows to inf in fp16: ask torch what it holds
     assert _all_finite(tensor) is bool(torch.isfinite(tensor).all())

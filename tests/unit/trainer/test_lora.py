@@ -1,4 +1,4 @@
-"""A LoRA adapter per policy (trainer/lora.py) and the embedded engine serving them (infra/engine/lora.py).
+"""A LoRA adapter per policy (trainer/lora.py) and the embedded engine serving them (infra/engine/adapters.py).
 
 On a tiny random Qwen2 with peft: an adapter's step moves its policy and nothing else (the base and the
 other adapter keep their tensors), each adapter has its own Adam state and version, a checkpoint

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from infra.engine.weights import WeightLoadError, _all_finite
+from infra.engine.weight_loading import WeightLoadError, _all_finite
 
 # peft's key for one projection's factor: "...layers.3.self_attn.q_proj.lora_A.weight" (an adapter name
 # may sit before ".weight" in a model's own state dict: "lora_A.writer.weight")
@@ -70,8 +71,6 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], float, int]
         config = json.loads(config_file.read_text())
         rank = int(config["r"])
         alpha = float(config.get("lora_alpha", rank))
-        from safetensors.torch import load_file
-
         tensors = load_file(str(weights))
     except WeightLoadError:
         raise

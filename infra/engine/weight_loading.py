@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 
@@ -39,8 +40,6 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         try:
             if file.suffix == ".safetensors":
-                from safetensors.torch import load_file
-
                 part = load_file(str(file))
             else:
                 loaded = torch.load(str(file), map_location="cpu", weights_only=True)
@@ -86,12 +85,11 @@ def check_state_dict(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> d
 
 
 def _all_finite(value: torch.Tensor) -> bool:
-    """Exactly ``isfinite(value).all()``, ~8× faster in the common case.
+    """Exactly ``isfinite(value).all()``, faster in the common case.
 
     A NaN or an infinity anywhere makes the sum NaN or infinite, so a finite sum proves every element
     finite. Only a non-finite sum (a bad value, or finite values whose sum overflows) pays for the
-    element-wise check, which is slow on the CPU (measured: 18 ms vs 2.4 ms for the demo's 3.3 M
-    parameters, most of a weight load's time).
+    element-wise check, which is slow on the CPU (measured: 18 ms vs 2.4 ms, most of a weight load).
     """
     if bool(torch.isfinite(value.sum())):
         return True
