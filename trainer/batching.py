@@ -145,6 +145,10 @@ def is_production(group: Group) -> bool:
     return any(e.source == EpisodeSource.production for e in group.episodes())
 
 
+# (episode, advantage, scale, [(transition, staleness factor, lag)])
+_Chosen = tuple[EpisodeScored, float, float, list[tuple[int, float, int]]]
+
+
 def build_batch(
     groups: Sequence[Group],
     cfg: AlgorithmConfig,
@@ -170,8 +174,7 @@ def build_batch(
     if with_calls:
         stats.transitions_per_episode = sum(len(e.transitions) for e in with_calls) / len(with_calls)
 
-    # (episode, advantage, scale, [(transition, staleness factor, lag)])
-    chosen: list[tuple[EpisodeScored, float, float, list[tuple[int, float, int]]]] = []
+    chosen: list[_Chosen] = []
     lags: list[int] = []
     production: list[EpisodeScored] = []
     ppo = cfg.algorithm == "ppo"
@@ -216,6 +219,27 @@ def build_batch(
             if kept:
                 chosen.append((episode, adv, scale, kept))
 
+    samples = _samples(chosen, ppo, stats)
+    n_eps = len(chosen)
+    stats.episodes_trained = n_eps
+    stats.transitions = len(samples)
+    if samples:
+        versions = [s.weight_version for s in samples]
+        stats.behaviour_version_min, stats.behaviour_version_max = min(versions), max(versions)
+        stats.behaviour_version_mean = sum(versions) / len(versions)
+    if chosen:
+        stats.advantage_abs_mean = sum(abs(adv) for _, adv, _, _ in chosen) / n_eps
+        stats.advantage_positive = sum(1 for _, adv, _, _ in chosen if adv > 0) / n_eps
+    if lags:
+        stats.staleness_mean = sum(lags) / len(lags)
+        stats.staleness_max = max(lags)
+    return TrainBatch(
+        samples=samples, stats=stats, group_ids=[g.group_id for g in groups], production=production
+    )
+
+
+def _samples(chosen: Sequence[_Chosen], ppo: bool, stats: BatchStats) -> list[Sample]:
+    """One sample per kept transition, each episode weighing ``1 / len(chosen)`` over its tokens."""
     samples: list[Sample] = []
     n_eps = len(chosen)
     for episode, adv, scale, kept in chosen:
@@ -241,21 +265,7 @@ def build_batch(
                 )
             )
             stats.samples_by_source[episode.source.value] += 1
-    stats.episodes_trained = n_eps
-    stats.transitions = len(samples)
-    if samples:
-        versions = [s.weight_version for s in samples]
-        stats.behaviour_version_min, stats.behaviour_version_max = min(versions), max(versions)
-        stats.behaviour_version_mean = sum(versions) / len(versions)
-    if chosen:
-        stats.advantage_abs_mean = sum(abs(adv) for _, adv, _, _ in chosen) / n_eps
-        stats.advantage_positive = sum(1 for _, adv, _, _ in chosen if adv > 0) / n_eps
-    if lags:
-        stats.staleness_mean = sum(lags) / len(lags)
-        stats.staleness_max = max(lags)
-    return TrainBatch(
-        samples=samples, stats=stats, group_ids=[g.group_id for g in groups], production=production
-    )
+    return samples
 
 
 def sft_samples(

@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 from infra.logging import get_logger
 from trainer.backends.base import BackendError
@@ -104,8 +106,6 @@ class AdapterBackend(TorchBackend):
     # ------------------------------------------------------------------ the adapter's weights
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """peft's keys (``...q_proj.lora_A.weight``), as ``save_pretrained`` writes them."""
-        from peft import get_peft_model_state_dict
-
         state = get_peft_model_state_dict(self.peft_model, adapter_name=self.name)
         return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
@@ -126,8 +126,6 @@ class AdapterBackend(TorchBackend):
         torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
 
     def load_checkpoint(self, directory: Path, version: int) -> None:
-        from peft import set_peft_model_state_dict
-
         try:
             state = load_file(str(directory / ADAPTER_WEIGHTS), device=str(self.device))
             result = set_peft_model_state_dict(self.peft_model, state, adapter_name=self.name)
@@ -157,8 +155,6 @@ class LoraPolicies:
         device: str = "cpu",
         pad_id: int = 0,
     ) -> None:
-        from peft import LoraConfig, get_peft_model
-
         if not names:
             raise BackendError("LoRA training needs at least one policy")
         self.options = options or LoraOptions()
@@ -239,8 +235,6 @@ def load_policies(
     torch_threads: int = 0,
 ) -> LoraPolicies:
     """The Hugging Face causal LM in ``model_dir`` with one adapter per name."""
-    from transformers import AutoModelForCausalLM
-
     if torch_threads:
         torch.set_num_threads(torch_threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

@@ -35,6 +35,7 @@ class TensorBoardTracker:
     """Needs the ``tensorboard`` package (not a dependency); :func:`make_tracker` falls back to null."""
 
     def __init__(self, logdir: Path) -> None:
+        # here, not at the top: an optional package, imported only when this tracker is chosen
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer: Any = SummaryWriter(log_dir=str(logdir))
@@ -48,8 +49,10 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
+    """Needs the ``wandb`` package (not a dependency); :func:`make_tracker` falls back to null."""
+
     def __init__(self, project: str, config: Mapping[str, Any]) -> None:
-        import wandb
+        import wandb  # here, not at the top: an optional package, imported only when chosen
 
         self._run: Any = wandb.init(project=project, config=dict(config))
 

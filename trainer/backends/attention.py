@@ -5,8 +5,8 @@ Transformers' ``sdpa`` attention lets ``scaled_dot_product_attention`` share key
 cache of :mod:`trainer.backends.prefix`) it expands every key and value head to all the query heads it
 serves, a copy per layer forward and a reduction back per layer backward. On CUDA that is the price of
 the fused kernels; on the CPU, SDPA's kernel takes the mask and ``enable_gqa`` together, so the copies
-buy nothing. On the demo's model (4 query heads on 2 key/value heads) skipping them made a training
-step about 11% faster at one thread, with bit-identical log-probabilities and gradients (tested).
+buy nothing (measured: a demo step 11% faster; docs/results/tuning.md), and log-probabilities and
+gradients are bit-identical (tested).
 
 :func:`use_gqa_attention` switches a Hugging Face model to this implementation when it is on the CPU
 and uses ``sdpa``; anything else is left as it is.
@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GQA_SDPA = "flywheel_gqa_sdpa"
 
@@ -35,8 +38,6 @@ def gqa_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """Transformers' attention-function signature: ``[B, heads, S, D]`` in, ``[B, S, heads, D]`` out."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(
             module,
             query,
@@ -75,9 +76,6 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
         return False
     if any(p.device.type != "cpu" for p in model.parameters()):
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
     AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
     setter(GQA_SDPA)

@@ -54,7 +54,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from trainer.backends.base import BackendError
 from trainer.backends.process import _CALLS, ProcessBackend, serve_backend
-from trainer.backends.torch_backend import TorchBackend
+from trainer.backends.torch_backend import TorchBackend, load_backend
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
 
@@ -270,8 +270,6 @@ def _rank_device(device: str, local_rank: int) -> str:
 
 
 def _build_replica(model_dir: Path, algo: AlgorithmConfig, device: str, threads: int) -> TorchBackend:
-    from trainer.backends.torch_backend import load_backend
-
     return load_backend(model_dir, algo, device=device, torch_threads=threads)
 
 

@@ -2,11 +2,10 @@
 
 The G episodes of a GRPO group answer the same task, so their first calls share the whole prompt
 (the demo: a 48-token system + user prompt, then 16 generated tokens). Training them as G full rows
-runs the prompt G times, forward and backward; measured on the demo's model (hidden 128, 4 layers)
-with B × G = 8 × 8 rows, a step took 387 ms at one thread, three quarters of it on prompt tokens.
-Here the prompt's first ``P - 1`` tokens run once per distinct prompt, with the model's KV cache on;
-the cache rows are then selected per sample (``index_select`` along the batch, so every sample's
-gradient flows back into the one prompt pass), and each sample runs only
+runs the prompt G times, forward and backward (measured: three quarters of a demo step on prompt
+tokens; docs/results/tuning.md). Here the prompt's first ``P - 1`` tokens run once per distinct
+prompt, with the model's KV cache on; the cache rows are then selected per sample (``index_select``
+along the batch, so every sample's gradient flows back into the one prompt pass), and each sample runs only
 ``[last prompt token] + response[:-1]``: position ``j`` predicts ``response[j]``, as in ``_Rows``.
 
 The result is the same loss and gradient up to float summation order (tested against full rows).

@@ -3,9 +3,8 @@
 Why: the service's event loop (bus, intake, inbox, rollout requests, the weight protocol, and in the
 embedded stack the gateway, recorder and reward service too) runs in the trainer's process. A training
 step is thousands of small torch ops, and each one releases the GIL and must take it back; whenever the
-loop holds it, the step waits. Measured on the demo's model at one thread: a step that takes 205 ms
-alone took 246 ms with the loop busy 5% of the time, 305 ms at 20% and 374 ms at 50%; in the async
-trainer benchmark the step took 310 ms. A second process has its own GIL.
+loop holds it, the step waits (measured: a 205 ms step took 374 ms beside a loop busy half the time;
+docs/results/tuning.md). A second process has its own GIL.
 
 How: :class:`ProcessBackend` starts ``python -m trainer.backends.process`` (a fresh interpreter: no
 ``multiprocessing`` re-import of the caller's ``__main__``), which builds a :class:`TorchBackend` from
@@ -31,7 +30,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load, save
+
 from trainer.backends.base import BackendError
+from trainer.backends.torch_backend import load_backend
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
 
@@ -40,8 +42,6 @@ _CALLS = frozenset({"train_step", "sft_step", "export_weights", "save_checkpoint
 
 def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, threads: int) -> None:
     """The child: build the backend, then answer ``(method, args)`` until the pipe closes or ``None``."""
-    from trainer.backends.torch_backend import load_backend
-
     serve_backend(
         conn,
         lambda: load_backend(
@@ -78,8 +78,6 @@ def _answer(conn: Connection, backend: Any, calls: frozenset[str]) -> None:
         method, args = msg
         try:
             if method == "state_dict":
-                from safetensors.torch import save
-
                 result: Any = save({k: v.contiguous() for k, v in backend.state_dict().items()})
             elif method in calls:
                 result = getattr(backend, method)(*args)
@@ -182,8 +180,6 @@ class ProcessBackend:
         return metrics
 
     def state_dict(self) -> Mapping[str, Any]:
-        from safetensors.torch import load
-
         tensors: Mapping[str, Any] = load(self._call("state_dict"))
         return tensors
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 from infra.logging import get_logger
 from trainer.backends.attention import use_gqa_attention
@@ -392,8 +393,6 @@ def load_backend(
     model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
 ) -> TorchBackend:
     """A torch backend around the Hugging Face causal LM in ``model_dir``."""
-    from transformers import AutoModelForCausalLM
-
     if torch_threads:
         torch.set_num_threads(torch_threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

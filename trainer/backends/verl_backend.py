@@ -24,7 +24,7 @@ Weights: :meth:`export_weights` saves verl's checkpoint with ``hf_model`` and ha
 directory (``<dir>/huggingface``) to the sinks (vLLM reloads it, :class:`trainer.weights.VllmSink`).
 What is not supported here, and refused with a :class:`BackendError` instead of approximated:
 ``kl_coef > 0`` (a reference worker is not wired), SFT steps, and a batch whose samples were sampled at
-different temperatures (:func:`batch_temperature`).
+different temperatures (:func:`~trainer.backends.verl_convert.batch_temperature`).
 
 Temperature: verl's engine divides the logits by ``meta_info["temperature"]`` before the log-softmax;
 it is the batch's sampling temperature (``Sample.temperature``), so π_old and π_θ are of the
@@ -38,20 +38,48 @@ Runs where the ``verl`` extra is installed (its own environment): on GPUs throug
 ``device="cpu"`` (the default) as one rank in this process, through the platform plugin in
 :mod:`trainer.backends.verl_cpu` (``tests/verl/test_verl_cpu.py``: two steps of the tiny model equal
 the torch backend's).
+
+Imported only when the verl backend is chosen (``trainer.app.start_backend``): without the extra, the
+import itself is the :class:`BackendError` that says so.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
+
 from trainer.backends.base import BackendError
-from trainer.backends.verl_convert import to_verl_batch
+from trainer.backends.verl_convert import batch_temperature, to_verl_batch
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
+
+try:
+    import ray
+    from transformers import AutoConfig
+    from verl import DataProto
+    from verl.trainer.config import CheckpointConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from trainer.backends import verl_cpu
+
+    with warnings.catch_warnings():
+        # Ray's deprecation of the `ray.experimental.state` that verl.single_controller.ray imports
+        warnings.filterwarnings("ignore", message=r"Ray state API", category=DeprecationWarning)
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+except ImportError as exc:
+    raise BackendError(f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}") from exc
 
 HF_SUBDIR = "huggingface"  # where verl's checkpoint manager writes the Hugging Face model
 
@@ -76,17 +104,6 @@ def _scalar(value: Any) -> float | None:
         return None
 
 
-def batch_temperature(samples: Sequence[Sample]) -> float:
-    """The one sampling temperature of ``samples`` (1.0 for none); a mix is a :class:`BackendError`."""
-    temperatures = sorted({s.temperature for s in samples})
-    if len(temperatures) > 1:
-        raise BackendError(
-            f"the verl backend trains one sampling temperature per step, and this batch mixes "
-            f"{temperatures}: sample every trained call at one temperature, or use the torch backend"
-        )
-    return temperatures[0] if temperatures else 1.0
-
-
 class VerlBackend:
     """A :class:`~trainer.backends.base.Backend` whose model lives in verl's FSDP workers (Ray, or
     this process on the CPU)."""
@@ -105,20 +122,8 @@ class VerlBackend:
         on_cpu = device == "cpu"
         if on_cpu and (gpus != 1 or strategy != "fsdp2"):
             raise BackendError("verl on the CPU runs one fsdp2 rank (trainer.backends.verl_cpu)")
-        try:
-            if on_cpu:  # before verl's engine is imported: it reads the device at import
-                from trainer.backends import verl_cpu
-
-                verl_cpu.install()
-            from transformers import AutoConfig
-            from verl.trainer.config import CheckpointConfig
-            from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-            from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
-            from verl.workers.utils.losses import ppo_loss
-        except ImportError as exc:
-            raise BackendError(
-                f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}"
-            ) from exc
+        if on_cpu:  # before verl's engine module is first imported: it reads the device at import
+            verl_cpu.install()
         self.cfg = algo
         self._version = 0
         hf = AutoConfig.from_pretrained(str(model_dir))
@@ -155,9 +160,6 @@ class VerlBackend:
         if on_cpu:  # one rank, in this process (no Ray)
             self._local = self._wg = verl_cpu.LocalWorkerGroup(TrainingWorker, config)
         else:
-            import ray
-            from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
             ray.init(ignore_reinit_error=True)
             self._wg = RayWorkerGroup(
                 resource_pool=RayResourcePool(process_on_nodes=[gpus]),
@@ -187,10 +189,6 @@ class VerlBackend:
         return self._vocab_size
 
     def _tensordict(self, samples: Sequence[Sample], temperature: float) -> tuple[Any, Any]:
-        from verl import DataProto
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding
-
         batch = to_verl_batch(samples, self.pad_id)
         proto = DataProto.from_single_dict(dict(batch.tensors), meta_info={"temperature": temperature})
         td = left_right_2_no_padding(proto.to_tensordict())
@@ -200,13 +198,6 @@ class VerlBackend:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if not batch.samples:
             raise BackendError("empty batch")
-        import time
-
-        from verl import DataProto
-        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
-
         temperature = batch_temperature(batch.samples)  # a mix is refused before Ray sees the batch
         t0 = time.perf_counter()
         try:
@@ -261,8 +252,6 @@ class VerlBackend:
 
     def state_dict(self) -> Mapping[str, Any]:
         """For an in-process engine: the exported Hugging Face weights, read back."""
-        from safetensors.torch import load_file
-
         with tempfile.TemporaryDirectory() as tmp:
             hf = self.export_weights(Path(tmp))
             tensors: dict[str, Any] = {}
@@ -284,6 +273,4 @@ class VerlBackend:
         if self._local is not None:
             self._local.close()
             return
-        import ray
-
         ray.shutdown()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.backends.base import BackendError
 from trainer.batching import Sample
 
 #: what ``VerlBatch.tensors`` holds, in verl's names
@@ -106,3 +107,14 @@ def to_verl_batch(samples: Sequence[Sample], pad_id: int, *, multiple_of: int = 
         "advantages": torch.tensor(adv, dtype=torch.float32),
     }
     return VerlBatch(tensors=tensors, episode_ids=[s.episode_id for s in samples])
+
+
+def batch_temperature(samples: Sequence[Sample]) -> float:
+    """The one sampling temperature of ``samples`` (1.0 for none); a mix is a :class:`BackendError`."""
+    temperatures = sorted({s.temperature for s in samples})
+    if len(temperatures) > 1:
+        raise BackendError(
+            f"the verl backend trains one sampling temperature per step, and this batch mixes "
+            f"{temperatures}: sample every trained call at one temperature, or use the torch backend"
+        )
+    return temperatures[0] if temperatures else 1.0

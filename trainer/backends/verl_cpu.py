@@ -35,6 +35,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, platform_manager, set_platform
 
 from trainer.backends.base import BackendError
 
@@ -83,87 +85,81 @@ def _device_module() -> ModuleType:
     return module
 
 
-def _platform_class() -> type[Any]:
-    """The :class:`CpuPlatform` class (built on first use: its base class lives in verl)."""
-    from verl.plugin.platform import PlatformBase
+class CpuPlatform(PlatformBase):  # type: ignore[misc, unused-ignore]  # (verl is Any without it)
+    """verl's platform interface on the CPU: gloo, no device memory, no profiler, no IPC."""
 
-    class CpuPlatform(PlatformBase):  # type: ignore[misc, unused-ignore]  # (verl is Any without it)
-        """verl's platform interface on the CPU: gloo, no device memory, no profiler, no IPC."""
+    _module = _device_module()
 
-        _module = _device_module()
+    @property
+    def device_name(self) -> str:
+        return PLATFORM
 
-        @property
-        def device_name(self) -> str:
-            return PLATFORM
+    @property
+    def vendor_name(self) -> str:
+        return PLATFORM
 
-        @property
-        def vendor_name(self) -> str:
-            return PLATFORM
+    @property
+    def device_module(self) -> ModuleType:
+        return self._module
 
-        @property
-        def device_module(self) -> ModuleType:
-            return self._module
+    def is_available(self) -> bool:
+        return True
 
-        def is_available(self) -> bool:
-            return True
+    # verl declares an index, and passes it to .to() and torch.device(): 0 would mean cuda:0
+    def current_device(self) -> str:  # type: ignore[override, unused-ignore]
+        return PLATFORM
 
-        # verl declares an index, and passes it to .to() and torch.device(): 0 would mean cuda:0
-        def current_device(self) -> str:  # type: ignore[override, unused-ignore]
-            return PLATFORM
+    def device_count(self) -> int:
+        return 1
 
-        def device_count(self) -> int:
-            return 1
+    def set_device(self, device_index: int) -> None:
+        return None
 
-        def set_device(self, device_index: int) -> None:
-            return None
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
 
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
 
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
+    def empty_cache(self) -> None:
+        return None
 
-        def empty_cache(self) -> None:
-            return None
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
 
-        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-            return None, None
+    def communication_backend_name(self) -> str:
+        return "gloo"
 
-        def communication_backend_name(self) -> str:
-            return "gloo"
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"  # read by verl's Worker; nothing to hide on the CPU
 
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"  # read by verl's Worker; nothing to hide on the CPU
+    @contextmanager
+    def nvtx_range(self, msg: str) -> Iterator[None]:
+        yield
 
-        @contextmanager
-        def nvtx_range(self, msg: str) -> Iterator[None]:
-            yield
+    def profiler_start(self) -> None:
+        return None
 
-        def profiler_start(self) -> None:
-            return None
+    def profiler_stop(self) -> None:
+        return None
 
-        def profiler_stop(self) -> None:
-            return None
+    def ray_resource_name(self) -> str:
+        return "CPU"
 
-        def ray_resource_name(self) -> str:
-            return "CPU"
+    def ray_noset_envvars(self) -> list[str]:
+        return []
 
-        def ray_noset_envvars(self) -> list[str]:
-            return []
+    def is_ipc_supported(self) -> bool:
+        return False
 
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self) -> Any:
-            return None
-
-    return CpuPlatform
+    def cudart(self) -> Any:
+        return None
 
 
 def install() -> None:
@@ -172,10 +168,8 @@ def install() -> None:
     Idempotent. Must run before verl resolves its platform for anything else (its engine module reads
     the device name at import); a process where verl already chose another device is refused.
     """
-    from verl.plugin.platform import PlatformRegistry, get_platform, platform_manager, set_platform
-
     if PlatformRegistry.get(PLATFORM) is None:
-        PlatformRegistry.register(platform=PLATFORM)(_platform_class())
+        PlatformRegistry.register(platform=PLATFORM)(CpuPlatform)
     current = platform_manager._current_platform
     engine_module = sys.modules.get("verl.workers.engine.fsdp.transformer_impl")
     if current is None or current.device_name != PLATFORM:
@@ -193,12 +187,11 @@ def install() -> None:
     with warnings.catch_warnings():
         # import-time noise of verl's own imports: a warning per optional engine it cannot import
         # (torchtitan, veomni, megatron, …) and Ray's deprecation of the `ray.experimental.state` that
-        # verl.single_controller.ray imports (verl's TrainingWorker module pulls it in)
+        # verl.single_controller.ray imports
         warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
         warnings.filterwarnings("ignore", message=r"Ray state API", category=DeprecationWarning)
-        import verl.workers.engine_workers  # noqa: F401
-        from verl.workers.engine import EngineRegistry
-        from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+        # here, not at the top: verl's FSDP engine module reads the device when first imported
+        from verl.workers.engine import EngineRegistry, FSDPEngineWithLMHead
     engines = EngineRegistry._engines.setdefault("language_model", {})
     if PLATFORM not in engines.get("fsdp2", {}):
         EngineRegistry.register(model_type="language_model", backend="fsdp2", device=PLATFORM)(
@@ -215,8 +208,6 @@ def _free_port() -> int:
 
 def init_process_group() -> bool:
     """A gloo process group of world size 1 for verl's FSDP; True when this call created it."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise BackendError("verl on the CPU runs one rank, in this process")
@@ -269,8 +260,6 @@ class LocalWorkerGroup:
         self._worker.load_checkpoint(path, del_local_after_load=del_local_after_load)
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False

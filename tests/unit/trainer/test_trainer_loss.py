@@ -141,7 +141,7 @@ def test_logprobs_are_of_each_rows_sampling_temperature() -> None:
 @pytest.mark.timeout(60)
 def test_a_transitions_temperature_reaches_its_sample_and_verl_refuses_a_mix() -> None:
     from trainer.backends.base import BackendError
-    from trainer.backends.verl_backend import batch_temperature
+    from trainer.backends.verl_convert import batch_temperature
 
     warm = transition().model_copy(update={"temperature": 0.7})
     g = _group(
