@@ -266,7 +266,8 @@ class ControlTopic:
 
         A gateway that starts while adapters are trained (a restart, a replica added) would otherwise
         stamp their calls with version 0 until each adapter's next update. The control topic is read from
-        its beginning to its end by a private consumer group (as ``Gateway._catch_up`` reads the episodes topic,
+        its beginning to its end by a private consumer group (as ``Gateway._catch_up`` reads the episodes
+        topic,
         bounded by ``catch_up_timeout_s``); the last ``WeightsActivated`` of an adapter (or the serving
         version of its last ``WeightUpdateFailed``) sets that adapter's version, unless a live control
         event set it meanwhile (the live subscription is already running).

@@ -12,9 +12,9 @@ episodes exist depends on ``FLYWHEEL_EPISODE_KEY``:
   every recorded one; per-replica consumer group ``gateway.<gateway_id>``) and serves once it has read
   the topic to its end.
 
-Production sessions and their feedback are ``Gateway.sessions`` (gateway/episodes/sessions.py). Idle production
-sessions are closed by one owner, the reward service (it sees every gateway's calls of a session); the
-gateway forgets a session when that ``EpisodeFinished`` arrives.
+Production sessions and their feedback are ``Gateway.sessions`` (gateway/episodes/sessions.py). Idle
+production sessions are closed by one owner, the reward service (it sees every gateway's calls of a
+session); the gateway forgets a session when that ``EpisodeFinished`` arrives.
 """
 
 from __future__ import annotations

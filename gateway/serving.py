@@ -4,9 +4,10 @@
 SSE bytes (:class:`StreamAnswer`). The call's ``LLMCallRecorded`` is durable before the body is returned
 (non-streamed) or before the held-back final chunks and ``[DONE]`` are yielded (streamed).
 
-A call in another protocol (the Responses or Messages API, gateway/protocols/dialects.py) is served as the chat
-call its :class:`~gateway.protocols.dialects.Exchange` translates it into; the exchange writes the answer, or the
-stream's events, in the agent's protocol, and that is what the call's event records as its response.
+A call in another protocol (the Responses or Messages API, gateway/protocols/dialects.py) is served as
+the chat call its :class:`~gateway.protocols.dialects.Exchange` translates it into; the exchange writes
+the answer, or the stream's events, in the agent's protocol, and that is what the call's event records
+as its response.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class CallService:
         return self.policies.policy_for(str(call.data.get("model") or ""), call.episode.tenant, call.data)
 
     def _prefix(self, call: Call, sent: dict[str, Any]) -> dict[str, Any] | None:
-        """Tokens-in: the previous call's ids when this chat call extends it exactly (gateway/upstream/tokens_in.py)."""
+        """Tokens-in: the previous call's ids when this chat call extends it exactly
+        (gateway/upstream/tokens_in.py)."""
         if not self.tokens_in:
             return None
         ep = call.episode

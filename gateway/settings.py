@@ -37,13 +37,14 @@ class GatewaySettings(FlywheelSettings):
     upstream_retries: int = 2
     upstream_backoff_s: float = 0.2
     request_weight_versions: bool = False  # ask vLLM for per-token weight versions
-    # the HTTP client to plain-http upstreams: gateway/upstream/wire.py's keep-alive client, or httpx (what the
-    # wire client buys: tests/benchmarks/gateway.py, target gateway_memory_httpx)
+    # the HTTP client to plain-http upstreams: gateway/upstream/wire.py's keep-alive client, or httpx
+    # (what the wire client buys: tests/benchmarks/gateway.py, target gateway_memory_httpx)
     upstream_client: Literal["wire", "httpx"] = "wire"
     # tokens-in: a chat call that extends the previous one exactly starts from its recorded ids on the
     # embedded engine (gateway/upstream/tokens_in.py)
     tokens_in: bool = True
-    # requested model name → its own upstream, "name=url,..." (gateway/upstream/routing.py); others: the default
+    # requested model name → its own upstream, "name=url,..." (gateway/upstream/routing.py); others:
+    # the default
     gateway_model_routes: str = ""
 
     @field_validator("gateway_model_routes")

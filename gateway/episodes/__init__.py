@@ -1,1 +1,2 @@
-"""Episodes at the gateway: the registry of open episodes, call numbering across restarts, production sessions."""
+"""Episodes at the gateway: the registry of open episodes, call numbering across restarts, and
+production sessions."""

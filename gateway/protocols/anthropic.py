@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (``POST /v1/messages``) as one chat-completions call (gateway/protocols/dialects.py).
+"""Anthropic's Messages API (``POST /v1/messages``) as one chat-completions call (``dialects.py``).
 
 Request → chat:
 - ``system`` (a string or text blocks) → a leading system message.

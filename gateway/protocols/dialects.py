@@ -1,8 +1,8 @@
 """Agent protocols other than chat completions, served through the chat-completions engine path.
 
 An agent speaks the protocol its framework speaks: the OpenAI Responses API (``POST /v1/responses``,
-gateway/protocols/responses.py) or Anthropic's Messages API (``POST /v1/messages``, gateway/protocols/anthropic.py). Each
-call is translated into one chat-completions call (:class:`Exchange.chat`), which ``CallService``
+``responses.py``) or Anthropic's Messages API (``POST /v1/messages``, ``anthropic.py``). Each call
+is translated into one chat-completions call (:class:`Exchange.chat`), which ``CallService``
 serves exactly as it serves an agent's own chat call: admission, the engine, token ids, logprobs,
 weight version, tokens-in, the durable record. Only the way back differs: the engine's chat response
 (or its stream of chunks) becomes the protocol's body (or its SSE events) in :meth:`Exchange.answer`

@@ -1,4 +1,4 @@
-"""The OpenAI Responses API (``POST /v1/responses``) as one chat-completions call (gateway/protocols/dialects.py).
+"""The OpenAI Responses API (``POST /v1/responses``) as one chat-completions call (``dialects.py``).
 
 Request → chat:
 - ``instructions`` → a leading system message; ``input`` a string → one user message; ``input`` items:

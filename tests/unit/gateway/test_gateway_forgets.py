@@ -1,6 +1,6 @@
-"""Abandoned episodes are forgotten (gateway/episodes/registry.py): a gateway that admits episodes by ticket reads
-no ``EpisodeFinished``, so an episode whose agent crashed would otherwise be held until the LRU bound
-(20,000 episodes, each with its last prompt and turn) pushed it out."""
+"""Abandoned episodes are forgotten (gateway/episodes/registry.py): a gateway that admits episodes by
+ticket reads no ``EpisodeFinished``, so an episode whose agent crashed would otherwise be held until the
+LRU bound (20,000 episodes, each with its last prompt and turn) pushed it out."""
 
 from __future__ import annotations
 
