@@ -25,8 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
+from examples.demo.sql_demo import SqlDemo
 from examples.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from examples.demo_agents.calc_agent import tasks as calc_tasks
+from examples.demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
 from schemas import AgentKind, AgentRef, Task
 
 Conversation = list[dict[str, str]]
@@ -140,8 +144,6 @@ def demo_agent(name: str, cache: Path) -> DemoAgent:
     if name == "calc":
         return CALC
     if name == "sql":
-        from examples.demo.sql_demo import SqlDemo
-
         return SqlDemo(data_root=cache / "sql-data")
     raise ValueError(f"unknown demo agent {name!r} (one of {', '.join(NAMES)})")
 
@@ -150,10 +152,6 @@ def calc_gate_success(model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]
     """The calculator agent's gate: the share of ``tasks`` the model solves through its protocol, sampled at
     temperature 1 as the agent does; batched ``generate`` in-process (a check, not the demo's metric,
     which always goes through the whole pipeline)."""
-    import torch
-
-    from examples.demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
-
     torch.manual_seed(seed)
     convs = [first_messages(t["input"]["question"]) for t in tasks]
     answers: dict[int, str] = {}

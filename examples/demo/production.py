@@ -38,6 +38,7 @@ from openai import AsyncOpenAI, DefaultAioHttpClient
 
 from examples.demo_agents.calc_agent import tasks as calc_tasks
 from examples.demo_agents.calc_agent.agent import solve
+from gateway.keys import KeyStore
 
 if TYPE_CHECKING:
     from flywheel.stack import EmbeddedStack
@@ -202,8 +203,6 @@ class Users:
 def create_key(data_dir: Path, tenant: str = TENANT) -> str:
     """A key of ``tenant`` for the demo's users, in the gateway's key store (as ``flywheel keys create``
     does)."""
-    from gateway.keys import KeyStore
-
     _, key = KeyStore(data_dir / "gateway" / "keys.json").create(tenant)
     return key
 

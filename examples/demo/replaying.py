@@ -49,6 +49,7 @@ from examples.demo.checkpoints import Checkpoint, Validation, choose, serve
 from examples.demo.ledger import summary
 from flywheel.replay import ReplayFilter, ReplayReport, completion_order, has_signal, plan_replay
 from infra.eventlog.models import EpisodeFilter
+from infra.eventlog.store import ChdbStore
 from schemas import TRANSITIONS, EpisodeScored
 
 if TYPE_CHECKING:
@@ -137,8 +138,6 @@ class LoadedEpisodes:
 
 def load_episodes(run: RecordedRun, data_dir: Path) -> LoadedEpisodes:
     """Copy the recorded event log into ``data_dir`` and read the seed's scored episodes from the copy."""
-    from infra.eventlog.store import ChdbStore
-
     store = ChdbStore(copy_event_log(run, data_dir))
     try:
         episodes = list(store.select_scored_episodes(run.window().to_episode_filter()))

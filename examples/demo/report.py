@@ -90,6 +90,7 @@ def _replay_panel(ax: Any, run: dict[str, Any], points: Sequence[StepPoint]) -> 
 
 def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     """One row per seed: training reward, transitions/episode vs step; held-out bars before/after."""
+    # lazy, and in this order: the Agg backend must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,6 +156,7 @@ def plot(path: Path, runs: Sequence[dict[str, Any]]) -> None:
 def plot_tenants(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     """The two-tenant demo: one row per seed, each tenant's thumbs-up rate over time and its held-out
     share of the answer form its users like, before and after RL."""
+    # lazy, and in this order: the Agg backend must be chosen before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")

@@ -28,6 +28,7 @@ from examples.demo.agents import DemoAgent
 from examples.demo.ledger import Ledger
 from flywheel.stack_settings import StackSettings
 from infra.policies import PolicyMap
+from trainer.config import LoraOptions
 
 Config = Literal["full", "per-role", "shared"]
 SHARED: Final = "shared"  # ``--policies shared``, and the one adapter's name then
@@ -103,8 +104,6 @@ def with_adapters(
 ) -> tuple[StackSettings, dict[str, Any]]:
     """The stack's settings with the policy map and the adapters' options (the default shape, at
     ``learning_rate``), and those options as the report writes them."""
-    from trainer.config import LoraOptions
-
     options = LoraOptions(learning_rate=learning_rate)
     adapters = settings.replace(policies=roles.policy_map(), trainer_lora=options)
     return adapters, options.model_dump(mode="json")

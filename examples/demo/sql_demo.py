@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from examples.demo.warmconfig import GateConfig, WarmStartConfig, sample_replies
 from examples.demo_agents.sql_agent.data import Benchmark, Split, generate, sloppy_teacher
 from examples.demo_agents.sql_agent.prompts import (
@@ -194,8 +196,6 @@ class SqlDemo:
     def gate_success(self, model: Any, tokenizer: Any, tasks: Sequence[dict[str, Any]], seed: int) -> float:
         """The share of ``tasks`` whose writer query (one call, temperature 1 as the agent samples it)
         returns the gold query's rows; batched ``generate`` in-process."""
-        import torch
-
         torch.manual_seed(seed)
         solved = 0
         for start in range(0, len(tasks), 64):

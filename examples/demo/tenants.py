@@ -47,13 +47,17 @@ from openai import AsyncOpenAI
 
 from examples.demo import production
 from examples.demo.ledger import Ledger
+from examples.demo.pipeline import TrainingMonitor
+from examples.demo.run import stack_settings
+from examples.demo.warmstart import WarmStartConfig, gate_record, warm_start
 from examples.demo_agents.calc_agent import tasks as calc_tasks
 from examples.demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
+from flywheel.stack import EmbeddedStack
+from trainer.config import LoraOptions
 
 if TYPE_CHECKING:
     from examples.demo.pipeline import StepPoint
     from examples.demo.run import DemoConfig
-    from flywheel.stack import EmbeddedStack
 
 Style = Literal["labelled", "bare", "none"]
 Config = Literal["per-tenant", "shared"]
@@ -272,12 +276,6 @@ async def run_seed(
     :data:`LORA_LEARNING_RATE` unless ``--lr`` is given): ten times the full fine-tune's 2e-4, as
     Schulman et al. 2025 (*LoRA Without Regret*, Thinking Machines) find LoRA's best rate about ten times
     full fine-tuning's, in RL too."""
-    from examples.demo.pipeline import TrainingMonitor
-    from examples.demo.run import stack_settings
-    from examples.demo.warmstart import WarmStartConfig, gate_record, warm_start
-    from flywheel.stack import EmbeddedStack
-    from trainer.config import LoraOptions
-
     t0 = time.perf_counter()
     seed_dir = cfg.out / f"seed-{cfg.seed}"
     shutil.rmtree(seed_dir / "trainer", ignore_errors=True)

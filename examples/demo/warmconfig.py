@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 FORMAT = 1  # bump when the data or the recipe changes so old caches are not reused
 DEFAULT_CACHE = Path.home() / ".cache" / "flywheel" / "demo"
 
@@ -89,8 +91,6 @@ def sample_replies(
 ) -> list[str]:
     """One reply per conversation, sampled at temperature 1 as the agents sample (the gates' check):
     one batched, left-padded ``generate`` over all of them, in eval mode, without gradients."""
-    import torch
-
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
     rows = [render_chat(tokenizer, messages, True) for messages in conversations]

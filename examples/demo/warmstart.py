@@ -43,6 +43,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from examples.demo.agents import demo_agent
 from examples.demo.warmconfig import (
     DEFAULT_CACHE,
     FORMAT,
@@ -50,14 +54,16 @@ from examples.demo.warmconfig import (
     WarmStartConfig,
     render_chat,
 )
+from trainer.backends.torch_backend import TorchBackend
 from trainer.batching import Sample
+from trainer.config import AlgorithmConfig
+from trainer.models.tiny import build_tiny
 
 if TYPE_CHECKING:
     from examples.demo.agents import DemoAgent
 
 
 def _agent(cfg: WarmStartConfig, agent: DemoAgent | None, cache: Path = DEFAULT_CACHE) -> DemoAgent:
-    from examples.demo.agents import demo_agent
 
     return agent if agent is not None else demo_agent(cfg.agent, cache)
 
@@ -146,8 +152,6 @@ def build_base(
 ) -> Path:
     """The untrained model + tokenizer (tokenizer trained on the agent's corpus: the demonstrations'
     text)."""
-    from trainer.models.tiny import build_tiny
-
     return build_tiny(
         root / "base",
         _agent(cfg, agent).corpus(cfg),
@@ -174,12 +178,6 @@ def sft_train(
 
     Returns the trained torch model and the number of steps taken.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from trainer.backends.torch_backend import TorchBackend
-    from trainer.config import AlgorithmConfig
-
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pad = getattr(model.config, "pad_token_id", None)
@@ -222,8 +220,6 @@ def _scheduled_sft(
     cfg: WarmStartConfig, root: Path, init_seed: int, progress: Progress | None, agent: DemoAgent
 ) -> Path:
     """Build the base model (initialised from ``init_seed``) under ``root`` and run the scheduled SFT."""
-    from transformers import AutoTokenizer
-
     out = root / "sft"
     done = out / "warmstart.json"
     if done.is_file():
@@ -274,8 +270,6 @@ def _top_up(
 ) -> Path:
     """``gate.top_up_steps`` more SFT steps from ``model_dir`` into ``root/sft`` (cached); ``root`` also
     gets a link to the demonstrations, as every model directory's parent has them."""
-    from transformers import AutoTokenizer
-
     out = root / "sft"
     done = out / "topup.json"
     if done.is_file():
@@ -306,9 +300,6 @@ def _gated(
 ) -> Path:
     """The first model that passes the gate: ``sft_dir``, a top-up of it, a re-initialised attempt or a
     top-up of one; the best one checked when none passes."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     root = sft_dir.parent
     record = _gate_dir(root, cfg, gate) / "gate.json"
     if record.is_file():
@@ -392,8 +383,6 @@ def sft_only_baseline(
     agent: DemoAgent | None = None,
 ) -> tuple[Path, int]:
     """The equal-time baseline: keep doing SFT on the teacher's data from the warm start for ``seconds``."""
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(warm_dir))
     samples = load_samples(cfg, tokenizer, warm_dir.parent / "samples.json", agent)
     model, steps = sft_train(
