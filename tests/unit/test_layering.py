@@ -1,18 +1,20 @@
-"""The import layering, read from the code's own imports (``ast``; nothing is imported or run).
+"""The folders are the layers, read from the code's own imports (``ast``; nothing is imported or run).
 
-- no import cycle between our modules (module-level and function-level imports alike; imports under
-  ``if TYPE_CHECKING:`` are left out, they never run);
-- the services (gateway, rollout_worker, reward_service, trainer) never import one another: they talk
-  over the bus;
-- ``schemas`` imports nothing of ours, nor do ``demo_agents`` (the demo's agents) and ``examples`` (what
-  users copy; not shipped, so nothing shipped imports it);
-- the ground (``infra`` but ``flywheel``) imports no service and no application module, and
-  no service imports the application: the CLI, the embedded stack and the demo sit on top of all.
+    schemas < infra < services (gateway, rollout_worker, reward_service, trainer) < flywheel < examples
+
+- a module imports only from its own layer or the layers below it: no arrow back (``infra`` never
+  imports a service, a service never imports ``flywheel``, nothing shipped imports ``examples``);
+- the services never import one another: they talk over the bus;
+- no import cycle between our modules.
+
+Module-level and function-level imports count alike; imports under ``if TYPE_CHECKING:`` are left out
+(they never run). ``infra`` is one layer: everything the services stand on.
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +24,13 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("gateway", "rollout_worker", "reward_service", "trainer")
-PACKAGES = (*SERVICES, "schemas", "infra", "demo_agents", "examples")
+# each top-level folder's layer: a module may import its own layer and those below it
+LAYER = {"schemas": 0, "infra": 1, **dict.fromkeys(SERVICES, 2), "flywheel": 3, "examples": 4}
 
 
 def _modules() -> dict[str, Path]:
     out: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in LAYER:
         for path in (ROOT / package).rglob("*.py"):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -123,31 +126,17 @@ def _top(module: str) -> str:
     return module.split(".")[0]
 
 
-def _layer(module: str) -> str:
-    """``service``, ``ground``, ``application``, ``schemas``, ``demo_agents`` or ``examples``."""
-    if _top(module) in SERVICES:
-        return "service"
-    if _top(module) == "infra":
-        return "application" if module.split(".")[:2] == ["infra", "application"] else "ground"
-    return _top(module)
-
-
-# what each layer may import besides itself (schemas and the agents are checked on their own below)
-ALLOWED = {
-    "ground": {"schemas"},
-    "service": {"schemas", "ground"},
-    "application": {"schemas", "ground", "service", "demo_agents"},
-}
-
-
 def _layer_breaches(graph: dict[str, set[str]]) -> list[str]:
-    return [
-        f"{name} ({_layer(name)}) imports {target} ({_layer(target)})"
-        for name, targets in graph.items()
-        if _layer(name) in ALLOWED
-        for target in targets
-        if _layer(target) != _layer(name) and _layer(target) not in ALLOWED[_layer(name)]
-    ]
+    """Each import that points up a layer, or from one service into another."""
+    breaches = []
+    for name, targets in graph.items():
+        for target in sorted(targets):
+            source, dest = _top(name), _top(target)
+            if LAYER[dest] > LAYER[source]:
+                breaches.append(f"{name} ({source}) imports {target} ({dest}), a layer above it")
+            elif source in SERVICES and dest in SERVICES and dest != source:
+                breaches.append(f"{name} imports {target}: services talk over the bus")
+    return breaches
 
 
 def test_no_import_cycles() -> None:
@@ -158,50 +147,29 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_ground_and_the_services_never_import_the_application() -> None:
+def test_every_import_points_down_the_layers() -> None:
     assert _layer_breaches(_graph()) == []
 
 
 def test_the_layer_check_finds_a_breach() -> None:
     graph = {
-        "infra.bus.base": {"flywheel.stack"},
-        "gateway.app": {"flywheel.cli.main", "infra.bus.base"},
-        "flywheel.stack": {"gateway.app", "infra.bus.base"},
-        "infra.eventlog.store": {"trainer.service"},
+        "infra.bus.base": {"schemas.events", "trainer.service"},
+        "gateway.app": {"flywheel.cli.main", "infra.bus.base", "trainer.service"},
+        "flywheel.stack": {"gateway.app", "infra.bus.base", "examples.demo.run"},
+        "schemas.events": {"infra.bus.base"},
+        "examples.demo.run": {"flywheel.stack", "gateway.app"},
     }
     assert _layer_breaches(graph) == [
-        "infra.bus.base (ground) imports flywheel.stack (application)",
-        "gateway.app (service) imports flywheel.cli.main (application)",
-        "infra.eventlog.store (ground) imports trainer.service (service)",
+        "infra.bus.base (infra) imports trainer.service (trainer), a layer above it",
+        "gateway.app (gateway) imports flywheel.cli.main (flywheel), a layer above it",
+        "gateway.app imports trainer.service: services talk over the bus",
+        "flywheel.stack (flywheel) imports examples.demo.run (examples), a layer above it",
+        "schemas.events (schemas) imports infra.bus.base (infra), a layer above it",
     ]
-
-
-def test_services_do_not_import_each_other() -> None:
-    breaches = [
-        f"{name} imports {target}"
-        for name, targets in _graph().items()
-        for target in targets
-        if _top(name) in SERVICES and _top(target) in SERVICES and _top(target) != _top(name)
-    ]
-    assert breaches == []
-
-
-def test_schemas_and_agents_import_nothing_of_ours() -> None:
-    graph = _graph()
-    breaches = [
-        f"{name} imports {target}"
-        for name, targets in graph.items()
-        for target in targets
-        if _top(name) in ("schemas", "demo_agents", "examples") and _top(target) != _top(name)
-    ]
-    assert breaches == []
 
 
 def test_the_wheel_ships_every_package_the_code_imports() -> None:
-    """The demo imports ``demo_agents``: an installed ``flywheel`` must carry it (and nothing imports
-    ``examples``, which it does not carry)."""
-    import tomllib
-
+    """What the wheel carries imports only what it carries (``examples`` stays in the checkout)."""
     shipped = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
             "packages"
