@@ -1,11 +1,12 @@
 """Agent Lightning 1.0.2 for the compatibility tests: its sdist and a Python 3.12 venv, both cached.
 
     sdist = agl_sdist()          # ~/.cache/flywheel/agl/agentlightning-1.0.2 (unpacked), fetched by pip
-    python = agl_python()        # ~/.cache/flywheel/venv-agl/bin/python with agentlightning + test deps
+    python = agl_python()        # $FLYWHEEL_AGL_ENV/bin/python with agentlightning + test deps
 
 Nothing of AGL is in this repository: pip fetches the sdist (``--no-binary :all:``), and the venv is
-built from it. AGL needs Python ≥ 3.12 (Flywheel runs on 3.11): ``FLYWHEEL_PYTHON312`` or
-``python3.12`` on PATH or pyenv's 3.12.1. Without one the tests skip (``CI=true``: they fail).
+built from it, at ``FLYWHEEL_AGL_ENV`` (default ~/.cache/flywheel/venv-agl). AGL needs Python ≥ 3.12
+(Flywheel runs on 3.11): ``FLYWHEEL_PYTHON312``, or a 3.12+ of pyenv's (under ``PYENV_ROOT``, default
+~/.pyenv), or ``python3.12``/``python3.13`` on PATH. Without one the tests skip (``CI=true``: they fail).
 A file lock keeps two test processes from building the venv at once.
 """
 
@@ -25,16 +26,22 @@ import pytest
 VERSION = "1.0.2"
 CACHE = Path.home() / ".cache" / "flywheel"
 SDIST_DIR = CACHE / "agl"
-VENV = CACHE / "venv-agl"
+VENV = Path(os.environ.get("FLYWHEEL_AGL_ENV", str(CACHE / "venv-agl")))
 # AGL's own dev extras for its tests (pyproject [project.optional-dependencies] dev, the test part)
 TEST_DEPS = ["pytest>=8.3.0", "pytest-asyncio>=0.25.0", "openai>=2.0.0,<3", "sympy>=1.13.0"]
+
+
+def _pyenv_pythons() -> list[str]:
+    """pyenv's interpreters of 3.12 and later, oldest first (its shims on PATH may refuse to run)."""
+    root = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
+    return [str(path) for path in sorted(root.glob("versions/3.1[2-9]*/bin/python3"))]
 
 
 def python312() -> str | None:
     """A Python ≥ 3.12 that runs (a pyenv shim on PATH may refuse to when another version is set)."""
     for candidate in (
         os.environ.get("FLYWHEEL_PYTHON312"),
-        "/root/.pyenv/versions/3.12.1/bin/python3.12",
+        *_pyenv_pythons(),
         shutil.which("python3.12"),
         shutil.which("python3.13"),
     ):
