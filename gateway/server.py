@@ -8,8 +8,8 @@ await server.stop()
 ``GatewayHttpProtocol`` (``gateway.limits``) bounds header size and count and answers protocol errors
 in OpenAI's format. A process that hosts a gateway runs on uvloop where it is installed
 (``infra.service.run``): a gateway call is mostly loop and socket work (two HTTP hops), which uvloop
-does in C: measured A/B on the same code at 570 calls/s, added p50 0.99 → 0.90 ms and CPU 0.69 →
-0.63 ms a call. uvicorn picks httptools over h11 by itself when it is installed.
+does in C (lower latency and CPU a call: docs/results/tuning.md). uvicorn picks httptools over h11 by
+itself when it is installed.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class ServiceStartError(RuntimeError):
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)``, on uvloop when it is installed (a gateway's calls are mostly loop and
-    socket work, which uvloop does in C: ``gateway/server.py`` has the measured gain)."""
+    socket work, which uvloop does in C: docs/results/tuning.md has the gain)."""
     try:
         uvloop = importlib.import_module("uvloop")
     except ImportError:

@@ -133,8 +133,8 @@ class HttpSink:
             raise WeightLoadError(self.name, update.version, "no checkpoint path to hand over")
         client = self._client
         if client is None:
-            # One client for every update: a new one builds an SSL context (measured 15-35 ms of CPU,
-            # on the trainer's event loop) and a new connection each time.
+            # One client for every update: a new one builds an SSL context (CPU on the trainer's event
+            # loop: docs/results/tuning.md) and a new connection each time.
             client = self._own = self._own or httpx.AsyncClient(
                 timeout=self._timeout, limits=httpx.Limits(keepalive_expiry=self._keepalive_s)
             )

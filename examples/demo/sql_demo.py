@@ -48,8 +48,8 @@ CHECKER_OK = "CORRECT"
 CHECKER_FAILED = "WRONG: the query failed."
 # The per-call discount of RL's tasks (reward_service/transitions.py): the writer's return is the episode's
 # reward times RL_DISCOUNT per call after it, so a success through the rewriter pays the writer 0.64, one
-# at once 1. Measured (seed 0) without it: success 78% → ~93% within 50 steps while calls per episode
-# rose 2.5 → 3.4: RL learned to lean on the rewriter, whose fixes are nearly always right.
+# at once 1. Without it RL learned to lean on the rewriter, whose fixes are nearly always right
+# (docs/results/tuning.md).
 RL_DISCOUNT = 0.8
 CHECKER_SHARE = 4  # one checker demonstration in CHECKER_SHARE goes into the warm start
 
@@ -59,19 +59,10 @@ _LOCK = threading.Lock()  # the warm start runs in a thread while the event loop
 
 SQL_REF = AgentRef(kind=AgentKind.callable, spec="examples.demo_agents.sql_agent.agent:run")
 # hidden 128 × 4 layers, vocabulary 1024 (874 used: every table, column and keyword one token).
-# Measured on seed 0 (writer-only gate on train databases → the agent's held-out accuracy, then 420 s of RL):
-# - 400 steps with every checker demonstration, 30% mistakes, one 300-step top-up: gate 33%, held-out
-#   43.8%, and RL *lowered* it (35.9%): the writer had barely begun to copy names, RL could not teach it.
-# - 1200 steps (+ a 400-step top-up), 50% mistakes: gate 37%, held-out 50.8% → 60.2% (130 steps).
-# - 1800 steps, a quarter of the checker demonstrations (CHECKER_SHARE), 50% mistakes: gate 64%,
-#   held-out 83.6% → 94.9% (93 steps): the writer copies; RL drops the teacher's mistakes fast.
-# - The same at 70% mistakes: held-out 72–77% on seeds 0–2 → 90–97% after RL, +16 to +22: too near the
-#   ceiling to gain 20 points on every seed. At 85% (a mistake could leave the query as it was, e.g. no
-#   ORDER BY to flip): warm starts at 62.5–78.5% on four builds, +17 to +23.
-# So: the skill from SFT; a teacher whose mistake always changes the query, 80% of the time (the teacher's
-# own agent accuracy 62–64% on seeds 0–2, writer alone 25–26%: examples/demo_agents/sql_agent/data.py); 1,500 steps
-# (a warm start of ~7 minutes, so that the demo's 15 minutes from a fresh clone hold); RL left to drop
-# the mistakes; 240 databases (180 for SFT and RL).
+# The skill from SFT; a teacher whose mistake always changes the query, 80% of the time
+# (examples/demo_agents/sql_agent/data.py); 1,500 steps (a warm start of ~7 minutes, so that the demo's
+# 15 minutes from a fresh clone hold); RL left to drop the mistakes; 240 databases (180 for SFT and RL).
+# The runs that chose these: docs/results/tuning.md.
 SQL_WARM = WarmStartConfig(
     agent="sql",
     hidden=128,
@@ -88,10 +79,8 @@ SQL_WARM = WarmStartConfig(
 )
 # The gate checks that SFT has converged: the writer alone solves at least 30% of train-database questions
 # (this teacher's own writer 25–26%: greedy decoding copies the teacher's majority, the right query). A
-# model below the bar is topped up (SFT continued at half the peak rate), never re-initialised. Measured on
-# seed 2 (gate 17.2% after 1,500 steps): passed at 12%, its RL gained +20.4 and 390 s more SFT as much
-# (55.7% vs 56.1%), as the warm start was still learning from imitation; one 400-step top-up (84 s) took it
-# to 38.3%, the level of seeds 0 and 1 (37.5%, 35.2%, no top-up).
+# model below the bar is topped up (SFT continued at half the peak rate), never re-initialised: a model
+# that passed lower was still learning from imitation (docs/results/tuning.md).
 SQL_GATE = GateConfig(
     min_success=0.30,
     tasks=128,
@@ -131,9 +120,8 @@ class SqlDemo:
     title: str = "LangGraph SQL agent (writer, rewriter trained; checker fixed)"
     train_models: str = "writer,rewriter"
     fixed_models: tuple[str, ...] = ("checker",)
-    eval_tasks: int = 512  # of the 720 held-out questions: 256 measured one warm start at 65.2% and 72.7%
-    # Measured on seed 1 of this recipe (300 s of RL): at 3e-4 it reached 94% on its train batches by step
-    # 64, then collapsed (44%) and ended at its warm start's accuracy; at 2e-4 it climbed steadily.
+    eval_tasks: int = 512  # of the 720 held-out questions: 256 were too noisy (docs/results/tuning.md)
+    # 3e-4 collapsed after a quick climb; 2e-4 climbs steadily (docs/results/tuning.md).
     learning_rate: float = 2e-4
     # The demo's 15 minutes from a fresh clone: ~6 for the warm start, ~2 for the stack and two
     # evaluations, 6.5 of RL.

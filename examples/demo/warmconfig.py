@@ -25,8 +25,7 @@ class WarmStartConfig:
     layers: int = 4
     vocab_size: int = 512
     demos: int = 4000
-    # 1000 × 32 demonstrations (~400 s here). Measured: at 800 × 16 copying had not emerged (0% held-out
-    # success); 700 × 32 solved 6–14% (seeds 0–2), too little for RL to get a signal from most groups of 8.
+    # 1000 × 32 demonstrations: fewer left too few successes for RL's groups (docs/results/tuning.md)
     sft_steps: int = 1000
     sft_batch: int = 32
     sft_lr: float = 3e-3

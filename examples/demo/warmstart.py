@@ -10,18 +10,14 @@ SFT is followed by a competence gate (:class:`GateConfig`): the model runs the a
 of the *SFT* split (never held-out ones) and must solve ``min_success`` of them.
 
 * A model below ``reinit_below`` has not learned to copy at all: the scheduled SFT is run again from a
-  re-initialised model (continuing SFT was measured first: 500 more steps at 3e-3 took seed 2 from 0.8%
-  only to 4.7%), up to ``max_attempts`` in all.
+  re-initialised model (continuing SFT barely moved such a model: docs/results/tuning.md), up to
+  ``max_attempts`` in all.
 * A model between the two is *topped up*: ``top_up_steps`` more SFT steps at a lower rate, then checked
-  again, up to ``max_top_ups`` times. Measured on seed 2 (re-initialised once, 22.3% on the gate): it
-  copied the result's last digit only for four-digit results (products), so it solved 7% of held-out
-  additions and 48% of products, and RL only sharpened the products (+17 points in 420 s, additions
-  unlearned, their last digit collapsed to "0"). Two top-ups (22.7%, 27.3%) gave it the copy for two- and
-  three-digit results too, and RL from there gained +37 points.
+  again, up to ``max_top_ups`` times: a model that copies only some results gives RL only those to
+  sharpen (docs/results/tuning.md).
 * When every attempt fails and the best one is below ``reinit_below`` (so it was never topped up), that
-  best model is topped up now (``top_up_best``). Measured on seed 2 with this module's current format:
-  the three attempts solved 1.6%, 9.0% and 7.8%, and RL from the untopped 9.0% model gained 7.6 points in
-  420 s (49 steps: with most groups all-fail, a step waits long for signal).
+  best model is topped up now (``top_up_best``): with most groups all-fail, an RL step waits long for
+  signal (docs/results/tuning.md).
 
 A model that passes at once is used as it is. Every stage is cached: re-initialised attempts under
 ``<key>/attempt-<k>/``, top-ups beside the model they continue (``topup-<key>/<n>/``), the gate's

@@ -5,9 +5,8 @@ every group has handled them, so that a group joining later can read them. A val
 GC-tracked containers (the model, its ``__dict__`` and field set, the token-id and logprob lists, the
 choice model …) holding ~200 references, and they all survive. CPython's generational collector
 walks each of them in every young collection it survives and again in every full collection, and
-full collections come each time the survivors grow by a quarter of the old generation. Measured with
-``gc.callbacks`` on the bus benchmark (50k validated call events published): ~1.4 s in collections
-against ~0.9 s of work, 21k events/s, 55k/s with the collector off.
+full collections come each time the survivors grow by a quarter of the old generation: on the bus
+benchmark the collections took longer than the work (docs/results/tuning.md).
 
 What: every ``tenure_every`` appends, the bus moves every object that is alive at that moment into the
 permanent generation (``gc.freeze()``, O(1)), so collections stop walking them: an object is scanned

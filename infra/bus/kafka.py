@@ -10,11 +10,11 @@
 - Consuming is the loop both buses share (``infra.bus.consumer``: offsets committed after success,
   retries, dead letters) over this bus's fetch/commit blocks (``infra.bus.kafka_consumer``).
 
-Why aiokafka and not faststream here: faststream 0.7's publish path measured ~0.6× raw aiokafka on
-this machine (its middleware and message wrapping run per message), below the 0.7× goal; and the
-subscriber semantics Flywheel needs (wait for the partition assignment before ``subscribe`` returns,
-commit exact offsets per partition after the handler, per-partition concurrency, lag per group) need
-the consumer object itself, which faststream keeps internal.
+Why aiokafka and not faststream here: faststream's publish path is slower (its middleware and message
+wrapping run per message; docs/results/tuning.md); and the subscriber semantics Flywheel needs (wait
+for the partition assignment before ``subscribe`` returns, commit exact offsets per partition after
+the handler, per-partition concurrency, lag per group) need the consumer object itself, which
+faststream keeps internal.
 """
 
 from __future__ import annotations
@@ -110,16 +110,14 @@ class KafkaBus:
         self.max_poll_interval_s = max_poll_interval_s
         # No linger by default: aiokafka keeps one produce request in flight per broker, so while one
         # is out, later sends pile up into the next batch on their own (batching under load costs no
-        # wait). A linger only delays every publish of a lightly loaded producer: 5 ms cost each
-        # gateway call ~6 ms of its 0.5 ms acks=all round trip on loopback.
+        # wait). A linger only delays every publish of a lightly loaded producer (docs/results/tuning.md).
         self._linger_ms = linger_ms
         # Fetching, per topic (``fetch_params``). On the busy topics (``batched_fetch_topics``) a fetch
         # returns once 16 KiB are there or after 20 ms, not on every new record: a gateway reads back
         # the episodes topic it publishes each call to, and with Kafka's default (1 byte) that was one
-        # fetch round per call, ~1 ms of gateway and broker CPU a call (measured). The wait is also
-        # what an idle consumer costs: at 5 ms, 200 empty fetches a second per consumer kept an idle
-        # gateway at 14% of a core and the broker at 25% (measured). On the quiet topics (control,
-        # tasks) a fetch returns on the first record and an idle one waits 500 ms at the broker.
+        # fetch round per call. The wait is also what an idle consumer costs: a short one keeps an idle
+        # gateway and the broker busy with empty fetches (docs/results/tuning.md). On the quiet topics
+        # (control, tasks) a fetch returns on the first record and an idle one waits 500 ms at the broker.
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.batched_fetch_topics = batched_fetch_topics

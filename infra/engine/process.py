@@ -40,7 +40,7 @@ class EngineProcessError(RuntimeError):
 def exit_with_parent(poll_s: float = 0.5) -> None:
     """In the child: stop (SIGTERM to itself, so the server shuts down cleanly) once the process that
     started it is gone. ``EngineProcess.stop`` covers an orderly exit; this covers a parent that was
-    killed (measured: a demo killed with SIGTERM left its engine serving for an hour). Does nothing
+    killed (a killed demo left its engine serving: docs/results/tuning.md). Does nothing
     unless the launcher set ``FLYWHEEL_ENGINE_PARENT_PID``."""
     raw = os.environ.get(PARENT_ENV)
     if not raw or not raw.isdigit():

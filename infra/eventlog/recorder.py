@@ -15,12 +15,10 @@ offset is committed only after its events are in ClickHouse. When a chunk's buil
 handler raises (after its other chunks settled) and the bus retries the batch. Duplicates (a retried
 batch, a topic replayed from offset 0) are absorbed by the ``events`` table's ``event_id`` key.
 
-Why chunks and one build thread (measured on 2 cores, 50k ~2 KB call events, ~15 µs of GIL per row
-to build, ~10-16 µs per row to insert off the GIL): built whole, a 10k-row batch reached the writer
-only after ~0.15 s of building, and the two consumers of the episodes topic built their batches at
-the same time (sharing the GIL: both done after ~0.55 s) and then waited for both inserts, so the
-stages barely overlapped (~30k events/s). Two builds at once gain nothing under one GIL; one build
-thread, chunked, starts the first insert after ~40 ms and keeps building while it runs.
+Why chunks and one build thread: built whole, a batch reaches the writer only after all of it is
+built, and two consumers building at once share the GIL and then wait for both inserts, so the stages
+barely overlap. Two builds at once gain nothing under one GIL; one build thread, chunked, starts the
+first insert early and keeps building while it runs (docs/results/tuning.md).
 """
 
 from __future__ import annotations
