@@ -1,6 +1,7 @@
-"""The application on top of the ground: the ``flywheel`` CLI, the embedded stack, the demo, the ops
-API, replay and export, prompt optimisation, and the engine subprocess the stack starts.
+"""The application, above the services: the ``flywheel`` CLI, the web view, the embedded stack and the
+one builder every entry point assembles its parts with, the ops API, replay and export, prompt
+optimisation.
 
-Nothing in the ground (the rest of ``infra``) or in a service imports this package
-(``tests/unit/test_layering.py``).
+Nothing in ``schemas``, ``infra`` or a service imports this package; the demo (``examples/demo``) stands
+above it (``tests/unit/test_layering.py``).
 """

@@ -82,7 +82,10 @@ PY = sys.executable
 FLYWHEEL = os.environ.get("FLYWHEEL_BIN", str(Path(PY).with_name("flywheel")))
 LITELLM = os.environ.get("FLYWHEEL_LITELLM", str(Path.home() / ".cache/flywheel/litellm-venv/bin/litellm"))
 AGL_SERVER = os.environ.get(
-    "FLYWHEEL_AGL_SERVER", str(Path.home() / ".cache/flywheel/venv-agl/bin/agl-server")
+    "FLYWHEEL_AGL_SERVER",
+    str(
+        Path(os.environ.get("FLYWHEEL_AGL_ENV", Path.home() / ".cache/flywheel/venv-agl")) / "bin/agl-server"
+    ),
 )
 KAFKA = os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 ADMIN = "bench-admin"
