@@ -60,10 +60,11 @@ if TYPE_CHECKING:
     from rollout_worker.service import RolloutWorker
     from rollout_worker.settings import WorkerSettings
     from trainer.backends.base import Backend
+    from trainer.loop import LoopConfig
     from trainer.lora import LoraPolicies
     from trainer.policy_service import PolicyTrainerService
     from trainer.rollouts import RolloutPlanner
-    from trainer.service import LoopConfig, TrainerService
+    from trainer.service import TrainerService
     from trainer.settings import TrainerSettings
     from trainer.weights import WeightSink
 
@@ -300,6 +301,18 @@ class RunningEngine:
             transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
         )
 
+    def _loader(self) -> tuple[str, str, str | None]:
+        """The one engine-kind switch: how new weights reach this engine (``vllm``, ``flywheel``: an HTTP
+        engine at a URL, ``in-process``, or ``none`` for an upstream URL), where, and with which token."""
+        kind = self.choice.kind
+        if kind in ("vllm", "flywheel"):
+            return kind, self.choice.url or "", self.choice.token
+        if kind == "upstream":
+            return "none", "", None
+        if self.process is not None:
+            return "flywheel", self.process.url, self.process.admin_token
+        return "in-process", "", None
+
     def weight_sink(self) -> WeightSink | None:
         """How the trainer loads a new version into this engine (None: nothing can, an upstream URL):
         vLLM's ``/collective_rpc`` (:class:`~trainer.vllm_sink.VllmSink`), ``flywheel engine``'s
@@ -307,31 +320,35 @@ class RunningEngine:
         from trainer.vllm_sink import VllmSink
         from trainer.weights import HttpSink, InProcessSink
 
-        kind = self.choice.kind
-        if kind == "vllm":
-            return VllmSink(self.choice.url or "", token=self.choice.token)
-        if kind == "flywheel":
-            return HttpSink(self.choice.url or "", token=self.choice.token)
-        if kind == "upstream":
-            return None
-        if self.process is not None:
-            return HttpSink(self.process.url, token=self.process.admin_token)
-        return InProcessSink(self._engine.load_weights, name="embedded-engine")
+        how, url, token = self._loader()
+        if how == "vllm":
+            return VllmSink(url, token=token)
+        if how == "flywheel":
+            return HttpSink(url, token=token)
+        if how == "in-process":
+            return InProcessSink(self._engine.load_weights, name="embedded-engine")
+        return None
 
     def adapter_sinks(self) -> Callable[[str], list[WeightSink]]:
         """Each LoRA adapter's sink (``trainer.policy_service``): the embedded engine, a ``flywheel
         engine`` (its process, or one at a URL) or a vLLM server (``--enable-lora``, runtime loading)."""
-        from trainer.policy_service import adapter_sinks
+        from trainer.vllm_sink import VllmAdapterSink
+        from trainer.weights import HttpAdapterSink, InProcessAdapterSink
 
-        if self.choice.kind == "upstream":
+        how, url, token = self._loader()
+        if how == "none":
             raise ValueError("LoRA policies load into the embedded engine, flywheel engine or vLLM")
-        if self.choice.kind == "vllm":
-            return adapter_sinks("vllm", self.choice.url or "", token=self.choice.token)
-        if self.choice.kind == "flywheel":
-            return adapter_sinks("flywheel", self.choice.url or "", token=self.choice.token)
-        if self.process is not None:
-            return adapter_sinks("flywheel", self.process.url, token=self.process.admin_token)
-        return adapter_sinks("in-process", self._engine.load_adapter)
+        load = self._engine.load_adapter if how == "in-process" else None
+
+        def sinks(adapter: str) -> list[WeightSink]:
+            if how == "vllm":
+                return [VllmAdapterSink(url, adapter, token=token)]
+            if how == "flywheel":
+                return [HttpAdapterSink(url, adapter, token=token)]
+            assert load is not None
+            return [InProcessAdapterSink(load, adapter, name="embedded-engine")]
+
+        return sinks
 
     @property
     def _engine(self) -> InferenceEngine:

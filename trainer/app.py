@@ -21,9 +21,10 @@ from trainer.backends.torch_backend import load_backend
 from trainer.checkpoints import CheckpointStore
 from trainer.config import AlgorithmConfig
 from trainer.groups import Intake
+from trainer.loop import LoopConfig
 from trainer.metrics import TrainerMetrics, make_tracker
 from trainer.rollouts import RolloutPlanner
-from trainer.service import LoopConfig, TrainerService
+from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 from trainer.weights import WeightSink, WeightSync
 

@@ -29,11 +29,9 @@ the step waits for it.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,9 +40,6 @@ from infra.bus.base import Bus, Message
 from infra.logging import get_logger
 from schemas import (
     CONTROL,
-    DEADLETTER,
-    TASKS,
-    TRANSITIONS,
     EpisodeScored,
     EpisodeSource,
     InferenceDrained,
@@ -54,18 +49,16 @@ from schemas import (
 )
 from trainer.backends.base import BackendError
 from trainer.baselines import ProductionBaselines
-from trainer.batching import TrainBatch, build_batch
+from trainer.batching import TrainBatch
 from trainer.checkpoints import CheckpointMeta, CheckpointStore
 from trainer.groups import Group, Intake
+from trainer.loop import LoopConfig, export_keeping_three
 from trainer.lora import AdapterBackend, LoraPolicies
 from trainer.rollouts import RolloutPlanner
-from trainer.service import LoopConfig, TrainerService
+from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
-from trainer.sft import sft_batch
 from trainer.status import TrainerStatus
 from trainer.weights import (
-    HttpAdapterSink,
-    InProcessAdapterSink,
     PipelinedUpdates,
     UpdateResult,
     WeightSink,
@@ -142,12 +135,7 @@ class PolicyTrainerService(TrainerService):
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Restore the shared state and every adapter's checkpoint, push trained adapters, subscribe."""
-        latest = self.store.latest()
-        if latest is not None:
-            self.step = latest.meta.step
-            self.intake.mark_consumed(latest.meta.consumed_groups)
-            self._offsets = dict(latest.meta.offsets)
-            self.samples_trained.update(latest.meta.samples)
+        await self._restore_and_listen()
         for name, adapter in self.policies.adapters.items():
             info = self.adapter_stores[name].latest()
             if info is None:
@@ -156,14 +144,6 @@ class PolicyTrainerService(TrainerService):
             self.adapter_baselines[name] = ProductionBaselines.from_json(info.meta.baselines)
             self.adapter_samples[name].update(info.meta.samples)
             log.info("adapter_resumed", adapter=name, version=info.meta.version, path=str(info.path))
-        for event in self.store.read_inbox():
-            self.intake.add(event)
-        self._restore_pause()
-        await self.bus.ensure_topics([TRANSITIONS, CONTROL, DEADLETTER, TASKS])
-        control_group = f"trainer-control-{uuid.uuid4().hex[:12]}"
-        self._subs.append(
-            await self.bus.subscribe(CONTROL, control_group, self._on_control, from_beginning=False)
-        )
         if self.loop.push_on_start:
             for name, adapter in self.policies.adapters.items():
                 if adapter.version > 0:
@@ -172,15 +152,7 @@ class PolicyTrainerService(TrainerService):
                         WeightUpdate(adapter.version, adapter.state_dict, path)
                     )
         await self._load_untrained()
-        self._subs.append(
-            await self.bus.subscribe_batch(
-                TRANSITIONS,
-                self.loop.consumer_group,
-                self._on_transitions,
-                max_batch=1024,
-                max_wait_s=self.loop.intake_wait_s,
-            )
-        )
+        await self._consume_transitions()
         self._write_status()
 
     async def _load_untrained(self) -> None:
@@ -225,19 +197,7 @@ class PolicyTrainerService(TrainerService):
         trained: list[str] = []
         for name, subgroups in by_policy.items():
             adapter = self.policies.adapters[name]
-            if self.loop.objective == "sft":  # cross-entropy on the policy's transitions of good episodes
-                batch = sft_batch(subgroups, self.algo.sft_reward_threshold)
-            else:
-                batch = build_batch(
-                    subgroups,
-                    self.algo,
-                    adapter.version,
-                    success_threshold=self.loop.success_threshold,
-                    baselines=self.adapter_baselines[name],
-                )
-                self.adapter_baselines[name].update(batch.production, self.algo)
-            for reason, n in batch.stats.skipped.items():
-                self.metrics.skipped.labels(reason).inc(n)
+            batch = self._batch(subgroups, adapter.version, self.adapter_baselines[name])
             if batch.samples and await self._train_adapter(name, adapter, batch, gen_seconds):
                 trained.append(name)
         if not trained:
@@ -326,11 +286,7 @@ class PolicyTrainerService(TrainerService):
     def _export_adapter(self, name: str) -> Path:
         """The adapter as peft's directory under ``policies/<name>/exports``; keeps the last three."""
         adapter = self.policies.adapters[name]
-        root = self.adapter_stores[name].root / "exports"
-        path = adapter.export_weights(root / f"v{adapter.version:06d}")
-        for old in sorted(p for p in root.iterdir() if p.is_dir())[:-3]:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        return export_keeping_three(adapter.export_weights, adapter.version, self.adapter_stores[name].root)
 
     def checkpoint(self) -> Path:
         config = {
@@ -352,21 +308,8 @@ class PolicyTrainerService(TrainerService):
                 samples=dict(self.adapter_samples[name]),
             )
             self.adapter_stores[name].save(meta, adapter.save_checkpoint)
-        pending_groups = {g.group_id for g in self._ready}
-        shared = CheckpointMeta(
-            version=self.step,  # the directory's name: the shared state has no weights of its own
-            step=self.step,
-            model=self.loop.model,
-            base_model=self.base_model,
-            config=config,
-            consumed_groups=self.intake.consumed_ids(excluding=pending_groups)[-200_000:],
-            offsets=dict(self._offsets),
-            samples=dict(self.samples_trained),
-        )
-        path = self.store.save(shared, lambda _: None)
-        pending: list[EpisodeScored] = [e for g in self._ready for e in g.episodes()]
-        self.store.rewrite_inbox([*pending, *self.intake.pending_events()])
-        return path
+        # the step names the shared state's directory: it has no weights of its own
+        return self._save_shared(self._shared_meta(self.step, config), lambda _: None)
 
     def status(self) -> TrainerStatus:
         status = super().status()
@@ -404,30 +347,6 @@ def start_policies(settings: TrainerSettings, model_dir: Path | None = None) -> 
         device=settings.trainer_device,
         torch_threads=settings.trainer_torch_threads,
     )
-
-
-def adapter_sinks(
-    kind: str, target: str | Callable[[str, Path, int], Awaitable[Any]], *, token: str | None = None
-) -> Callable[[str], list[WeightSink]]:
-    """Each adapter's sink: ``in-process`` (``target`` is the engine's ``load_adapter``), ``flywheel``
-    (``target`` is ``flywheel engine``'s URL) or ``vllm`` (``target`` is a vLLM server's URL, started with
-    ``--enable-lora`` and runtime LoRA updating: :class:`trainer.vllm_sink.VllmAdapterSink`)."""
-    from trainer.vllm_sink import VllmAdapterSink
-
-    def sinks(adapter: str) -> list[WeightSink]:
-        if kind == "in-process" and callable(target):
-            return [InProcessAdapterSink(target, adapter, name="embedded-engine")]
-        if kind == "flywheel" and isinstance(target, str):
-            return [HttpAdapterSink(target, adapter, token=token)]
-        if kind == "vllm" and isinstance(target, str):
-            return [VllmAdapterSink(target, adapter, token=token)]
-        if kind == "none":
-            return []
-        raise ValueError(
-            f"LoRA policies load into the embedded engine, flywheel engine or vLLM, not {kind!r}"
-        )
-
-    return sinks
 
 
 def build_policy_trainer(

@@ -217,8 +217,9 @@ async def _pipeline(
     from trainer.backends.torch_backend import TorchBackend
     from trainer.checkpoints import CheckpointStore
     from trainer.groups import Intake
+    from trainer.loop import LoopConfig
     from trainer.rollouts import RolloutPlanner
-    from trainer.service import LoopConfig, TrainerService
+    from trainer.service import TrainerService
     from trainer.weights import HttpSink, InProcessSink, WeightSink, WeightSync
 
     torch.set_num_threads(threads)

@@ -24,7 +24,8 @@ from tests.unit.trainer.helpers import episode, tiny_model, transition
 from trainer.app import build
 from trainer.backends.torch_backend import TorchBackend
 from trainer.batching import Sample, TrainBatch
-from trainer.service import LoopConfig, TrainerService
+from trainer.loop import LoopConfig
+from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 from trainer.weights import InProcessSink, WeightSink
 
