@@ -76,7 +76,7 @@ class Call:
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]  # vLLM's processed logprob of each token in token_ids
-    temperature: float  # what the gateway records for the call (gateway.recording.prepare.sampling_temperature)
+    temperature: float  # what the gateway records (gateway.recording.prepare.sampling_temperature)
 
 
 @dataclass(frozen=True, slots=True)
