@@ -26,30 +26,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from flywheel import assembly
-from gateway.app import app_for
-from gateway.limits import GatewayHttpProtocol
-from gateway.service import Gateway
-from gateway.settings import GatewaySettings
-from gateway.upstream.client import Upstream
 from infra import service
-from infra.bus.base import Bus
-from infra.eventlog.settings import EventLogSettings
 from infra.logging import get_logger
-from infra.otel.exporter import OtelExporter
-from infra.otel.forward import ExportForwarder
-from infra.otel.settings import OtelSettings
-from reward_service.settings import RewardSettings
-from rollout_worker.settings import WorkerSettings
-from schemas import CONTROL, DEADLETTER, EPISODES
-from trainer.settings import TrainerSettings
-from trainer.weights import WeightLoadError, WeightSink
 
-# torch: the trainer's model loads only in the trainer's process (the gateway-only image has no torch)
 if TYPE_CHECKING:
+    from gateway.service import Gateway
+    from gateway.settings import GatewaySettings
+    from gateway.upstream.client import Upstream
+    from infra.bus.base import Bus
+    from infra.eventlog.settings import EventLogSettings
+    from infra.otel.exporter import OtelExporter
+    from infra.otel.forward import ExportForwarder
+    from infra.otel.settings import OtelSettings
+    from reward_service.settings import RewardSettings
+    from rollout_worker.settings import WorkerSettings
     from trainer.backends.base import Backend
+    from trainer.settings import TrainerSettings
+    from trainer.weights import WeightSink
 
 log = get_logger(__name__)
 
@@ -96,7 +90,14 @@ async def serve_gateway(
     the export's consumer runs here too, reading the gateway's events after it has answered and handing
     their bytes to a child process that builds and sends the spans (``infra.otel.forward``); on Kafka it is a
     process of its own (``flywheel otel-export``: one per stack, it must see every episode and score)."""
+    from gateway.app import app_for
+    from gateway.limits import GatewayHttpProtocol
+    from infra.otel.settings import OtelSettings
+    from schemas import CONTROL, DEADLETTER, EPISODES
+
     if otel is None:
+        from pydantic import ValidationError
+
         try:
             otel = OtelSettings()
         except ValidationError as exc:  # a bad FLYWHEEL_OTLP_* value: one line, not a traceback
@@ -184,22 +185,38 @@ async def serve_otel_exporter(settings: OtelSettings, stop: asyncio.Event | None
 
 
 async def serve_trainer(settings: TrainerSettings, max_steps: int | None = None) -> None:
-    """The trainer against the configured bus until a signal (or ``max_steps``): the whole model on its
-    backend, or a LoRA adapter per policy of ``FLYWHEEL_POLICIES``, on ``trainer_base_model``; its weights
-    loaded into the engine its settings name (none: trained only)."""
+    """The trainer against the configured bus until a signal (or ``max_steps``): its backend on
+    ``trainer_base_model``, its weights loaded into the engine its settings name (none: trained only)."""
     if settings.trainer_base_model is None:
         raise SystemExit("FLYWHEEL_TRAINER_BASE_MODEL (or --model) must name a Hugging Face model directory")
     choice = assembly.trainer_engine(settings)
-    sinks: Callable[[str | None], Sequence[WeightSink]] = (
-        assembly.RunningEngine(choice).sinks if choice is not None else lambda _: []
-    )
-    model = _start_model(settings)
-    if model is None:  # a torchrun rank past 0: it followed rank 0 until the run ended
+    engine = assembly.RunningEngine(choice) if choice is not None else None
+    if settings.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
+        await _serve_policies(settings, engine, max_steps)
         return
+    from trainer.backends.ddp import start_torchrun_rank, torchrun_world
+
+    backend: Backend
+    if torchrun_world() is not None:  # torchrun: rank 0 runs the service, the others follow it
+        rank0 = start_torchrun_rank(
+            settings.trainer_base_model,
+            settings.trainer_algo,
+            device=settings.trainer_device,
+            torch_threads=settings.trainer_torch_threads,
+        )
+        if rank0 is None:
+            return
+        backend = rank0
+    else:
+        backend = assembly.start_trainer_backend(
+            settings, settings.trainer_base_model, torch_threads=settings.trainer_torch_threads
+        )
+    sink = engine.weight_sink() if engine is not None else None
+    sinks: list[WeightSink] = [sink] if sink is not None else []
     try:
         await service.serve(
             settings,
-            lambda bus: assembly.build_trainer(settings, bus, model, sinks),
+            lambda bus: assembly.build_trainer(settings, bus, backend, sinks),
             name="trainer",
             metrics_port=settings.trainer_metrics_port,
             registry=lambda trainer: trainer.metrics.registry,
@@ -207,31 +224,38 @@ async def serve_trainer(settings: TrainerSettings, max_steps: int | None = None)
             interrupt=lambda trainer: trainer.request_stop(),  # the step in progress finishes first
             on_started=lambda _, __: log.info(
                 "trainer_started",
-                version=model.version,
+                version=backend.version,
                 mode=settings.trainer_mode,
                 objective=settings.trainer_objective,
                 root=str(settings.trainer_root),
             ),
         )
+    finally:
+        backend.close()
+
+
+async def _serve_policies(
+    settings: TrainerSettings, engine: assembly.RunningEngine | None, max_steps: int | None
+) -> None:
+    from trainer.policy_service import start_policies
+    from trainer.weights import WeightLoadError
+
+    try:
+        sinks: Callable[[str], list[WeightSink]] = (
+            engine.adapter_sinks() if engine is not None else lambda _: []
+        )
+    except ValueError as exc:  # an engine adapters cannot be loaded into
+        raise service.ServiceStartError(f"trainer: {exc}") from exc
+    policies = start_policies(settings)
+    try:
+        await service.serve(
+            settings,
+            lambda bus: assembly.build_policy_trainer(settings, bus, policies, sinks),
+            name="trainer",
+            metrics_port=settings.trainer_metrics_port,
+            registry=lambda trainer: trainer.metrics.registry,
+            until=lambda trainer: trainer.run(max_steps),
+            interrupt=lambda trainer: trainer.request_stop(),
+        )
     except WeightLoadError as exc:  # the engine refused an adapter at start (vLLM without --enable-lora)
         raise service.ServiceStartError(f"trainer: {exc}") from exc
-    finally:
-        model.close()
-
-
-def _start_model(settings: TrainerSettings) -> Backend | None:
-    """The trainer's model; under torchrun, rank 0's backend (the other ranks follow it: None to them)."""
-    assert settings.trainer_base_model is not None
-    if not settings.policies:
-        from trainer.backends.ddp import start_torchrun_rank, torchrun_world  # torch
-
-        if torchrun_world() is not None:
-            return start_torchrun_rank(
-                settings.trainer_base_model,
-                settings.trainer_algo,
-                device=settings.trainer_device,
-                torch_threads=settings.trainer_torch_threads,
-            )
-    return assembly.start_trainer_model(
-        settings, settings.trainer_base_model, torch_threads=settings.trainer_torch_threads
-    )

@@ -14,25 +14,22 @@ it:
     build_worker(settings, bus)                      rollout_worker.service.RolloutWorker
     build_reward(settings, bus)                      reward_service.service.RewardService
     await build_recorder(settings, bus)              the recorder and the event log it owns
-    build_trainer(settings, bus, model, sinks)       trainer.service.TrainerService
+    build_trainer(settings, bus, backend, sinks)     trainer.service.TrainerService
+    build_policy_trainer(settings, bus, ...)         the trainer with a policy map (a LoRA adapter each)
     build_otel_exporter(settings, bus)               infra.otel's exporter (None without an endpoint)
     build_otel_forwarder(settings, bus, registry)    its consumer, the export work in a child process
-    start_trainer_model(settings, model_dir)         what the trainer trains: the whole model on its
-                                                     backend (torch, process, DDP, verl), or a LoRA
-                                                     adapter per policy of FLYWHEEL_POLICIES
+    start_trainer_backend(settings, model_dir)       the trainer's backend (torch, process, DDP, verl)
     load_engine(model_dir, ...)                      the embedded engine (``flywheel engine``, the stack)
 
 The engine the policy is served from, and how weights reach it, are chosen in one place:
 :func:`choose_engine` (embedded in this process, ``flywheel engine`` as a child process, a ``flywheel
 engine`` or a vLLM server at a URL, or an upstream URL nothing loads weights into; a trainer run alone
 names its engine in its settings, :func:`trainer_engine`), :func:`start_engine` starts it, and the
-:class:`RunningEngine` gives the gateway's upstream (:meth:`RunningEngine.upstream`) and each policy's
-weight sinks (:meth:`RunningEngine.sinks`, the whole model's or a LoRA adapter's): the one place an
+:class:`RunningEngine` gives the gateway's upstream (:meth:`RunningEngine.upstream`) and the trainer's
+weight sinks (:meth:`RunningEngine.weight_sink`, :meth:`RunningEngine.adapter_sinks`): the one place an
 engine's kind picks its sink.
 
-The modules that load torch, transformers or peft (the engine, the trainer's model) are imported inside
-the functions that need them: the gateway-only image has no torch, and a process that runs another part
-never pays for them.
+Imports are lazy: a process that runs one part loads only that part's modules.
 """
 
 from __future__ import annotations
@@ -43,41 +40,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import httpx
-from prometheus_client import CollectorRegistry
-
-from gateway import app as gateway_app
-from gateway.keys import KeyStore
-from gateway.service import Gateway
-from gateway.settings import GatewaySettings
-from gateway.upstream.client import Upstream, make_upstream
-from infra.bus.base import Bus
-from infra.eventlog import app as eventlog_app
-from infra.eventlog.app import RecorderProcess
-from infra.eventlog.settings import EventLogSettings
-from infra.otel import app as otel_app
-from infra.otel.exporter import OtelExporter
-from infra.otel.forward import ExportForwarder
-from infra.otel.settings import OtelSettings
-from reward_service import app as reward_app
-from reward_service.service import RewardService
-from reward_service.settings import RewardSettings
-from rollout_worker import app as worker_app
-from rollout_worker.service import RolloutWorker
-from rollout_worker.settings import WorkerSettings
-from schemas import UpstreamKind
-from trainer.loop import LoopConfig
-from trainer.rollouts import RolloutPlanner
-from trainer.service import TrainerService
-from trainer.settings import TrainerSettings
-from trainer.vllm_sink import VllmAdapterSink, VllmSink
-from trainer.weights import HttpAdapterSink, HttpSink, InProcessAdapterSink, InProcessSink, WeightSink
-
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.keys import KeyStore
+    from gateway.service import Gateway
+    from gateway.settings import GatewaySettings
+    from gateway.upstream.client import Upstream
+    from infra.bus.base import Bus
     from infra.engine.core import InferenceEngine
     from infra.engine.process import EngineProcess
-    from trainer.app import Sinks
+    from infra.eventlog.app import RecorderProcess
+    from infra.eventlog.settings import EventLogSettings
+    from infra.otel.exporter import OtelExporter
+    from infra.otel.forward import ExportForwarder
+    from infra.otel.settings import OtelSettings
+    from reward_service.service import RewardService
+    from reward_service.settings import RewardSettings
+    from rollout_worker.service import RolloutWorker
+    from rollout_worker.settings import WorkerSettings
     from trainer.backends.base import Backend
+    from trainer.loop import LoopConfig
+    from trainer.lora import LoraPolicies
+    from trainer.policy_service import PolicyTrainerService
+    from trainer.rollouts import RolloutPlanner
+    from trainer.service import TrainerService
+    from trainer.settings import TrainerSettings
+    from trainer.weights import WeightSink
 
 TINY_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "up-tiny"
 TINY_CORPUS = [f"What is {a} plus {b}? The answer is {a + b}." for a in range(20) for b in range(20)]
@@ -90,11 +79,15 @@ def build_gateway(
     settings: GatewaySettings, bus: Bus, upstreams: Sequence[Upstream], *, keystore: KeyStore | None = None
 ) -> Gateway:
     """The gateway (``gateway.app.app_for(gateway)`` is its ASGI app)."""
-    return gateway_app.build(settings, bus, upstreams, keystore=keystore)
+    from gateway.app import build
+
+    return build(settings, bus, upstreams, keystore=keystore)
 
 
 def build_worker(settings: WorkerSettings, bus: Bus) -> RolloutWorker:
-    return worker_app.build(settings, bus)
+    from rollout_worker.app import build
+
+    return build(settings, bus)
 
 
 def build_otel_forwarder(
@@ -103,47 +96,75 @@ def build_otel_forwarder(
     """The OpenTelemetry export of a process whose bus is its own (the embedded stack, ``flywheel gateway``
     on the in-process bus): a consumer handing the events' bytes to a child process that builds and
     sends the spans (``infra.otel.forward``); None without an endpoint."""
-    return otel_app.build_forwarder(settings, bus, registry)
+    from infra.otel.app import build_forwarder
+
+    return build_forwarder(settings, bus, registry)
 
 
 def build_reward(settings: RewardSettings, bus: Bus) -> RewardService:
-    return reward_app.build(settings, bus)
+    from reward_service.app import build
+
+    return build(settings, bus)
 
 
 async def build_recorder(settings: EventLogSettings, bus: Bus) -> RecorderProcess:
     """The recorder on every topic and the event log it writes (ClickHouse server, or chdb it owns);
     its ``stop`` writes the last batches, then closes the store."""
-    return await eventlog_app.build(settings, bus)
+    from infra.eventlog.app import build
+
+    return await build(settings, bus)
 
 
 def build_trainer(
     settings: TrainerSettings,
     bus: Bus,
-    model: Backend,
-    sinks: Sinks,
+    backend: Backend,
+    sinks: Sequence[WeightSink],
     *,
     planner: RolloutPlanner | None = None,
     loop: LoopConfig | None = None,
 ) -> TrainerService:
-    """The trainer over ``model`` (:func:`start_trainer_model`), each policy's weights loaded through
-    ``sinks`` (:meth:`RunningEngine.sinks`; ``sinks(None)``: the whole model's, ``sinks(name)``: an
-    adapter's)."""
-    from trainer.app import build  # torch
+    from trainer.app import build
 
-    return build(settings, bus, model, sinks, planner=planner, loop=loop)
+    return build(settings, bus, backend, sinks, planner=planner, loop=loop)
+
+
+def build_policy_trainer(
+    settings: TrainerSettings,
+    bus: Bus,
+    policies: LoraPolicies,
+    sinks: Callable[[str], Sequence[WeightSink]],
+    *,
+    planner: RolloutPlanner | None = None,
+) -> PolicyTrainerService:
+    """The trainer with a policy map: one LoRA adapter per policy over the frozen base (``policies``,
+    ``trainer.policy_service.start_policies``), each loaded through ``sinks(adapter)``."""
+    from trainer.app import loop_config
+    from trainer.policy_service import build_policy_trainer
+
+    return build_policy_trainer(settings, bus, policies, sinks, loop_config(settings), planner=planner)
 
 
 def build_otel_exporter(settings: OtelSettings, bus: Bus) -> OtelExporter | None:
     """The OpenTelemetry exporter (recorded episodes as OTLP GenAI spans), None without an endpoint."""
-    return otel_app.build(settings, bus)
+    from infra.otel.app import build
+
+    return build(settings, bus)
 
 
-def start_trainer_model(settings: TrainerSettings, model_dir: Path, *, torch_threads: int = 0) -> Backend:
-    """What the trainer trains on ``model_dir``, as its settings say (blocking: it loads the model): the
-    whole model on its backend, or one LoRA adapter per policy over the frozen base."""
-    from trainer.app import start_model  # torch
+def start_trainer_backend(settings: TrainerSettings, model_dir: Path, *, torch_threads: int = 0) -> Backend:
+    """The trainer's backend on ``model_dir`` as its settings say (blocking: it loads the model)."""
+    from trainer.app import start_backend
 
-    return start_model(settings, model_dir, torch_threads=torch_threads)
+    return start_backend(
+        model_dir,
+        settings.trainer_algo,
+        device=settings.trainer_device,
+        torch_threads=torch_threads,
+        process=settings.trainer_backend_process,
+        dp=settings.trainer_dp,
+        kind=settings.trainer_backend,
+    )
 
 
 def load_engine(
@@ -157,7 +178,7 @@ def load_engine(
 ) -> InferenceEngine:
     """The embedded engine on ``model_dir`` (blocking: it loads the model): ``flywheel engine`` serves
     it over HTTP, the stack behind an ASGI transport."""
-    from infra.engine.core import InferenceEngine  # torch
+    from infra.engine.core import InferenceEngine
 
     return InferenceEngine.from_pretrained(
         model_dir,
@@ -171,7 +192,7 @@ def load_engine(
 
 def tiny_model() -> Path:
     """A toy model (a few MB, built once and cached) for ``--tiny`` and a model-less ``agl-server``."""
-    from trainer.models.tiny import build_tiny  # torch, transformers
+    from trainer.models.tiny import build_tiny
 
     return build_tiny(TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)
 
@@ -237,23 +258,15 @@ class RunningEngine:
     process: EngineProcess | None = None
     _stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
-    def _reach(self) -> tuple[Literal["upstream", "vllm", "flywheel", "in-process"], str, str | None]:
-        """The one engine-kind switch: how this engine is reached (an upstream URL nothing loads weights
-        into, vLLM or ``flywheel engine`` over HTTP, its child process included, or in this process),
-        at which URL, with which token; :meth:`upstream` and :meth:`sinks` build on it."""
-        kind = self.choice.kind
-        if self.process is not None:
-            return "flywheel", self.process.url, self.process.admin_token
-        if kind == "embedded" or kind == "process":
-            return "in-process", "", None
-        return kind, self.choice.url or "", self.choice.token
-
     def upstream(self, settings: GatewaySettings) -> Upstream:
         """The gateway's upstream in front of this engine (the caller closes its client)."""
-        how, url, _ = self._reach()
-        if how == "upstream":
+        from gateway.upstream.client import make_upstream
+        from schemas import UpstreamKind
+
+        kind = self.choice.kind
+        if kind == "upstream":
             return make_upstream(
-                url,
+                self.choice.url or "",
                 kind=settings.upstream_kind,
                 logprobs_mode=settings.logprobs_mode,
                 api_key=settings.upstream_api_key,
@@ -261,22 +274,24 @@ class RunningEngine:
                 request_weight_versions=settings.request_weight_versions,
                 wire=settings.upstream_client == "wire",
             )
-        if how == "vllm":
+        if kind == "vllm":
             return make_upstream(
-                f"{url}/v1",
+                f"{self.choice.url}/v1",
                 kind=UpstreamKind.vllm,
                 logprobs_mode=settings.logprobs_mode,
                 timeout_s=settings.upstream_timeout_s,
                 request_weight_versions=True,
             )
-        if how == "flywheel":
+        if kind == "flywheel" or self.process is not None:
             return make_upstream(
-                f"{url}/v1",
+                (self.process.url if self.process is not None else self.choice.url or "") + "/v1",
                 kind=UpstreamKind.embedded,
                 logprobs_mode=settings.logprobs_mode,
                 timeout_s=settings.upstream_timeout_s,
             )
-        from infra.engine.app import create_engine_app  # torch
+        import httpx
+
+        from infra.engine.app import create_engine_app
 
         return make_upstream(
             "http://embedded-engine/v1",
@@ -286,29 +301,54 @@ class RunningEngine:
             transport=httpx.ASGITransport(app=create_engine_app(self._engine)),
         )
 
-    def sinks(self, adapter: str | None = None) -> list[WeightSink]:
-        """How the trainer loads a new version of the whole model (``adapter`` None) or of one LoRA
-        adapter into this engine: vLLM's ``/collective_rpc`` (:class:`~trainer.vllm_sink.VllmSink`) or
-        ``/v1/load_lora_adapter`` (``--enable-lora``, runtime loading); ``flywheel engine``'s
-        ``/load_weights`` or ``/load_adapter``; the embedded engine's own methods. ValueError for an
-        upstream URL: nothing loads weights into it."""
-        how, url, token = self._reach()
-        if how == "upstream":
-            raise ValueError(
-                "nothing loads weights into an upstream URL: the trainer loads into the embedded engine, "
-                "flywheel engine or vLLM"
-            )
+    def _loader(self) -> tuple[str, str, str | None]:
+        """The one engine-kind switch: how new weights reach this engine (``vllm``, ``flywheel``: an HTTP
+        engine at a URL, ``in-process``, or ``none`` for an upstream URL), where, and with which token."""
+        kind = self.choice.kind
+        if kind in ("vllm", "flywheel"):
+            return kind, self.choice.url or "", self.choice.token
+        if kind == "upstream":
+            return "none", "", None
+        if self.process is not None:
+            return "flywheel", self.process.url, self.process.admin_token
+        return "in-process", "", None
+
+    def weight_sink(self) -> WeightSink | None:
+        """How the trainer loads a new version into this engine (None: nothing can, an upstream URL):
+        vLLM's ``/collective_rpc`` (:class:`~trainer.vllm_sink.VllmSink`), ``flywheel engine``'s
+        ``/load_weights`` (:class:`~trainer.weights.HttpSink`), or the embedded engine's own method."""
+        from trainer.vllm_sink import VllmSink
+        from trainer.weights import HttpSink, InProcessSink
+
+        how, url, token = self._loader()
         if how == "vllm":
-            return [
-                VllmSink(url, token=token) if adapter is None else VllmAdapterSink(url, adapter, token=token)
-            ]
+            return VllmSink(url, token=token)
         if how == "flywheel":
-            return [
-                HttpSink(url, token=token) if adapter is None else HttpAdapterSink(url, adapter, token=token)
-            ]
-        if adapter is None:
-            return [InProcessSink(self._engine.load_weights, name="embedded-engine")]
-        return [InProcessAdapterSink(self._engine.load_adapter, adapter, name="embedded-engine")]
+            return HttpSink(url, token=token)
+        if how == "in-process":
+            return InProcessSink(self._engine.load_weights, name="embedded-engine")
+        return None
+
+    def adapter_sinks(self) -> Callable[[str], list[WeightSink]]:
+        """Each LoRA adapter's sink (``trainer.policy_service``): the embedded engine, a ``flywheel
+        engine`` (its process, or one at a URL) or a vLLM server (``--enable-lora``, runtime loading)."""
+        from trainer.vllm_sink import VllmAdapterSink
+        from trainer.weights import HttpAdapterSink, InProcessAdapterSink
+
+        how, url, token = self._loader()
+        if how == "none":
+            raise ValueError("LoRA policies load into the embedded engine, flywheel engine or vLLM")
+        load = self._engine.load_adapter if how == "in-process" else None
+
+        def sinks(adapter: str) -> list[WeightSink]:
+            if how == "vllm":
+                return [VllmAdapterSink(url, adapter, token=token)]
+            if how == "flywheel":
+                return [HttpAdapterSink(url, adapter, token=token)]
+            assert load is not None
+            return [InProcessAdapterSink(load, adapter, name="embedded-engine")]
+
+        return sinks
 
     @property
     def _engine(self) -> InferenceEngine:
@@ -336,7 +376,7 @@ async def start_engine(
     if choice.model_dir is None:
         raise ValueError("the embedded engine needs a model directory")
     if choice.kind == "process":
-        from infra.engine.process import EngineProcess  # torch
+        from infra.engine.process import EngineProcess
 
         proc = await EngineProcess.start(
             choice.model_dir,

@@ -41,44 +41,27 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
 from pydantic import SecretStr
 
-from flywheel.assembly import (
-    RunningEngine,
-    build_gateway,
-    build_otel_forwarder,
-    build_recorder,
-    build_reward,
-    build_trainer,
-    build_worker,
-    choose_engine,
-    start_engine,
-    start_trainer_model,
-)
 from flywheel.stack_settings import StackSettings as StackSettings  # re-exported
-from gateway.app import app_for
-from gateway.server import GatewayServer
-from gateway.upstream.client import Upstream
 from infra.bus.base import Bus
-from infra.bus.factory import park_path
-from infra.bus.memory import MemoryBus
-from infra.eventlog.api import create_eventlog_router
 from infra.logging import get_logger
-from reward_service.service import RewardService
-from rollout_worker.service import RolloutWorker
 from schemas import TOPICS, AgentRef, Task
-from trainer.curriculum import SignalCurriculum
-from trainer.rollouts import RolloutPlanner
-from trainer.service import TrainerService
 
-# The engine's modules load torch: the stack imports them only where it starts the engine
-# (flywheel.assembly), so the gateway-only image, which has no torch, still imports this module.
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from flywheel.assembly import RunningEngine
+    from gateway.server import GatewayServer
+    from gateway.upstream.client import Upstream
     from infra.engine.core import InferenceEngine
     from infra.engine.process import EngineProcess
     from infra.eventlog.recorder import Recorder
     from infra.eventlog.store import ChdbStore, ServerStore
+    from reward_service.service import RewardService
+    from rollout_worker.service import RolloutWorker
+    from trainer.rollouts import RolloutPlanner
+    from trainer.service import TrainerService
 
 log = get_logger(__name__)
 
@@ -219,6 +202,9 @@ class EmbeddedStack:
 
     # ------------------------------------------------------------------ parts
     async def _start_bus(self) -> None:
+        from infra.bus.factory import park_path
+        from infra.bus.memory import MemoryBus
+
         bus = (
             self._bus_factory()
             if self._bus_factory is not None
@@ -246,6 +232,8 @@ class EmbeddedStack:
         return bus
 
     async def _start_recorder(self) -> None:
+        from flywheel.assembly import build_recorder
+
         process = await build_recorder(self.settings.eventlog, await self._connect("recorder"))
         try:
             await process.start()
@@ -257,6 +245,8 @@ class EmbeddedStack:
         self.recorder = process.recorder
 
     async def _start_otel_exporter(self) -> None:
+        from flywheel.assembly import build_otel_forwarder
+
         # this process is the stack's: the spans are built and sent by a child process (infra.otel.forward)
         exporter = build_otel_forwarder(self.settings.otel, await self._connect("otel"))
         if exporter is None:
@@ -265,6 +255,8 @@ class EmbeddedStack:
         self._stoppers.append(("otel-export", exporter.stop))
 
     async def _start_engine(self) -> None:
+        from flywheel.assembly import choose_engine, start_engine
+
         s = self.settings
         running = await start_engine(
             choose_engine(model_dir=self._model_dir, vllm_url=self.vllm_url, process=s.engine_process),
@@ -279,11 +271,17 @@ class EmbeddedStack:
         self.engine_process = running.process
 
     async def _start_gateway(self) -> None:
+        from flywheel.assembly import build_gateway
+        from gateway.app import app_for
+        from gateway.server import GatewayServer
+
         s = self.settings
         upstream = self.upstream or self._running.upstream(s.gateway)
         app = app_for(build_gateway(s.gateway, await self._connect("gateway"), [upstream]))
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
+            from infra.eventlog.api import create_eventlog_router
+
             app.include_router(create_eventlog_router(self.store, s.admin_token.get_secret_value()))
         self._stoppers.append(("upstream", upstream.client.aclose))  # closed after the server stopped
         server = GatewayServer(app, host=s.gateway.gateway_host, port=s.gateway.gateway_port)
@@ -296,6 +294,8 @@ class EmbeddedStack:
         """Start one more rollout worker (the first is started with the stack unless ``run_worker`` is
         off). It has the stack's settings but ``worker_id`` and ``overrides``; with a ``bus_factory``, a
         connection of its own, so it joins the consumer group as a worker process would."""
+        from flywheel.assembly import build_worker
+
         if not self.gateway_url:
             raise StackError("the stack is not started")
         update: dict[str, Any] = {"gateway_url": self.gateway_url, **overrides}
@@ -310,6 +310,8 @@ class EmbeddedStack:
         return worker
 
     async def _start_reward(self) -> None:
+        from flywheel.assembly import build_reward
+
         settings = self.settings.reward.model_copy(update={"gateway_url": self.gateway_url})
         reward = build_reward(settings, await self._connect("reward"))
         await reward.start()
@@ -317,27 +319,35 @@ class EmbeddedStack:
         self.reward = reward
 
     async def _start_trainer(self) -> None:
-        """The trainer over the model (the whole model, or with ``settings.policies`` a LoRA adapter per
-        policy over the frozen base), loading each policy's versions into the engine the stack serves."""
+        from flywheel.assembly import build_trainer, start_trainer_backend
+
         s = self.settings
-        # the trainer's own thread count if set, else the engine's (both default to torch's)
-        threads = s.trainer.trainer_torch_threads or s.engine_threads
-        model = await asyncio.to_thread(
-            start_trainer_model, s.trainer, self._model_dir, torch_threads=threads
+        if s.policies:  # a LoRA adapter per policy over the frozen base (trainer/policy_service.py)
+            await self._start_policy_trainer()
+            return
+        sink = self._running.weight_sink()
+        if sink is None:
+            raise StackError("the trainer cannot load weights into this engine")
+        backend = await asyncio.to_thread(
+            start_trainer_backend, s.trainer, self._model_dir, torch_threads=s.engine_threads
         )
-        self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(model.close)))
+        self._stoppers.append(("trainer-backend", lambda: asyncio.to_thread(backend.close)))
         bus = await self._connect("trainer")
-        service = build_trainer(s.trainer, bus, model, self._running.sinks, planner=await self._planner(bus))
-        await service.start()  # WeightLoadError: the engine refused an adapter (vLLM without --enable-lora)
+        service = build_trainer(s.trainer, bus, backend, [sink], planner=await self._planner(bus))
+        await service.start()
         self._stoppers.append(("trainer", service.stop))
         self.trainer = service
 
     async def _planner(self, bus: Bus) -> RolloutPlanner | None:
         """The trainer's rollout planner when the stack was given tasks and an agent."""
+        from trainer.rollouts import RolloutPlanner
+
         if self._tasks is None or self._agent is None:
             return None
         curriculum = None
         if self._curriculum_revisit is not None:
+            from trainer.curriculum import SignalCurriculum
+
             history = await asyncio.to_thread(self.store.task_history) if self.store is not None else {}
             curriculum = SignalCurriculum(self._tasks, revisit=self._curriculum_revisit, history=history)
         return RolloutPlanner(
@@ -349,6 +359,26 @@ class EmbeddedStack:
             deadline_s=self._deadline_s,
             curriculum=curriculum,
         )
+
+    async def _start_policy_trainer(self) -> None:
+        from flywheel.assembly import build_policy_trainer
+        from trainer.policy_service import start_policies
+        from trainer.weights import WeightLoadError
+
+        s = self.settings
+        try:
+            sinks = self._running.adapter_sinks()
+        except ValueError as exc:
+            raise StackError(str(exc)) from exc
+        policies = await asyncio.to_thread(start_policies, s.trainer, self._model_dir)
+        bus = await self._connect("trainer")
+        service = build_policy_trainer(s.trainer, bus, policies, sinks, planner=await self._planner(bus))
+        try:
+            await service.start()
+        except WeightLoadError as exc:  # the engine refused an adapter (vLLM without --enable-lora)
+            raise StackError(str(exc)) from exc
+        self._stoppers.append(("trainer", service.stop))
+        self.trainer = service
 
     # ------------------------------------------------------------------ training
     def start_training(self, max_steps: int | None = None) -> asyncio.Task[None]:

@@ -17,7 +17,7 @@ default): no adapters, and the trainer fine-tunes the whole model as it always d
 Who reads the map: the gateway picks the policy of each call, sends the call to the engine under the
 policy's name (the adapter the engine serves under that name) and records ``LLMCallRecorded.adapter``
 with the adapter's version; the reward service carries it into ``Transition.policy``; the trainer trains
-one adapter per policy (:mod:`trainer.lora`, :mod:`trainer.policy`).
+one adapter per policy (:mod:`trainer.lora`, :mod:`trainer.policy_service`).
 """
 
 from __future__ import annotations

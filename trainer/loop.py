@@ -1,7 +1,8 @@
-"""The trainer's loop: groups in, steps out, the state a restart keeps, the status.
+"""The trainer loop every trainer runs: groups in, steps out, the state a restart keeps.
 
-What a step does is :class:`trainer.service.TrainerService`'s; what it trains is a map of policies
-(:mod:`trainer.policy`: the whole model, or one LoRA adapter per policy). One iteration, top-down::
+What a step does is the trainer's own (:class:`trainer.service.TrainerService` trains the whole model,
+:class:`trainer.policy_service.PolicyTrainerService` one LoRA adapter per policy); the rest is here.
+One iteration, top-down::
 
     wait while paused (``TrainerPauseRequested`` on control; the state outlives a restart in status.json)
     top up rollouts (only when the trainer was given tasks)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from collections import Counter
@@ -42,15 +44,14 @@ from schemas import (
 from trainer.backends.base import Backend
 from trainer.baselines import ProductionBaselines
 from trainer.batching import TrainBatch, build_batch
-from trainer.checkpoints import CheckpointMeta, CheckpointStore
+from trainer.checkpoints import CheckpointInfo, CheckpointMeta, CheckpointStore
 from trainer.config import AlgorithmConfig
 from trainer.groups import Group, Intake
 from trainer.metrics import NullTracker, Tracker, TrainerMetrics
-from trainer.policy import Policy
 from trainer.rollouts import RolloutPlanner
 from trainer.sft import sft_batch
 from trainer.status import TrainerStatus, read_status, write_status
-from trainer.weights import WeightSync
+from trainer.weights import PipelinedUpdates, UpdateResult, WeightSync
 
 log = get_logger(__name__)
 
@@ -74,13 +75,22 @@ class LoopConfig:
     push_on_start: bool = True  # a resumed trainer loads its checkpoint into the engines first
 
 
+def export_keeping_three(export: Callable[[Path], Path], version: int, root: Path) -> Path:
+    """``export`` version ``version`` under ``root/exports`` (a directory a server loads); keeps three."""
+    exports = root / "exports"
+    path = export(exports / f"v{version:06d}")
+    for old in sorted(p for p in exports.iterdir() if p.is_dir())[:-3]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
 class TrainerLoop:
     def __init__(
         self,
         *,
         bus: Bus,
         backend: Backend,
-        policies: Sequence[Policy],
+        weights: WeightSync,
         store: CheckpointStore,
         intake: Intake,
         algo: AlgorithmConfig,
@@ -91,10 +101,8 @@ class TrainerLoop:
         base_model: str = "",
     ) -> None:
         self.bus = bus
-        # the model the policies live in: its version (the whole model's, or the sum of the adapters')
         self.backend = backend
-        self.policies = {p.name: p for p in policies}
-        self._last = next(iter(self.policies))  # the policy whose step was the last
+        self.weights = weights
         self.store = store
         self.intake = intake
         self.algo = algo
@@ -104,6 +112,7 @@ class TrainerLoop:
         self.planner = planner
         self.base_model = base_model
         self.step = 0
+        self.last_metrics = StepMetrics()
         self._ready: list[Group] = []
         self._wake = asyncio.Event()
         self._unpaused = asyncio.Event()
@@ -115,12 +124,14 @@ class TrainerLoop:
         self._offsets: dict[str, int] = {}
         self._gen_started = time.perf_counter()
         self.batches_without_signal = 0
+        self.baselines = ProductionBaselines()
         self.samples_trained: Counter[str] = Counter({src.value: 0 for src in EpisodeSource})
+        self._updates = PipelinedUpdates(weights, self._update_done)
 
     # ------------------------------------------------------------------ lifecycle
-    async def _restore_and_listen(self) -> None:
-        """The loop's state (step, consumed groups, offsets, samples, inbox, pause) from the newest
-        checkpoint, then the control topic; each policy's weights restore from their own store."""
+    async def _restore_and_listen(self) -> CheckpointInfo | None:
+        """The state every trainer shares (step, consumed groups, offsets, samples, inbox, pause) from
+        the newest checkpoint, then the control topic; returns that checkpoint for the weights' restore."""
         latest = self.store.latest()
         if latest is not None:
             self.step = latest.meta.step
@@ -135,6 +146,7 @@ class TrainerLoop:
         self._subs.append(
             await self.bus.subscribe(CONTROL, control_group, self._on_control, from_beginning=False)
         )
+        return latest
 
     async def _consume_transitions(self) -> None:
         """Subscribe to scored episodes: last, once the weights the trainer starts from are in place."""
@@ -187,8 +199,7 @@ class TrainerLoop:
     async def _on_control(self, msg: Message) -> None:
         event = msg.event
         if isinstance(event, InferenceDrained | InferenceResumed):
-            for policy in self.policies.values():  # each keeps its own (model, adapter)'s
-                await policy.weights.observe(event)
+            await self.weights.observe(event)
         elif isinstance(event, TrainerPauseRequested) and event.model == self.loop.model:
             self._set_paused(event.reason or "paused")
             log.info("trainer_paused", reason=event.reason)
@@ -302,9 +313,10 @@ class TrainerLoop:
             gen_seconds = time.perf_counter() - gen_start
             if await self.step_on(groups, gen_seconds):
                 taken += 1
+        await self._updates.finish()
 
     async def step_on(self, groups: list[Group], gen_seconds: float) -> bool:
-        """Train on ``groups``; False when nothing trained (no signal, failure): the service's step."""
+        """Train on ``groups``; False when nothing trained (no signal, failure). Each trainer's own."""
         raise NotImplementedError
 
     def _batch(self, groups: list[Group], version: int, baselines: ProductionBaselines) -> TrainBatch:
@@ -321,6 +333,20 @@ class TrainerLoop:
         for reason, n in batch.stats.skipped.items():
             self.metrics.skipped.labels(reason).inc(n)
         return batch
+
+    def _update_done(self, result: UpdateResult) -> None:
+        self.metrics.weight_updates.labels("activated" if result.activated else "failed").inc()
+        self.metrics.serving_version.set(self.weights.serving_version)
+        self.last_metrics = self.last_metrics.updated(
+            {
+                "serving_version": float(self.weights.serving_version),
+                "drain_ms": result.drain_ms,
+                "load_ms": result.load_ms,
+                "gateways_missing": float(len(result.missing)),
+                "weight_update_failed": 0.0 if result.activated else 1.0,
+            }
+        )
+        self._write_status()
 
     # ------------------------------------------------------------------ persistence
     def _shared_meta(self, version: int, config: dict[str, Any]) -> CheckpointMeta:
@@ -344,37 +370,12 @@ class TrainerLoop:
         self.store.rewrite_inbox([*pending, *self.intake.pending_events()])
         return path
 
-    # ------------------------------------------------------------------ what it trains
-    @property
-    def whole(self) -> Policy | None:
-        """The policy that trains every weight; None when the policies are adapters over a frozen base."""
-        return next((p for p in self.policies.values() if p.adapter is None), None)
-
-    @property
-    def weights(self) -> WeightSync:
-        """The whole model's weight-update protocol (each adapter has its own: ``policies[name].weights``)."""
-        if (whole := self.whole) is None:
-            raise AttributeError("the policies are adapters: each has its own weights (policies[name])")
-        return whole.weights
-
-    @property
-    def serving_version(self) -> int:
-        """The whole model's version the engines serve (0 with adapters: the base is never reloaded)."""
-        whole = self.whole
-        return whole.weights.serving_version if whole is not None else 0
-
-    @property
-    def last_metrics(self) -> StepMetrics:
-        """The last step's figures (of the policy that stepped last)."""
-        return self.policies[self._last].metrics
-
     def status(self) -> TrainerStatus:
-        adapters = {p.adapter: p for p in self.policies.values() if p.adapter is not None}
         return TrainerStatus(
             model=self.loop.model,
             step=self.step,
             version=self.backend.version,
-            serving_version=self.serving_version,
+            serving_version=self.weights.serving_version,
             paused=self.paused,
             pause_reason=self._pause_reason or "",
             mode=self.loop.mode,
@@ -383,11 +384,9 @@ class TrainerLoop:
             samples=dict(self.samples_trained),  # cumulative, per episode source
             ready_groups=len(self._ready),
             skipped=dict(self.intake.skipped),
-            known_gateways=sorted(set().union(*(p.weights.known_gateways for p in self.policies.values()))),
+            known_gateways=sorted(self.weights.known_gateways),
             metrics=self.last_metrics,
             updated_at=time.time(),
-            adapters={name: p.backend.version for name, p in adapters.items()},
-            serving_adapters={name: p.weights.serving_version for name, p in adapters.items()},
         )
 
     def _write_status(self) -> None:

@@ -38,7 +38,7 @@ class TrainerStatus(BaseModel):
     known_gateways: list[str] = Field(default_factory=list)
     metrics: StepMetrics = Field(default_factory=StepMetrics)
     updated_at: float = 0.0
-    # LoRA policies (trainer/policy.py): each adapter's trained and serving version
+    # LoRA policies (trainer/policy_service.py): each adapter's trained and serving version
     adapters: dict[str, int] = Field(default_factory=dict)
     serving_adapters: dict[str, int] = Field(default_factory=dict)
 

@@ -176,7 +176,7 @@ class VllmAdapterSink:
 
     vLLM answers an adapter's name only once it is loaded (an unknown ``model`` is a 404), so the trainer
     loads each adapter's untrained version 0 (its ``B`` factors zero: the base's outputs) when it starts
-    (``loads_untrained``, :meth:`trainer.service.TrainerService.start`). :meth:`unload`
+    (``loads_untrained``, :meth:`trainer.policy_service.PolicyTrainerService.start`). :meth:`unload`
     (``POST /v1/unload_lora_adapter``) removes it again.
     """
 

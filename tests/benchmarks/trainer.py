@@ -218,7 +218,6 @@ async def _pipeline(
     from trainer.checkpoints import CheckpointStore
     from trainer.groups import Intake
     from trainer.loop import LoopConfig
-    from trainer.policy import Policy
     from trainer.rollouts import RolloutPlanner
     from trainer.service import TrainerService
     from trainer.weights import HttpSink, InProcessSink, WeightSink, WeightSync
@@ -313,12 +312,11 @@ async def _pipeline(
         demo_tasks = (Task.model_validate(t) for t in calc_tasks.tasks("rl", 0))  # the demo's RL tasks
         planner = RolloutPlanner(bus, demo_tasks, agent, group_size=1)
         with tempfile.TemporaryDirectory() as tmp:
-            store = CheckpointStore(Path(tmp))
             service = TrainerService(
                 bus=bus,
                 backend=backend,
-                policies=[Policy("policy", backend, WeightSync(bus, [sink], expected_gateways=1), store)],
-                store=store,
+                weights=WeightSync(bus, [sink], expected_gateways=1),
+                store=CheckpointStore(Path(tmp)),
                 intake=Intake(),
                 algo=ALGO,
                 loop=LoopConfig(mode=mode, batch_groups=B, max_in_flight=K, checkpoint_every=10_000),  # type: ignore[arg-type]

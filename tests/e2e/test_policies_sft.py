@@ -30,8 +30,8 @@ ROLES = ("writer", "rewriter")
 async def test_sft_mode_trains_each_adapter_on_its_roles_good_transitions(tmp_path: Path) -> None:
     from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
     from trainer.config import LoraOptions
-    from trainer.lora import LoraPolicies
     from trainer.models.tiny import build_tiny
+    from trainer.policy_service import PolicyTrainerService
 
     model = await asyncio.to_thread(build_tiny, TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)
     settings = StackSettings(
@@ -57,7 +57,7 @@ async def test_sft_mode_trains_each_adapter_on_its_roles_good_transitions(tmp_pa
     task = Task(task_id="two-roles", input={"question": "What is 2 plus 3?"})
     stack = EmbeddedStack(settings, model_dir=model, tasks=repeat(task), agent=AGENT, group_size=4)
     async with stack:
-        assert stack.bus is not None and stack.trainer is not None
+        assert stack.bus is not None and isinstance(stack.trainer, PolicyTrainerService)
         assert stack.engine is not None
         subs = [
             await stack.bus.subscribe(t, "policies-sft-test", on_event, from_beginning=True)
@@ -69,8 +69,7 @@ async def test_sft_mode_trains_each_adapter_on_its_roles_good_transitions(tmp_pa
         status = stack.trainer.status()
         served = stack.engine.adapters
         base_version = stack.engine.weight_version
-        policies = stack.trainer.backend
-        assert isinstance(policies, LoraPolicies)  # a LoRA adapter per policy over the frozen base
+        policies = stack.trainer.policies
         trained = {e.adapter for e in steps}
 
         good = [s for s in scored if (s.reward or 0.0) >= 1.0]

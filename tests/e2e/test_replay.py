@@ -185,7 +185,7 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
 
     await bus.ensure_topics([s.CONTROL, s.TRANSITIONS])
     watch = await bus.subscribe(s.CONTROL, "test-steps", on_control)
-    service = build(settings, bus, backend, lambda _: [])
+    service = build(settings, bus, backend, [])
     await service.start()
     runner = asyncio.create_task(service.run(3))
     window = ReplayFilter(
@@ -263,7 +263,7 @@ async def test_a_paced_replay_through_the_admin_api_trains_the_recorded_run_in_o
 
     await bus.ensure_topics([s.CONTROL, s.TRANSITIONS])
     watch = await bus.subscribe(s.CONTROL, "test-steps", on_control)
-    service = build(settings, bus, load_backend(model, algo, torch_threads=1), lambda _: [])
+    service = build(settings, bus, load_backend(model, algo, torch_threads=1), [])
     await service.start()
     runner = asyncio.create_task(service.run(3))
     token = "s3cret-admin-token-for-tests"

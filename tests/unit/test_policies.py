@@ -1,5 +1,5 @@
 """The policy map (infra/policies.py), how the reward service keeps policies apart in transitions, and how
-the trainer splits a GRPO group by policy (trainer/policy.py)."""
+the trainer splits a GRPO group by policy (trainer/policy_service.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from schemas import LLMCallRecorded
 from tests.unit.reward.calls import call
 from tests.unit.trainer.helpers import episode, transition
 from trainer.groups import Group
-from trainer.policy import split_by_policy
+from trainer.policy_service import split_by_policy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -57,7 +57,7 @@ async def test_one_stream_trains_two_adapters_and_vllm_serves_their_versions(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.lora import LoraPolicies
+    from trainer.policy_service import PolicyTrainerService
     from trainer.vllm_sink import VllmAdapterSink
 
     settings = StackSettings(
@@ -89,8 +89,7 @@ async def test_one_stream_trains_two_adapters_and_vllm_serves_their_versions(
     ids = AutoTokenizer.from_pretrained(vllm_model_dir)(TEXT)["input_ids"]
     try:
         async with stack:
-            assert stack.bus is not None and stack.trainer is not None
-            assert isinstance(stack.trainer.backend, LoraPolicies)
+            assert stack.bus is not None and isinstance(stack.trainer, PolicyTrainerService)
             async with httpx.AsyncClient() as client:  # the trainer loaded version 0 of each adapter
                 served = {m["id"] for m in (await client.get(warm + "/v1/models")).json()["data"]}
                 assert set(ROLES) <= served, served
@@ -108,8 +107,7 @@ async def test_one_stream_trains_two_adapters_and_vllm_serves_their_versions(
             for sub in subs:
                 await sub.stop()
             status = stack.trainer.status()
-            assert isinstance(stack.trainer.backend, LoraPolicies)
-            model = stack.trainer.backend.model
+            model = stack.trainer.policies.model
 
             def peft_logprobs(adapter: str) -> list[float]:
                 model.set_adapter(adapter)

@@ -62,7 +62,7 @@ async def test_three_production_sessions_train_with_nonzero_advantages(tmp_path:
         # ---- a restarted trainer restores the baseline, so one lone session has signal at once
         resumed, backend2 = make_trainer(tmp_path, bus, [], batch_groups=1)
         await resumed.start()
-        assert resumed.policies["policy"].baselines.stats["acme|feedback"].mean == pytest.approx(2 / 3)
+        assert resumed.baselines.stats["acme|feedback"].mean == pytest.approx(2 / 3)
         assert resumed.samples_trained["production"] == 3
         await publish(bus, [session(9, 0.0)])
         await run_steps(resumed, 1)

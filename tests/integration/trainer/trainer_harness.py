@@ -126,7 +126,7 @@ def make_trainer(
     )
     backend = RecordingBackend(tiny_model(seed), settings.trainer_algo)
     defaults: dict[str, Any] = {"batch_groups": 1, "checkpoint_every": 1, "inbox_fsync": False}
-    service = build(settings, bus, backend, lambda _: sinks, loop=LoopConfig(**{**defaults, **loop}))
+    service = build(settings, bus, backend, sinks, loop=LoopConfig(**{**defaults, **loop}))
     return service, backend
 
 

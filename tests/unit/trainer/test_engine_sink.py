@@ -1,5 +1,5 @@
 """One place maps an engine to the sink that loads weights into it (flywheel/assembly.py:
-``choose_engine`` and ``RunningEngine.sinks``): ``flywheel trainer`` from its settings
+``choose_engine`` and ``RunningEngine.weight_sink``): ``flywheel trainer`` from its settings
 (``trainer_engine``) and the embedded stack from the engine it started."""
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_each_engine_kind_gets_its_sink() -> None:
-    [vllm] = RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000")).sinks()
-    assert isinstance(vllm, VllmSink)
-    [flywheel] = RunningEngine(choose_engine(flywheel_url="http://127.0.0.1:8001/", token="t")).sinks()
+    assert isinstance(RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000")).weight_sink(), VllmSink)
+    flywheel = RunningEngine(choose_engine(flywheel_url="http://127.0.0.1:8001/", token="t")).weight_sink()
     assert isinstance(flywheel, HttpSink) and flywheel.url == "http://127.0.0.1:8001"
-    with pytest.raises(ValueError, match="nothing loads weights into an upstream URL"):
-        RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).sinks()
+    assert RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).weight_sink() is None
     with pytest.raises(ValueError, match="not two"):
         choose_engine(vllm_url="http://127.0.0.1:8000", flywheel_url="http://127.0.0.1:8001")
     with pytest.raises(ValueError, match="flywheel or vllm, not 'sglang'"):
@@ -44,24 +42,22 @@ def test_the_trainers_settings_choose_through_it() -> None:
         )
     )
     assert choice is not None and choice.token == "k"
-    [vllm] = RunningEngine(choice).sinks()
-    assert isinstance(vllm, VllmSink)
+    assert isinstance(RunningEngine(choice).weight_sink(), VllmSink)
     choice = trainer_engine(TrainerSettings(trainer_engine_url="http://127.0.0.1:8001"))
     assert choice is not None
-    [flywheel] = RunningEngine(choice).sinks()
-    assert isinstance(flywheel, HttpSink)
+    assert isinstance(RunningEngine(choice).weight_sink(), HttpSink)
 
 
 def test_each_policys_adapter_loads_into_vllm_through_its_own_sink() -> None:
     from trainer.vllm_sink import VllmAdapterSink
 
-    sinks = RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000/", token="k")).sinks
+    sinks = RunningEngine(choose_engine(vllm_url="http://127.0.0.1:8000/", token="k")).adapter_sinks()
     [writer], [rewriter] = sinks("writer"), sinks("rewriter")
     assert isinstance(writer, VllmAdapterSink) and isinstance(rewriter, VllmAdapterSink)
     assert (writer.adapter, rewriter.adapter) == ("writer", "rewriter")
     assert writer.url == "http://127.0.0.1:8000" and writer.loads_untrained
     with pytest.raises(ValueError, match="embedded engine, flywheel engine or vLLM"):
-        RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).sinks("writer")
+        RunningEngine(choose_engine(upstream_url="http://127.0.0.1:8003/v1")).adapter_sinks()
 
 
 async def test_a_policy_map_on_a_vllm_that_does_not_answer_is_a_one_line_error(tmp_path: Path) -> None:
