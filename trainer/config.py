@@ -47,11 +47,24 @@ Loss
         tokens: weight ``min(π_old/μ, tis_cap)`` per token, detached (Yao et al. 2025, *Your Efficient RL
         Framework Secretly Brings You Off-Policy RL Training*; verl ``rollout_is_threshold: 2.0``).
         ``None`` disables the correction. Replayed episodes get the same correction.
-    max_staleness: the largest allowed lag, in weight versions, between the policy being trained and
-        the version that generated a transition (the bounded-staleness rule of asynchronous RL, e.g.
-        AReaL, Fu et al. 2025, arXiv:2505.24298).
-    stale_policy: ``"drop"`` stale transitions, or ``"downweight"`` them by
-        ``stale_decay ** (lag - max_staleness)``.
+    stale_policy: what a transition sampled many versions ago gets. ``"weight"`` (default): it trains
+        like any other, whatever its lag — late production feedback (rated minutes to days after the
+        call) and replayed history are off-policy data, not waste. The correction is the decoupled
+        objective above (Hilton et al. 2022, *Batch size-invariance for policy optimization*,
+        arXiv:2110.00641; AReaL's decoupled PPO): π_old, the trainer's policy at the step, is the
+        proximal policy the clip is measured against, the truncated weight ``min(π_old/μ, tis_cap)``
+        corrects from the behaviour policy μ, and ``m2_threshold`` bounds the step's drift from μ.
+        ``"drop"``: transitions more than ``max_staleness`` versions old are excluded (the
+        bounded-staleness rule of asynchronous RL, e.g. AReaL, Fu et al. 2025, arXiv:2505.24298);
+        ``"downweight"``: they are scaled by ``stale_decay ** (lag - max_staleness)``. Every exclusion is
+        counted per reason (``excluded_<reason>`` in the step's figures, ``excluded`` in the status).
+    max_staleness / stale_decay: the lag bound and decay of ``"drop"`` and ``"downweight"``.
+    m2_threshold: the second-moment trust region of M2PO (Zheng et al. 2025, *Prosperity before
+        Collapse: How Far Can Off-Policy RL Reach with Stale Data on LLMs?*, arXiv:2510.01161): per
+        microbatch, the tokens with the largest ``(log π_old − log μ)²`` are masked out of the policy
+        loss until the mean over the rest is ≤ the threshold (the paper's 0.04), so a step never follows
+        tokens its policy has moved far from; the masked share is ``m2_masked_fraction``. ``None``
+        disables it.
 
 Optimisation
     learning_rate, weight_decay, betas: Adam(W). A prototype on a 3 M model found 1e-4 stable and 5e-4
@@ -106,9 +119,10 @@ class AlgorithmConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     reference_kl: bool = False
     tis_cap: float | None = Field(default=2.0, gt=0)
+    stale_policy: Literal["weight", "drop", "downweight"] = "weight"
     max_staleness: int = Field(default=4, ge=0)
-    stale_policy: Literal["drop", "downweight"] = "drop"
     stale_decay: float = Field(default=0.5, gt=0, le=1)
+    m2_threshold: float | None = Field(default=0.04, gt=0)
     # optimisation
     learning_rate: float = Field(default=1e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)

@@ -126,6 +126,8 @@ class TrainerLoop:
         self.batches_without_signal = 0
         self.baselines = ProductionBaselines()
         self.samples_trained: Counter[str] = Counter({src.value: 0 for src in EpisodeSource})
+        # what batches left out since the start, per reason (trainer.batching): status.json's ``excluded``
+        self.excluded: Counter[str] = Counter()
         self._updates = PipelinedUpdates(weights, self._update_done)
 
     # ------------------------------------------------------------------ lifecycle
@@ -332,6 +334,9 @@ class TrainerLoop:
             baselines.update(batch.production, self.algo)
         for reason, n in batch.stats.skipped.items():
             self.metrics.skipped.labels(reason).inc(n)
+        self.excluded.update(batch.stats.skipped)
+        if not batch.samples:  # a batch that trains nothing publishes no step: the status says why
+            self._write_status()
         return batch
 
     def _update_done(self, result: UpdateResult) -> None:
@@ -384,6 +389,7 @@ class TrainerLoop:
             samples=dict(self.samples_trained),  # cumulative, per episode source
             ready_groups=len(self._ready),
             skipped=dict(self.intake.skipped),
+            excluded={k: v for k, v in sorted(self.excluded.items()) if v},
             known_gateways=sorted(self.weights.known_gateways),
             metrics=self.last_metrics,
             updated_at=time.time(),

@@ -2,11 +2,18 @@
 
 Policy loss per token (see :mod:`trainer.config` for the citations)::
 
-    ratio = exp(logp - old_logp)                            # π_θ / π_old (PPO)
+    ratio = exp(logp - old_logp)                            # π_θ / π_old (PPO; π_old the proximal policy)
     tis   = min(exp(old_logp - behaviour_logp), tis_cap)    # π_old / μ, detached (truncated IS)
-    pg    = -min(ratio · A, clip(ratio, 1 - clip_low, 1 + clip_high) · A) · tis
+    keep  = m2_mask((old_logp - behaviour_logp)²)           # M2PO's trust region on the drift from μ
+    pg    = -min(ratio · A, clip(ratio, 1 - clip_low, 1 + clip_high) · A) · tis · keep
     kl    = exp(ref - logp) - (ref - logp) - 1              # k3 estimator, ≥ 0
     loss  = Σ weights · (pg + kl_coef · kl)
+
+``m2_mask`` (:func:`m2_keep`; ``AlgorithmConfig.m2_threshold``): when the mean squared log-ratio of the
+microbatch's response tokens exceeds the threshold, the tokens with the largest squared log-ratio are
+left out of the policy-gradient term until the mean over the rest is within it. Stale and replayed data
+(lagging tens or thousands of versions) train through it: the tokens the policy still agrees with carry
+the update, the few it has moved far from do not.
 
 Reported besides (diagnostics, no gradient): ``behaviour_kl``, the k3 estimate ``r − 1 − log r`` with
 ``r = π_old / μ`` of KL(μ ‖ π_old) on the behaviour policy's own samples — how far the policy being trained
@@ -61,6 +68,31 @@ class LossParts:
     tokens: float
     behaviour_kl_sum: float = 0.0
     nll_sum: float = 0.0
+    m2_masked_tokens: float = 0.0
+    m2_sum: float = 0.0  # Σ (log π_old/μ)² over the response tokens, before the mask
+
+
+def m2_keep(m2: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """1 for the tokens M2PO keeps, 0 for those it masks (and outside ``mask``); see the module docstring.
+
+    ``m2``: per-token squared log-ratio; ``mask``: 1 on response tokens. The kept set is every token
+    but the k largest, with k the smallest count that brings the mean of the rest to ≤ ``threshold``.
+    """
+    flat = m2.detach().reshape(-1)
+    where = torch.nonzero(mask.reshape(-1) > 0).squeeze(1)
+    values = flat[where]
+    n = values.numel()
+    if n == 0 or float(values.mean()) <= threshold:
+        return mask
+    order = torch.argsort(values, descending=True)
+    ordered = values[order]
+    rest_sum = ordered.sum() - torch.cumsum(ordered, 0)  # what is left after masking the first i + 1
+    rest_n = torch.arange(n - 1, -1, -1, device=m2.device, dtype=ordered.dtype)
+    within = (rest_sum <= threshold * rest_n) & (rest_n > 0)
+    k = int(torch.nonzero(within)[0].item()) + 1 if bool(within.any()) else n
+    keep = mask.detach().clone().reshape(-1)
+    keep[where[order[:k]]] = 0.0
+    return keep.view_as(mask)
 
 
 def policy_loss(
@@ -84,9 +116,11 @@ def policy_loss(
     else:
         tis = torch.ones_like(logp)
         capped = 0.0
+    m2 = log_ratio * log_ratio
+    keep = m2_keep(m2, mask, cfg.m2_threshold) if cfg.m2_threshold is not None else mask
     surr1 = ratio * advantages
     surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * advantages
-    pg = -torch.min(surr1, surr2) * tis
+    pg = -torch.min(surr1, surr2) * tis * keep
     clipped = ((surr2 < surr1).float() * mask).sum().item()
     per_token = pg
     kl_sum = 0.0
@@ -107,6 +141,8 @@ def policy_loss(
         tokens=mask.sum().item(),
         behaviour_kl_sum=behaviour_kl,
         nll_sum=-(old_logp.detach() * mask).sum().item(),
+        m2_masked_tokens=(mask - keep).sum().item(),
+        m2_sum=(m2 * mask).sum().item(),
     )
 
 

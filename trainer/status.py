@@ -3,7 +3,8 @@
 
 ``metrics`` are the last step's figures (``schemas.StepMetrics``, as in ``TrainerStepCompleted``);
 ``samples`` counts the transitions trained so far per episode
-source (``live``, ``production``, ``replay``).
+source (``live``, ``production``, ``replay``); ``skipped`` the events the intake refused and ``excluded``
+what the batches left out (no signal, no reward, and under a lag bound stale transitions), per reason.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class TrainerStatus(BaseModel):
     pending_production: int = 0
     ready_groups: int = 0
     samples: dict[str, int] = Field(default_factory=dict)
-    skipped: dict[str, int] = Field(default_factory=dict)
+    skipped: dict[str, int] = Field(default_factory=dict)  # events the intake refused, per reason
+    # episodes or transitions the batches left out since the trainer started, per reason (trainer.batching)
+    excluded: dict[str, int] = Field(default_factory=dict)
     known_gateways: list[str] = Field(default_factory=list)
     metrics: StepMetrics = Field(default_factory=StepMetrics)
     updated_at: float = 0.0

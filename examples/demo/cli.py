@@ -73,6 +73,13 @@ ReplayFromOpt = Annotated[
     typer.Option("--from", help="--source replay: a recorded `flywheel demo --out` directory"),
 ]
 UsersOpt = Annotated[int, typer.Option(min=1, help="--source production: simulated users at once")]
+FeedbackDelayOpt = Annotated[
+    str,
+    typer.Option(
+        help="--source production: when users rate, as shares of sessions: SHARE:SECONDS or "
+        "SHARE:LOW-HIGH, comma-separated (0.5:0,0.5:120-240: half at once, half 2-4 minutes later)"
+    ),
+]
 TenantsOpt = Annotated[
     TenantsChoice | None,
     typer.Option(
@@ -154,6 +161,7 @@ def demo(
     source: SourceOpt = SourceChoice.rollouts,
     replay_from: ReplayFromOpt = None,
     users: UsersOpt = 64,
+    feedback_delay: FeedbackDelayOpt = "",
     tenants: TenantsOpt = None,
     threads: ThreadsOpt = 1,
     tiny: TinyOpt = False,
@@ -200,6 +208,7 @@ def demo(
         curriculum=curriculum,
         engine=engine,
         policies=policies,
+        feedback_delay=feedback_delay,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table

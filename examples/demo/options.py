@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from examples.demo.agents import DemoAgent, demo_agent
+from examples.demo.production import FeedbackDelay, FeedbackDelayError
 from examples.demo.prompt_stage import PromptStageConfig
 from examples.demo.roles import RolePolicies, RolePoliciesError, role_policies
 from examples.demo.run import DemoConfig
@@ -98,6 +99,7 @@ class DemoOptions:
     curriculum: float | None
     engine: EngineChoice
     policies: str | None
+    feedback_delay: str = ""
 
     def resolve(self) -> DemoPlan:
         """The plan every seed runs; :class:`DemoOptionError` for the first options that clash."""
@@ -147,7 +149,13 @@ class DemoOptions:
             message = "--tenants is for --source production, without --optimize-prompt or --baseline"
         elif self.curriculum is not None and source is not SourceChoice.rollouts:
             message = "--curriculum picks the tasks of requested rollouts: --source rollouts only"
+        elif self.feedback_delay and source is not SourceChoice.production:
+            message = "--feedback-delay is for --source production"
         else:
+            try:
+                FeedbackDelay.parse(self.feedback_delay)
+            except FeedbackDelayError as exc:
+                raise DemoOptionError(f"error: {exc}") from None
             return
         raise DemoOptionError(message, on_console=True)
 
@@ -228,6 +236,7 @@ class DemoPlan:
             source=o.source.value,
             users=self.users,
             user_mistake_rate=self.mistakes,
+            feedback_delay=o.feedback_delay,
             replay_from=o.replay_from,
             agent=o.agent.value,
             curriculum=o.curriculum,

@@ -16,6 +16,9 @@ has around the gateway.
   seeded stream); the demo's users make none. The ``--tiny`` smoke run's toy model never answers right,
   so there its users err on a quarter of the sessions: the rewards then vary and the trainer has
   production samples to train on, which is what that run checks.
+* ``--feedback-delay`` (:class:`FeedbackDelay`) makes users rate late, as production users do: a share of
+  them ends the session at once and rates it seconds to minutes later, when the trainer has moved tens
+  of versions on. Ratings still pending when the run stops never arrive (counted as ``ratings_unsent``).
 
 The gateway turns each session into a ``source=production`` episode, the reward service maps the rating
 to its reward (thumbs: −1 → 0, +1 → 1), and the trainer, which requests no rollouts in this mode, learns
@@ -82,12 +85,61 @@ class CalcService:
         return str(result["output"]["answer"])
 
 
+class FeedbackDelayError(ValueError):
+    """A ``--feedback-delay`` that does not parse (the message is one line)."""
+
+
+@dataclass(frozen=True)
+class FeedbackDelay:
+    """When users rate, as shares of sessions: ``"0.5:0,0.5:120-240"`` is half at once, half after a delay
+    drawn uniformly from 120-240 s. Shares must add up to 1; ``""`` is everyone at once."""
+
+    parts: tuple[tuple[float, float, float], ...] = ((1.0, 0.0, 0.0),)  # (share, low s, high s)
+
+    @classmethod
+    def parse(cls, spec: str) -> FeedbackDelay:
+        if not spec.strip():
+            return cls()
+        parts: list[tuple[float, float, float]] = []
+        try:
+            for item in spec.split(","):
+                share, _, span = item.partition(":")
+                low, _, high = span.partition("-")
+                parts.append((float(share), float(low), float(high or low)))
+        except ValueError:
+            raise FeedbackDelayError(
+                f"--feedback-delay {spec!r}: expected SHARE:SECONDS or SHARE:LOW-HIGH, comma-separated "
+                "(e.g. 0.5:0,0.5:120-240)"
+            ) from None
+        if (
+            any(s < 0 or lo < 0 or hi < lo for s, lo, hi in parts)
+            or abs(sum(s for s, _, _ in parts) - 1) > 1e-6
+        ):
+            raise FeedbackDelayError(
+                f"--feedback-delay {spec!r}: shares must be >= 0 and add up to 1, and each LOW <= HIGH"
+            )
+        return cls(tuple(parts))
+
+    def draw(self, rng: random.Random) -> float:
+        """Seconds until this session's rating (0: at once)."""
+        u = rng.random()
+        for share, low, high in self.parts:
+            if u < share:
+                return rng.uniform(low, high) if high > low else low
+            u -= share
+        return self.parts[-1][1]
+
+    def __str__(self) -> str:
+        return ",".join(f"{s:g}:{lo:g}" + (f"-{hi:g}" if hi > lo else "") for s, lo, hi in self.parts)
+
+
 @dataclass(frozen=True)
 class Rating:
-    t: float  # seconds since the users started
+    t: float  # seconds since the users started, when the agent answered
     session_id: str
     liked: bool
     calls_answered: bool  # the agent gave an answer at all (right or wrong)
+    delay_s: float = 0.0  # how long after the answer the user rated
 
 
 @dataclass
@@ -95,6 +147,7 @@ class UserStats:
     sessions: int = 0
     feedback: int = 0
     errors: int = 0
+    ratings_unsent: int = 0  # late ratings still pending when the users stopped
     ratings: list[Rating] = field(default_factory=list)
     error_messages: list[str] = field(default_factory=list)
 
@@ -134,8 +187,11 @@ class Users:
         concurrency: int,
         think_s: float = 0.0,
         mistake_rate: float = 0.0,
+        feedback_delay: FeedbackDelay | None = None,
     ) -> None:
         self.service = service
+        self.feedback_delay = feedback_delay or FeedbackDelay()
+        self._late: set[asyncio.Task[None]] = set()
         self.seed = seed
         self.concurrency = concurrency
         self.think_s = think_s
@@ -164,6 +220,11 @@ class Users:
             for task in self._tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        self.stats.ratings_unsent += len(self._late)
+        for task in list(self._late):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self._http.aclose()
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
@@ -180,7 +241,8 @@ class Users:
             session_id = f"demo-s{self.seed}-u{user}-{n}"
             n += 1
             try:
-                await self._session(session_id, task, rng.random() < self.mistake_rate)
+                mistaken = rng.random() < self.mistake_rate
+                await self._session(session_id, task, mistaken, self.feedback_delay.draw(rng))
             except Exception as exc:  # a refused call or feedback: counted and reported, the user goes on
                 self.stats.errors += 1
                 if len(self.stats.error_messages) < 10:
@@ -189,15 +251,40 @@ class Users:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), self.think_s)
 
-    async def _session(self, session_id: str, task: dict[str, Any], mistaken: bool) -> None:
-        question = task["input"]["question"]
+    async def _session(self, session_id: str, task: dict[str, Any], mistaken: bool, delay_s: float) -> None:
         self.stats.sessions += 1
-        answer = await self.service.answer(question, session_id)
-        liked = (answer == task["answer"]) != mistaken
-        await self._post("/v1/feedback", {"session_id": session_id, "rating": 1 if liked else -1})
-        self.stats.feedback += 1
-        self.stats.ratings.append(Rating(time.perf_counter() - self._t0, session_id, liked, bool(answer)))
+        liked, answered = await self._judge(session_id, task, mistaken)
+        rating = Rating(time.perf_counter() - self._t0, session_id, liked, answered, delay_s)
+        if delay_s <= 0:
+            await self._rate(rating)
+            await self._post(f"/v1/sessions/{session_id}/end")
+            return
+        # a late rater: the session ends now (scored without a reward), the thumbs come later
         await self._post(f"/v1/sessions/{session_id}/end")
+        late = asyncio.create_task(self._rate_later(rating), name=f"late-rating-{session_id}")
+        self._late.add(late)
+        late.add_done_callback(self._late.discard)
+
+    async def _judge(self, session_id: str, task: dict[str, Any], mistaken: bool) -> tuple[bool, bool]:
+        """Ask the agent; (the user likes the answer, the agent gave one)."""
+        answer = await self.service.answer(task["input"]["question"], session_id)
+        return (answer == task["answer"]) != mistaken, bool(answer)
+
+    async def _rate(self, rating: Rating) -> None:
+        await self._post(
+            "/v1/feedback", {"session_id": rating.session_id, "rating": 1 if rating.liked else -1}
+        )
+        self.stats.feedback += 1
+        self.stats.ratings.append(rating)
+
+    async def _rate_later(self, rating: Rating) -> None:
+        await asyncio.sleep(rating.delay_s)
+        try:
+            await self._rate(rating)
+        except Exception as exc:  # counted and reported like a refused call
+            self.stats.errors += 1
+            if len(self.stats.error_messages) < 10:
+                self.stats.error_messages.append(f"{type(exc).__name__}: {exc}"[:300])
 
 
 def create_key(data_dir: Path, tenant: str = TENANT) -> str:
@@ -218,11 +305,19 @@ async def production_phase(
     say: Callable[[str], None],
     mistake_rate: float = 0.0,
     window_s: float = 30.0,
+    feedback_delay: FeedbackDelay | None = None,
 ) -> dict[str, Any]:
     """Users on the deployed agent while the trainer learns from their sessions for ``rl_seconds``."""
+    delay = feedback_delay or FeedbackDelay()
     async with CalcService(stack.gateway_url, key) as service:
         crowd = Users(
-            service, stack.gateway_url, key, seed=seed, concurrency=users, mistake_rate=mistake_rate
+            service,
+            stack.gateway_url,
+            key,
+            seed=seed,
+            concurrency=users,
+            mistake_rate=mistake_rate,
+            feedback_delay=delay,
         )
         t0 = time.perf_counter()
         training = stack.start_training(max_steps)
@@ -243,8 +338,11 @@ async def production_phase(
         "rl_seconds": seconds,
         "users": users,
         "user_mistake_rate": mistake_rate,
+        "feedback_delay": str(delay),
         "sessions": stats.sessions,
         "feedback": stats.feedback,
+        "feedback_late": sum(1 for r in stats.ratings if r.delay_s > 0),
+        "ratings_unsent": stats.ratings_unsent,
         "user_errors": stats.errors,
         "user_error_examples": stats.error_messages,
         "thumbs_up": {

@@ -86,6 +86,7 @@ class DemoConfig:
     # rollout worker runs at once in the training demo; a step trains batch_groups × group_size sessions.
     users: int = 64
     user_mistake_rate: float = 0.0  # share of sessions users rate the wrong way (examples/demo/production.py)
+    feedback_delay: str = ""  # when users rate (production.FeedbackDelay's spec); "": at once
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
     replay: replaying.ReplayOptions = field(default_factory=replaying.ReplayOptions)
     # replay: the checkpoints' validation tasks (held out, not the report's); None: half of eval_tasks
@@ -106,8 +107,6 @@ def stack_settings(
 ) -> StackSettings:
     algo = AlgorithmConfig(
         learning_rate=cfg.learning_rate,
-        max_staleness=4,
-        stale_policy="drop",
         reference_kl=cfg.source == "replay",  # the replay's per-step KL from the warm start (its report)
     )
     # A production session is a group of one: a step takes as many sessions as the training demo's
@@ -320,6 +319,7 @@ async def _rl_phase(
             rl_seconds=cfg.rl_seconds,
             max_steps=cfg.max_steps,
             say=seed.say,
+            feedback_delay=production.FeedbackDelay.parse(cfg.feedback_delay),
         )
     if recorded is None:
         return await _rollouts_phase(stack, cfg)
@@ -380,6 +380,22 @@ def _trainer_figures(stack: EmbeddedStack, monitor: TrainingMonitor, *, adapters
         "trainer_samples": trainer.status().samples,
         "trainer_skipped": dict(trainer.intake.skipped),
         "trainer_stale_dropped": replaying.stale_counts(trainer),
+        "trainer_excluded": trainer.status().excluded,
+        "lag": _lag(monitor.points),
+    }
+
+
+def _lag(points: list[StepPoint]) -> dict[str, float]:
+    """How many versions behind the trained transitions were: the largest lag any step trained, the mean
+    of the steps' mean lags, and the share of steps that trained something 50 or more versions old."""
+    maxima = [p.metrics.get("staleness_max", 0.0) for p in points]
+    means = [p.metrics.get("staleness_mean", 0.0) for p in points]
+    if not points:
+        return {"max": 0.0, "mean": 0.0, "steps_with_lag_50": 0.0}
+    return {
+        "max": max(maxima),
+        "mean": round(sum(means) / len(means), 3),
+        "steps_with_lag_50": round(sum(1 for m in maxima if m >= 50) / len(maxima), 4),
     }
 
 

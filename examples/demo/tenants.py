@@ -139,18 +139,11 @@ class TenantUsers(production.Users):
         self.likes = likes
         self.tenant_stats = TenantStats()
 
-    async def _session(self, session_id: str, task: dict[str, Any], mistaken: bool) -> None:
-        self.stats.sessions += 1
+    async def _judge(self, session_id: str, task: dict[str, Any], mistaken: bool) -> tuple[bool, bool]:
         reply = await self.tenant_service.reply(task["input"]["question"], session_id)
         self.tenant_stats.styles[reply.style] += 1
         self.tenant_stats.right += reply.answer == task["answer"]
-        liked = rates_up(self.likes, reply, task["answer"]) != mistaken
-        await self._post("/v1/feedback", {"session_id": session_id, "rating": 1 if liked else -1})
-        self.stats.feedback += 1
-        self.stats.ratings.append(
-            production.Rating(time.perf_counter() - self._t0, session_id, liked, bool(reply.answer))
-        )
-        await self._post(f"/v1/sessions/{session_id}/end")
+        return rates_up(self.likes, reply, task["answer"]) != mistaken, bool(reply.answer)
 
 
 async def probe(

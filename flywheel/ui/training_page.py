@@ -39,6 +39,12 @@ def training_data(
             "labels": labels,
             "series": {label: [p.metrics.get(name) for p in steps] for label, name in series},
         }
+    reasons = sorted({k for p in steps for k in p.metrics if k.startswith("excluded_")})
+    charts["excluded"] = {
+        "labels": labels,
+        "series": {k.removeprefix("excluded_"): [p.metrics.get(k, 0.0) for p in steps] for k in reasons},
+        "stacked": True,
+    }
     charts["samples"] = {
         "labels": labels,
         "series": {src: [p.samples.get(src, 0) for p in steps] for src in SOURCES},
@@ -90,6 +96,15 @@ def _tenants(tenants: list[TenantFeedback]) -> str:
     )
 
 
+def _excluded(point: TrainerStepPoint) -> str:
+    """``reason n, ...`` of what the step's batch left out (``excluded_<reason>`` figures)."""
+    return ", ".join(
+        f"{k.removeprefix('excluded_')} {v:g}"
+        for k, v in sorted(point.metrics.items())
+        if k.startswith("excluded_") and v
+    )
+
+
 def _steps(steps: list[TrainerStepPoint]) -> str:
     if not steps:
         return "<p>no trainer steps recorded yet</p>"
@@ -97,12 +112,13 @@ def _steps(steps: list[TrainerStepPoint]) -> str:
         f'<tr class="step" data-step="{p.step}"><td class="n">{p.step}</td><td class="n">{p.version}</td>'
         f"<td>{esc(p.adapter)}</td><td>{esc(p.at.strftime('%H:%M:%S'))}</td>"
         f"<td class='n'>{num(p.metrics.get('reward'))}</td><td class='n'>{num(p.metrics.get('loss'))}</td>"
-        f"<td>{esc(', '.join(f'{k} {v}' for k, v in sorted(p.samples.items())))}</td></tr>"
+        f"<td>{esc(', '.join(f'{k} {v}' for k, v in sorted(p.samples.items())))}</td>"
+        f"<td>{esc(_excluded(p))}</td></tr>"
         for p in reversed(steps[-50:])
     )
     return (
         '<table class="list" id="steps"><thead><tr><th>step</th><th>version</th><th>adapter</th>'
-        "<th>at (UTC)</th><th>reward</th><th>loss</th><th>samples</th></tr></thead>"
+        "<th>at (UTC)</th><th>reward</th><th>loss</th><th>samples</th><th>left out</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
 
@@ -112,6 +128,7 @@ def training_page(
 ) -> str:
     titles = [(c, t) for c, t, _ in STEP_CHARTS] + [
         ("samples", "Samples per source per step"),
+        ("excluded", "Left out of training per step, by reason"),
         ("versions", "Per weight version (scored episodes)"),
         ("time", f"Over time (per {bucket})"),
         ("tenants", "Production feedback rate per tenant"),

@@ -69,6 +69,8 @@ _TOKEN_MEANS = (
     "ratio_mean",
     "behaviour_kl",
     "nll",
+    "m2",
+    "m2_masked_fraction",
 )
 
 

@@ -199,7 +199,7 @@ class TorchBackend:
                 if self.reference is not None:
                     refs[i] = self._logprobs(self.reference, rows)
         totals = {"clipped": 0.0, "kl": 0.0, "tis": 0.0, "tis_capped": 0.0, "ratio": 0.0, "tokens": 0.0}
-        totals.update({"behaviour_kl": 0.0, "nll": 0.0})
+        totals.update({"behaviour_kl": 0.0, "nll": 0.0, "m2_masked": 0.0, "m2": 0.0})
         totals.update({"value_loss": 0.0, "value": 0.0, "return": 0.0, "advantage": 0.0})
         loss_sum = 0.0
         grad_norm = 0.0
@@ -237,6 +237,8 @@ class TorchBackend:
                 totals["tokens"] += parts.tokens
                 totals["behaviour_kl"] += parts.behaviour_kl_sum
                 totals["nll"] += parts.nll_sum
+                totals["m2_masked"] += parts.m2_masked_tokens
+                totals["m2"] += parts.m2_sum
             if self.reduce_grads is not None:
                 self.reduce_grads()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
@@ -254,6 +256,8 @@ class TorchBackend:
             "ratio_mean": totals["ratio"] / n,
             "behaviour_kl": totals["behaviour_kl"] / n,
             "nll": totals["nll"] / n,
+            "m2": totals["m2"] / n,
+            "m2_masked_fraction": totals["m2_masked"] / n,
             **({"reference_kl": totals["kl"] / n} if self.reference is not None else {}),
             "grad_norm": grad_norm,
             "response_tokens": totals["tokens"] / self.cfg.ppo_epochs,

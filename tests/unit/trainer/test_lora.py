@@ -41,7 +41,7 @@ def _bandit_group(gid: str, version: int) -> Group:
 
 
 def _policies(options: LoraOptions | None = None) -> LoraPolicies:
-    cfg = AlgorithmConfig(tis_cap=None)
+    cfg = AlgorithmConfig(m2_threshold=None, tis_cap=None)
     return LoraPolicies(tiny_model(), ["writer", "rewriter"], cfg, options or LoraOptions(learning_rate=2e-2))
 
 

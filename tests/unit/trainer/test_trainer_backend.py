@@ -36,7 +36,7 @@ def _probe(backend: TorchBackend) -> float:
 
 @pytest.mark.timeout(60)
 def test_policy_moves_toward_rewarded_response() -> None:
-    backend = TorchBackend(tiny_model(), AlgorithmConfig(learning_rate=5e-3, tis_cap=None))
+    backend = TorchBackend(tiny_model(), AlgorithmConfig(m2_threshold=None, learning_rate=5e-3, tis_cap=None))
     assert isinstance(backend, Backend)
     before = _probe(backend)
     for step in range(15):
@@ -51,7 +51,7 @@ def test_policy_moves_toward_rewarded_response() -> None:
 
 @pytest.mark.timeout(60)
 def test_ppo_epochs_clip_and_kl_are_reported() -> None:
-    cfg = AlgorithmConfig(learning_rate=2e-2, ppo_epochs=4, kl_coef=0.1, tis_cap=None)
+    cfg = AlgorithmConfig(m2_threshold=None, learning_rate=2e-2, ppo_epochs=4, kl_coef=0.1, tis_cap=None)
     backend = TorchBackend(tiny_model(), cfg)
     metrics = backend.train_step(build_batch([_bandit_group("g")], cfg, 0))
     assert metrics["clip_fraction"] > 0

@@ -42,7 +42,7 @@ def _advantages(batch: TrainBatch, episode_id: str) -> list[list[float]]:
 
 
 def _trained(batch: TrainBatch) -> dict[str, torch.Tensor]:
-    backend = TorchBackend(tiny_model(0), AlgorithmConfig(learning_rate=1e-2))
+    backend = TorchBackend(tiny_model(0), AlgorithmConfig(m2_threshold=None, learning_rate=1e-2))
     backend.train_step(batch)
     return {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
 
@@ -53,7 +53,7 @@ def test_per_call_rewards_change_the_per_token_advantages_and_the_update() -> No
     plain, punished = _two_calls({}), _two_calls({0: -6.0})
     assert [t.reward for t in plain] == [1.0, 1.0]
     assert [t.reward for t in punished] == [-5.0, 1.0]
-    cfg = AlgorithmConfig()
+    cfg = AlgorithmConfig(m2_threshold=None)
     a = build_batch([_group("g", plain)], cfg, 0)
     b = build_batch([_group("g", punished)], cfg, 0)
     adv_a, adv_b = _advantages(a, "g-good"), _advantages(b, "g-good")

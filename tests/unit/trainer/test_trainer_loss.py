@@ -54,7 +54,7 @@ def test_observation_tokens_are_masked_out() -> None:
 
 @pytest.mark.timeout(10)
 def test_truncated_importance_weights_and_clipping() -> None:
-    cfg = AlgorithmConfig(tis_cap=2.0, clip_low=0.2, clip_high=0.2)
+    cfg = AlgorithmConfig(m2_threshold=None, tis_cap=2.0, clip_low=0.2, clip_high=0.2)
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
     behaviour = torch.log(torch.tensor([[0.5, 0.1, 1.0]]))  # IS = 1, 5 (capped to 2), 0.5
     logp = (old + torch.log(torch.tensor([[1.0, 1.5, 1.0]]))).requires_grad_(True)  # ratio 1, 1.5, 1

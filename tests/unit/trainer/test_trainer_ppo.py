@@ -20,7 +20,7 @@ from .helpers import tiny_model, transition
 PROMPT = [1, 2, 3]
 GOOD = [10, 11, 12]
 BAD = [20, 21, 22]
-PPO = AlgorithmConfig(algorithm="ppo", learning_rate=5e-3, tis_cap=None)
+PPO = AlgorithmConfig(m2_threshold=None, algorithm="ppo", learning_rate=5e-3, tis_cap=None)
 
 
 def _session(i: int, response: list[int], reward: float, version: int = 0) -> Group:
@@ -86,7 +86,7 @@ def test_the_critic_learns_and_single_sessions_move_the_policy(tmp_path: Path) -
     exported = load_file(str(backend.export_weights(tmp_path / "export")))
     assert not any("value" in k for k in exported)
     assert list((tmp_path / "ckpt").glob("*.safetensors")) == [tmp_path / "ckpt" / WEIGHTS_FILE]
-    plain = TorchBackend(tiny_model(seed=3), AlgorithmConfig())
+    plain = TorchBackend(tiny_model(seed=3), AlgorithmConfig(m2_threshold=None))
     plain.load_checkpoint(tmp_path / "ckpt", 16)  # the policy alone loads (no critic, fresh Adam)
     assert plain.sequence_logprobs([good]) == pytest.approx([after[0]], abs=1e-4)
     resumed = TorchBackend(tiny_model(seed=3), PPO)

@@ -60,8 +60,8 @@ def test_split_keeps_loners_and_one_token_prompts_out() -> None:
 @pytest.mark.parametrize(
     "cfg",
     [
-        AlgorithmConfig(max_grad_norm=1e9),
-        AlgorithmConfig(max_grad_norm=1e9, ppo_epochs=2, kl_coef=0.1, token_budget=40),
+        AlgorithmConfig(m2_threshold=None, max_grad_norm=1e9),
+        AlgorithmConfig(m2_threshold=None, max_grad_norm=1e9, ppo_epochs=2, kl_coef=0.1, token_budget=40),
     ],
     ids=["one-epoch", "epochs-kl-small-budget"],
 )
