@@ -38,8 +38,15 @@ def _extra_events(run: Run) -> list[s.AnyEvent]:
             emitted_at=at + timedelta(seconds=i),
             step=i,
             version=i,
-            metrics=s.StepMetrics(
-                reward=0.1 * i, success=0.2 * i, staleness_mean=0.5, tis_mean=0.9 + i / 100
+            metrics=s.StepMetrics.model_validate(
+                {
+                    "reward": 0.1 * i,
+                    "success": 0.2 * i,
+                    "staleness_mean": 0.5,
+                    "tis_mean": 0.9 + i / 100,
+                    "excluded_no_signal": float(i),
+                    **({"excluded_no_reward": 2.0} if i == 2 else {}),
+                }
             ),
             samples={s.EpisodeSource.live: 4 * i, s.EpisodeSource.production: 1},
         )
@@ -206,11 +213,14 @@ def test_the_training_data_has_every_step_and_the_feedback_per_tenant(client: Te
     assert charts["importance"]["series"]["TIS mean"] == pytest.approx([0.91, 0.92, 0.93])
     assert charts["samples"]["series"]["live"] == [4, 8, 12]
     assert charts["samples"]["series"]["production"] == [1, 1, 1]
+    # what each step's batch left out, per reason (a reason a step did not report is 0 there)
+    assert charts["excluded"]["series"] == {"no_reward": [0.0, 2.0, 0.0], "no_signal": [1.0, 2.0, 3.0]}
     assert charts["versions"]["labels"] == [0, 1, 2, 3]  # the synthetic run's serving versions
     assert charts["tenants"]["labels"] == ["beta"] and charts["tenants"]["series"]["feedback rate"] == [1.0]
     page = client.get("/ui/training", headers=AUTH).text
     assert re.findall(r'<tr class="step" data-step="(\d+)"', page) == ["3", "2", "1"]
     assert 'id="chart-reward"' in page and "chart.umd.min.js" in page
+    assert 'id="chart-excluded"' in page and "no_reward 2, no_signal 2" in page
 
 
 _VALUES = st.one_of(

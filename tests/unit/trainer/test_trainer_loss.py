@@ -111,6 +111,44 @@ def test_staleness_drop_and_downweight() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_stale_transitions_train_by_default_and_exclusions_are_figures() -> None:
+    stale = transition(version=2)
+    g = _group("g", episode("g", 0, 1.0, transitions=[stale]), episode("g", 1, 0.0, transitions=[stale]))
+    flat = _group("flat", episode("flat", 0, 1.0), episode("flat", 1, 1.0))
+    batch = build_batch([g, flat], AlgorithmConfig(), current_version=1_000)
+    assert AlgorithmConfig().stale_policy == "weight"
+    assert len(batch.samples) == 2 and batch.stats.staleness_max == 998  # a thousand versions late: trained
+    assert all(s.token_weight == pytest.approx(1 / (2 * 2)) for s in batch.samples)  # not decayed
+    figures = batch.stats.as_metrics()
+    assert figures["excluded_no_signal"] == 2.0  # the flat group's two episodes, by its stated rule
+    assert not any(k.startswith("excluded_stale") for k in figures)
+
+
+@pytest.mark.timeout(10)
+def test_m2_mask_leaves_out_the_tokens_furthest_from_the_behaviour_policy() -> None:
+    from trainer.loss import m2_keep
+
+    m2 = torch.tensor([[0.0, 0.01, 1.0, 0.02], [0.5, 0.0, 0.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    # the mean over the response tokens is 1.53/7 > 0.04: the two largest go, the rest average 0.006
+    assert m2_keep(m2, mask, 0.04).tolist() == [[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]]
+    assert m2_keep(m2, mask, 10.0).tolist() == mask.tolist()  # within the region: nothing masked
+    # in the loss: a token masked out gets no gradient, and the masked share is reported
+    logp = torch.full((1, 4), -1.0, requires_grad=True)
+    behaviour = torch.tensor([[-1.0, -1.0, -4.0, -1.0]])  # one token the policy has moved far from
+    weights = torch.full((1, 4), 0.25)
+    parts = policy_loss(logp, logp.detach(), behaviour, torch.ones(1, 4), weights, AlgorithmConfig())
+    parts.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0, 2].item() == 0.0 and all(logp.grad[0, i].item() != 0.0 for i in (0, 1, 3))
+    assert parts.m2_masked_tokens == 1.0 and parts.m2_sum == pytest.approx(9.0)
+    off = policy_loss(
+        logp, logp.detach(), behaviour, torch.ones(1, 4), weights, AlgorithmConfig(m2_threshold=None)
+    )
+    assert off.m2_masked_tokens == 0.0
+
+
+@pytest.mark.timeout(10)
 def test_zero_variance_group_is_skipped_and_counted() -> None:
     flat = _group("flat", episode("flat", 0, 1.0), episode("flat", 1, 1.0))
     useful = _group("use", episode("use", 0, 1.0), episode("use", 1, 0.0))
