@@ -289,6 +289,15 @@ def _pct(value: object) -> str:
     return f"{float(value):.1%}" if isinstance(value, int | float) else "-"
 
 
+def _best_and_last(report: dict[str, Any]) -> str:
+    """A replay's validation success at its best and at its last checkpoint (the served one is chosen
+    from them; the last is what the training alone left)."""
+    points = [p["success"] for p in report.get("checkpoints") or [] if p.get("step", 0) > 0]
+    if not points:
+        return ""
+    return f"{100 * max(points):.1f}% → {100 * points[-1]:.1f}%"
+
+
 def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     """One row per demo run, every cell read from its report.json."""
     replay = any(_on_policy_gain(run) is not None for run in runs)
@@ -298,6 +307,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
     curriculum = any(run.report.get("curriculum") for run in runs)  # --curriculum: its revisit probability
     # an engine other than the embedded one (--engine vllm): how long its weight updates took
     updates = any(run.report.get("engine") not in (None, "embedded") for run in runs)
+    late = any(run.report.get("feedback_delay") for run in runs)  # --feedback-delay: users who rate late
     columns = (
         "seed",
         "source",
@@ -306,13 +316,18 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
         "after RL",
         "Δ points",
         *(("SFT only, equal time", "Δ SFT only") if baseline else ()),
-        *(("on-policy run's Δ", "transitions trained") if replay else ()),
+        *(
+            ("on-policy run's Δ", "transitions trained", "validation: best → last checkpoint")
+            if replay
+            else ()
+        ),
         *(("curriculum revisit",) if curriculum else ()),
         *(("trained groups without signal",) if signal else ()),
         "RL steps",
         "RL s",
         *(("weight update, median ms (drain + load)",) if updates else ()),
         *(("thumbs up, first → last minute", "rated sessions") if production else ()),
+        *(("feedback delay", "rated late", "largest lag trained (versions)") if late else ()),
         "warm-start gate",
         "run",
     )
@@ -336,6 +351,7 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
             row += [
                 "" if on_policy is None else f"{on_policy:+.1f}",
                 _number((r.get("replay") or {}).get("transitions_trained")),
+                _best_and_last(r),
             ]
         if curriculum:
             row.append(_number((r.get("curriculum") or {}).get("revisit")))
@@ -350,6 +366,12 @@ def demo_table(runs: tuple[DemoRun, ...]) -> Table:
             row += [
                 f"{_pct(thumbs.get('first_minute'))} → {_pct(thumbs.get('last_minute'))}" if thumbs else "",
                 _number(r.get("feedback")),
+            ]
+        if late:
+            row += [
+                str(r.get("feedback_delay") or "at once"),
+                _number(r.get("feedback_late")),
+                _number((r.get("lag") or {}).get("max")),
             ]
         row += [
             {True: "passed", False: "not passed"}.get(bool(gate["passed"]), "") if "passed" in gate else "",
