@@ -7,12 +7,19 @@ with their behaviour logprobs and the weight version that generated them — and
 change for the trainer to take it as new data:
 
 - a new ``event_id`` (consumers deduplicate on it) and ``emitted_at``;
-- ``source=replay``;
+- ``source=replay``, and ``recorded_source`` the source it was recorded with;
 - a new ``group_id`` per original group (``r<run>-<original>``): the trainer skips episodes of a
   group it already trained on, and a replayed group is compared only with the members replayed with
   it; ``group_size`` is the number of members sent, ``sample_index`` is renumbered 0..n-1.
 
 The ``episode_id`` stays, so a replayed sample can be traced back to its recorded calls.
+
+A production session (``source=production``: a deployed agent's session, rated by its user) is a group
+of one. Its copy keeps ``recorded_source=production``, so the trainer takes it as it takes a live one
+(:func:`trainer.groups.is_production_session`): alone, with its advantage against its tenant's running
+baseline (:mod:`trainer.baselines`, keyed by the ``tenant`` and ``reward_source`` the copy keeps).
+``source`` in the filter selects production traffic only (``production``) or the training rollouts
+(``live``).
 
 With a policy map, ``policy`` replays one policy's data only: each episode keeps the transitions of that
 policy (``Transition.policy``, its adapter's calls), and an episode with none is skipped
@@ -29,7 +36,8 @@ time, and the next step's groups only once the trainer reported a step (``Traine
 ``flywheel.control``). Sent all at once, a large replay is consumed out of order — the bus works a
 topic's partitions concurrently, as Kafka does — so the trainer's batches mix the whole recorded run
 and the staleness rule drops the early episodes (docs/replay.md measures it). Groups whose members all
-carry the same return teach nothing and are left out of a paced replay (``no_signal``).
+carry the same return teach nothing and are left out of a paced replay (``no_signal``); each production
+session counts as one group toward a step and is never left out (:mod:`flywheel.replay_pace`).
 
 Nothing here parses command lines or prints: :mod:`flywheel.cli.replay_cmd` and
 :mod:`flywheel.cli.eventlog_opts` do.
@@ -41,26 +49,28 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.bus.base import Bus, Message, Subscription
+from flywheel.replay_pace import TrainerSteps, completion_order, has_signal, plan_steps
+from infra.bus.base import Bus
 from infra.eventlog.models import EpisodeFilter
-from schemas import (
-    CONTROL,
-    TRANSITIONS,
-    EpisodeScored,
-    EpisodeSource,
-    Mode,
-    TrainerStepCompleted,
-    new_event_id,
-)
-from trainer.advantages import has_variance
-from trainer.credit import has_excess
+from schemas import TRANSITIONS, EpisodeScored, EpisodeSource, Mode, new_event_id
+from trainer.groups import is_production_session
+
+__all__ = [  # completion_order and has_signal: flywheel.replay_pace's, kept importable from here
+    "Pace",
+    "ReplayFilter",
+    "ReplayReport",
+    "completion_order",
+    "has_signal",
+    "plan_replay",
+    "replay",
+]
 
 MAX_GROUP_ID = 64
 
@@ -113,6 +123,9 @@ class ReplayFilter(BaseModel):
         max_length=128,
         description="only this policy's transitions (LoRA adapter)",
     )
+    source: Literal["live", "production"] | None = Field(
+        default=None, description="only episodes recorded with this source (None: any)"
+    )
     limit: int = Field(default=10_000, ge=1, le=1_000_000)
 
     def to_episode_filter(self) -> EpisodeFilter:
@@ -129,6 +142,7 @@ class ReplayFilter(BaseModel):
                 min_weight_version=self.min_weight_version,
                 max_weight_version=self.max_weight_version,
                 task_id_like=like,
+                source=self.source,
                 limit=self.limit,
             )
         except ValueError as exc:
@@ -142,6 +156,7 @@ class ReplayReport:
     sent: int = 0
     groups: int = 0
     flat_groups: int = 0  # groups whose members all have the same reward: no GRPO signal
+    production: int = 0  # production sessions (groups of one, trained against their tenant's baseline)
     dry_run: bool = False
     run_id: str = ""
     paced: bool = False
@@ -162,6 +177,7 @@ class ReplayReport:
             "sent": self.sent,
             "groups": self.groups,
             "flat_groups": self.flat_groups,
+            "production": self.production,
             "paced": self.paced,
             "steps": self.steps,
             "steps_taken": self.steps_taken,
@@ -220,7 +236,8 @@ def plan_replay(
 ) -> list[EpisodeScored]:
     """The events to publish (copies with new ids, grouped per original group); counts skips in ``report``.
 
-    ``policy``: each event narrowed to that policy's transitions (:func:`for_policy`)."""
+    A production session is a group of its own (keyed by its episode). ``policy``: each event narrowed
+    to that policy's transitions (:func:`for_policy`)."""
     by_group: dict[str, list[EpisodeScored]] = {}
     for event in events:
         report.selected += 1
@@ -234,14 +251,18 @@ def plan_replay(
                 report.skipped["other_policy"] += 1
                 continue
             event = narrowed
-        by_group.setdefault(event.group_id, []).append(event)
+        key = event.episode_id if is_production_session(event) else event.group_id
+        by_group.setdefault(key, []).append(event)
     now = datetime.now(UTC)
     out: list[EpisodeScored] = []
     for original, members in by_group.items():
         group_id = replay_group_id(run_id, original)
         rewards = {m.reward for m in members}
         report.groups += 1
-        report.flat_groups += int(len(rewards) <= 1)
+        if is_production_session(members[0]):
+            report.production += 1  # no group to compare with: its tenant's baseline is the signal
+        else:
+            report.flat_groups += int(len(rewards) <= 1)
         for index, member in enumerate(members):
             out.append(
                 member.model_copy(
@@ -250,6 +271,7 @@ def plan_replay(
                         "emitted_at": now,
                         "producer": "replay",
                         "source": EpisodeSource.replay,
+                        "recorded_source": member.recorded_source or member.source,
                         "group_id": group_id,
                         "group_size": len(members),
                         "sample_index": index,
@@ -258,71 +280,6 @@ def plan_replay(
                 )
             )
     return out
-
-
-def has_signal(members: Sequence[EpisodeScored]) -> bool:
-    """The trainer's own test (trainer.batching): different rewards, or per-call returns that differ."""
-    rewards = [float(m.reward or 0.0) for m in members]
-    return has_variance(rewards) or any(
-        has_excess(t, r) for m, r in zip(members, rewards, strict=True) for t in m.transitions
-    )
-
-
-def completion_order(
-    log: Sequence[EpisodeScored], planned: Sequence[EpisodeScored]
-) -> list[list[EpisodeScored]]:
-    """``plan_replay``'s copies (``planned``) grouped, in the order the groups completed in ``log``.
-
-    A group completed when its last member was scored (its last place in the log): the order the
-    recorded trainer could take the groups in.
-    """
-    place = {e.episode_id: i for i, e in enumerate(log)}
-    by_group: dict[str, list[EpisodeScored]] = {}
-    for event in planned:
-        by_group.setdefault(event.group_id, []).append(event)
-    return sorted(by_group.values(), key=lambda g: max(place[m.episode_id] for m in g))
-
-
-class TrainerSteps:
-    """Counts the trainer's ``TrainerStepCompleted`` events emitted since it started watching.
-
-    A private consumer group reads the control topic from the beginning and counts only the steps
-    emitted after ``start`` (a fresh group's "from now on" could miss a step while it joins).
-    """
-
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-        self.count = 0
-        self._since = datetime.now(UTC)
-        self._changed = asyncio.Condition()
-        self._sub: Subscription | None = None
-
-    async def start(self) -> None:
-        await self.bus.ensure_topics([CONTROL])
-        self._since = datetime.now(UTC)
-        group = f"replay-pace-{uuid.uuid4().hex[:12]}"
-        self._sub = await self.bus.subscribe(CONTROL, group, self._handle, from_beginning=True)
-
-    async def _handle(self, message: Message) -> None:
-        event = message.event
-        if isinstance(event, TrainerStepCompleted) and event.emitted_at >= self._since:
-            async with self._changed:
-                self.count += 1
-                self._changed.notify_all()
-
-    async def wait_beyond(self, count: int, timeout_s: float) -> bool:
-        """True once more than ``count`` steps were seen; False after ``timeout_s``."""
-        try:
-            async with asyncio.timeout(timeout_s), self._changed:
-                await self._changed.wait_for(lambda: self.count > count)
-        except TimeoutError:
-            return False
-        return True
-
-    async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.stop()
-            self._sub = None
 
 
 class _Pacer:
@@ -367,14 +324,12 @@ async def replay(
     events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
     planned = plan_replay(events, run_id=report.run_id, report=report, policy=flt.policy)
     steps: list[list[list[EpisodeScored]]] = [[[e] for e in planned]]
+    trains = [False]
     if pace is not None:
-        groups = completion_order(events, planned)
-        silent = [g for g in groups if not has_signal(g)]
-        for g in silent:
-            report.skipped["no_signal"] += len(g)
-        groups = [g for g in groups if has_signal(g)]
-        n = pace.groups_per_step
-        steps = [groups[i : i + n] for i in range(0, len(groups), n)]
+        paced = plan_steps(events, planned, pace.groups_per_step)
+        if paced.no_signal:
+            report.skipped["no_signal"] += paced.no_signal
+        steps, trains = paced.steps, paced.trains
         report.steps = len(steps)
         planned = [e for step in steps for g in step for e in g]
     if on_planned is not None:
@@ -399,6 +354,8 @@ async def replay(
                         on_sent(event)
             if watch is None or pace is None or len(step) < pace.groups_per_step:
                 continue  # a last, partial step trains with the trainer's next batch
+            if not trains[index - 1]:
+                continue  # production sessions at their baseline: the trainer takes them, reports no step
             if not await watch.wait_beyond(seen, pace.step_timeout_s):
                 raise ReplayStalledError(
                     f"no trainer step within {pace.step_timeout_s:g} s after sending step {index} of "

@@ -348,6 +348,11 @@ class EpisodeScored(EventBase):
         description="the scorer's reason for the reward in words (e.g. what was expected), the feedback "
         "prompt optimisation reflects on (added, optional)",
     )
+    recorded_source: EpisodeSource | None = Field(
+        default=None,
+        description="on a replayed episode (source=replay): the source it was recorded with, so a replayed "
+        "production session is trained as one, against its tenant's baseline (added, optional)",
+    )
 
 
 # ---------------------------------------------------------------------------------- deadletter

@@ -18,7 +18,7 @@ from trainer.advantages import group_advantages, group_scale, has_variance
 from trainer.baselines import ProductionBaselines
 from trainer.config import AlgorithmConfig
 from trainer.credit import has_excess, token_advantages, token_rewards
-from trainer.groups import Group
+from trainer.groups import Group, is_production_session
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,8 @@ def _fresh(
 
 
 def is_production(group: Group) -> bool:
-    return any(e.source == EpisodeSource.production for e in group.episodes())
+    """A production session, live or replayed (:func:`~trainer.groups.is_production_session`)."""
+    return any(is_production_session(e) for e in group.episodes())
 
 
 # (episode, advantage, scale, [(transition, staleness factor, lag)])

@@ -12,10 +12,11 @@ Rules, in the order they apply to an arriving event:
 - an episode marked ``superseded`` leaves its group (``superseded``): another episode replaces it;
 - a re-scored episode (same ``episode_id``, higher ``score_revision``) replaces the earlier score; a
   lower revision after a higher one, or the same re-score twice, is skipped (``older_revision``);
-- a production session (``source=production``) joins no group: it waits on its own until the next
-  step takes it (:meth:`Intake.take_production`); one without a reward (no feedback, no scorer) is
-  skipped as ``no_reward`` and one without transitions as ``no_transitions`` — neither is trained with
-  a fill value;
+- a production session (:func:`is_production_session`: ``source=production``, or a replay of one) joins
+  no group: it waits on its own until the next step takes it (:meth:`Intake.take_production`), and
+  is trained against its tenant's baseline (:mod:`trainer.baselines`); one without a reward (no
+  feedback, no scorer) is skipped as ``no_reward`` and one without transitions as ``no_transitions``
+  — neither is trained with a fill value;
 - a retry (``attempt > 0``) replaces the earlier attempt of the same group member — same ``task_id``
   and ``sample_index``, lower ``attempt`` (``superseded_attempt``) — so each member counts once, with
   its latest attempt; a late earlier attempt after a retry is skipped (``older_attempt``).
@@ -54,6 +55,14 @@ class Group:
 
     def episodes(self) -> list[EpisodeScored]:
         return list(self.members.values())
+
+
+def is_production_session(event: EpisodeScored) -> bool:
+    """A deployed agent's session, live (``source=production``) or replayed from the event log
+    (``source=replay`` with ``recorded_source=production``): a group of one, with a per-tenant baseline."""
+    return event.source == EpisodeSource.production or (
+        event.source == EpisodeSource.replay and event.recorded_source == EpisodeSource.production
+    )
 
 
 def malformed_reason(event: EpisodeScored, vocab_size: int | None = None) -> str | None:
@@ -133,7 +142,7 @@ class Intake:
         reason = malformed_reason(event, self.vocab_size)
         if reason is not None:
             return self._skip(reason)
-        if event.source == EpisodeSource.production:
+        if is_production_session(event):
             return self._add_production(event)
         group = self._groups.get(event.group_id)
         if event.superseded:

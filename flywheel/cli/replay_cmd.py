@@ -54,10 +54,15 @@ def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
         return
     skipped = sum(report.skipped.values())
     reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
-    typer.echo(f"selected: {report.selected}")
+    typer.echo(f"selected: {report.selected}" + (f" (source: {flt.source} only)" if flt.source else ""))
     typer.echo(f"skipped:  {skipped}" + (f" ({reasons})" if reasons else ""))
     verb = "would send" if report.dry_run else "sent"
     typer.echo(f"{verb}: {report.eligible if report.dry_run else report.sent} in {report.groups} group(s)")
+    if report.production:
+        typer.echo(
+            f"production: {report.production} session(s), each trained against its tenant's baseline"
+            + (" and paced as one group" if report.paced else "")
+        )
     if report.paced:
         typer.echo(f"paced:    {report.steps_taken} of {report.steps} step(s) trained as they were sent")
     if report.flat_groups:
@@ -131,6 +136,7 @@ async def _replay_remote(
         sent=data["sent"],
         groups=data["groups"],
         flat_groups=data["flat_groups"],
+        production=data.get("production", 0),
         dry_run=data["dry_run"],
         run_id=data["run_id"],
         paced=data.get("paced", False),
@@ -156,6 +162,14 @@ def replay_command(
             "--policy", help="With a policy map: only this policy's transitions (its adapter's calls)."
         ),
     ] = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            help="production: deployed agents' sessions only (each trained against its tenant's "
+            "baseline); live: training rollouts only; all (default).",
+        ),
+    ] = "all",
     rate: Annotated[
         str | None, typer.Option("--rate", help="At most N episodes per second: 20/s, 600/m.")
     ] = None,
@@ -189,6 +203,8 @@ def replay_command(
     try:
         lo, hi = parse_weight_versions(weight_version) if weight_version is not None else (None, None)
         per_second = parse_rate(rate) if rate is not None else None
+        if source not in ("all", "live", "production"):
+            raise ReplayFilterError(f"--source must be production, live or all, got {source!r}")
         if not limit.isdigit() or int(limit) < 1:
             raise ReplayFilterError(f"--limit must be a positive whole number, got {limit!r}")
         flt = ReplayFilter(
@@ -200,6 +216,7 @@ def replay_command(
             max_weight_version=hi,
             task_pattern=task_filter,
             policy=policy,
+            source=None if source == "all" else source,
             limit=int(limit),
         )
         flt.to_episode_filter()  # cross-field checks (since < until, ...)
