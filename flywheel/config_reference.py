@@ -234,7 +234,7 @@ def _algo_meanings() -> dict[str, str]:
             meanings[n] = sentence
 
     for line in doc.splitlines():
-        head = re.match(r"^    ([a-z_]+(?:(?: / |, )[a-z_]+)*): (.*)$", line)
+        head = re.match(r"^    ([a-z_][a-z0-9_]*(?:(?: / |, )[a-z_][a-z0-9_]*)*): (.*)$", line)
         if head:
             flush()
             names = re.split(r" / |, ", head.group(1))

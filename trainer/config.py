@@ -47,9 +47,15 @@ Loss
         tokens: weight ``min(π_old/μ, tis_cap)`` per token, detached (Yao et al. 2025, *Your Efficient RL
         Framework Secretly Brings You Off-Policy RL Training*; verl ``rollout_is_threshold: 2.0``).
         ``None`` disables the correction. Replayed episodes get the same correction.
-    stale_policy: what a transition sampled many versions ago gets. ``"weight"`` (default): it trains
-        like any other, whatever its lag — late production feedback (rated minutes to days after the
-        call) and replayed history are off-policy data, not waste. The correction is the decoupled
+    behaviour_weight: the correction from the behaviour policy μ. ``"tapered"`` (default) — Tapered
+        Off-Policy REINFORCE (Le Roux et al. 2025, arXiv:2503.14286): weight 1 on a positive
+        advantage's tokens, ``min(π_old/μ, 1)`` on a negative one's. ``"truncated"`` — ``min(π_old/μ,
+        tis_cap)`` on every token (the truncated importance sampling above). ``tis_cap = None`` turns
+        either off.
+    stale_policy: ``"weight"`` (default) trains a transition whatever its lag, with the off-policy
+        correction; ``"drop"`` excludes, ``"downweight"`` decays those more than ``max_staleness``
+        versions old. Under ``"weight"`` a transition trains like any other — late production feedback
+        (rated minutes to days after the call) and replayed history are off-policy data, not waste. The correction is the decoupled
         objective above (Hilton et al. 2022, *Batch size-invariance for policy optimization*,
         arXiv:2110.00641; AReaL's decoupled PPO): π_old, the trainer's policy at the step, is the
         proximal policy the clip is measured against, the truncated weight ``min(π_old/μ, tis_cap)``
@@ -119,10 +125,11 @@ class AlgorithmConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     reference_kl: bool = False
     tis_cap: float | None = Field(default=2.0, gt=0)
+    behaviour_weight: Literal["truncated", "tapered"] = "tapered"
     stale_policy: Literal["weight", "drop", "downweight"] = "weight"
     max_staleness: int = Field(default=4, ge=0)
     stale_decay: float = Field(default=0.5, gt=0, le=1)
-    m2_threshold: float | None = Field(default=0.04, gt=0)
+    m2_threshold: float | None = Field(default=None, gt=0)
     # optimisation
     learning_rate: float = Field(default=1e-4, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)

@@ -4,10 +4,17 @@ Policy loss per token (see :mod:`trainer.config` for the citations)::
 
     ratio = exp(logp - old_logp)                            # π_θ / π_old (PPO; π_old the proximal policy)
     tis   = min(exp(old_logp - behaviour_logp), tis_cap)    # π_old / μ, detached (truncated IS)
+    tis   = 1 if A ≥ 0 else min(π_old / μ, 1)               # behaviour_weight="tapered" (TOPR), instead
     keep  = m2_mask((old_logp - behaviour_logp)²)           # M2PO's trust region on the drift from μ
     pg    = -min(ratio · A, clip(ratio, 1 - clip_low, 1 + clip_high) · A) · tis · keep
     kl    = exp(ref - logp) - (ref - logp) - 1              # k3 estimator, ≥ 0
     loss  = Σ weights · (pg + kl_coef · kl)
+
+``behaviour_weight = "tapered"`` is Tapered Off-Policy REINFORCE (Le Roux et al. 2025, *Tapered Off-Policy
+REINFORCE: Stable and efficient reinforcement learning for LLMs*, arXiv:2503.14286): a sample with a
+positive advantage is followed whatever policy drew it, one with a negative advantage is pushed down only
+as far as the policy still produces it (weight min(π_old/μ, 1)), so stale failures cannot drive down
+tokens the policy has already left. ``tis_capped_fraction`` then counts the negative tokens capped at 1.
 
 ``m2_mask`` (:func:`m2_keep`; ``AlgorithmConfig.m2_threshold``): when the mean squared log-ratio of the
 microbatch's response tokens exceeds the threshold, the tokens with the largest squared log-ratio are
@@ -109,7 +116,11 @@ def policy_loss(
     ratio = torch.exp(logp - old_logp)
     log_ratio = (old_logp - behaviour_logp).detach().clamp(-20.0, 20.0)  # log π_old / μ
     behaviour_kl = ((torch.exp(log_ratio) - 1.0 - log_ratio) * mask).sum().item()
-    if cfg.tis_cap is not None:
+    if cfg.tis_cap is not None and cfg.behaviour_weight == "tapered":  # TOPR: positives 1, negatives ≤ 1
+        raw_is = torch.exp((old_logp - behaviour_logp).clamp(max=20.0)).detach()
+        tis = torch.where(advantages >= 0, torch.ones_like(raw_is), raw_is.clamp(max=1.0))
+        capped = (((raw_is > 1.0) & (advantages < 0)).float() * mask).sum().item()
+    elif cfg.tis_cap is not None:
         raw_is = torch.exp((old_logp - behaviour_logp).clamp(max=20.0)).detach()
         tis = raw_is.clamp(max=cfg.tis_cap)
         capped = ((raw_is > cfg.tis_cap).float() * mask).sum().item()

@@ -30,6 +30,10 @@ How it replays, and why (docs/replay.md has the measurements):
 * **Says when there is nothing to learn.** Groups whose members all got the same reward carry no GRPO
   signal; with fewer than ``ReplayOptions.min_signal_groups`` groups that do, nothing is trained and the
   report says so (``replay.too_little_signal``).
+* **Production recordings replay as production.** A run recorded with ``--source production`` holds
+  rated sessions, each a group of one: they are replayed as sessions (``recorded_source=production``),
+  each trained against its tenant's running baseline as it was live, a step taking as many sessions as
+  the recorded run's did (B × G).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from examples.demo.checkpoints import Checkpoint, Validation, choose, serve
 from examples.demo.ledger import summary
 from flywheel.replay import ReplayFilter, ReplayReport, completion_order, has_signal, plan_replay
+from flywheel.replay_pace import is_production_group
 from infra.eventlog.models import EpisodeFilter
 from infra.eventlog.store import ChdbStore
 from schemas import TRANSITIONS, EpisodeScored
@@ -189,7 +194,9 @@ def plan_steps(
     elif order == "late":
         groups = groups[len(groups) // 2 :]
     steps = [groups[i : i + batch_groups] for i in range(0, len(groups), batch_groups)]
-    return ReplayPlan(steps, len(groups), sum(1 for g in groups if has_signal(g)))
+    # a rated production session's signal is its reward against its tenant's baseline, not a group's
+    signal = sum(1 for g in groups if is_production_group(g) or has_signal(g))
+    return ReplayPlan(steps, len(groups), signal)
 
 
 def _taken(trainer: TrainerService, paced: bool, done_before: int, run_id: str, sent_groups: int) -> bool:

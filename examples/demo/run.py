@@ -27,7 +27,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -87,6 +87,9 @@ class DemoConfig:
     users: int = 64
     user_mistake_rate: float = 0.0  # share of sessions users rate the wrong way (examples/demo/production.py)
     feedback_delay: str = ""  # when users rate (production.FeedbackDelay's spec); "": at once
+    recorded_source: str = ""  # replay: the source the recorded run trained from (its report's)
+    # more AlgorithmConfig fields, for the comparisons on docs/replay.md (e.g. {"m2_threshold": None})
+    algorithm: dict[str, Any] = field(default_factory=dict)
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
     replay: replaying.ReplayOptions = field(default_factory=replaying.ReplayOptions)
     # replay: the checkpoints' validation tasks (held out, not the report's); None: half of eval_tasks
@@ -108,10 +111,15 @@ def stack_settings(
     algo = AlgorithmConfig(
         learning_rate=cfg.learning_rate,
         reference_kl=cfg.source == "replay",  # the replay's per-step KL from the warm start (its report)
+        **cfg.algorithm,
     )
     # A production session is a group of one: a step takes as many sessions as the training demo's
     # step takes episodes (B × G), so both train on batches of the same size.
-    per_step = cfg.batch_groups * cfg.group_size if cfg.source == "production" else cfg.batch_groups
+    per_step = (
+        cfg.batch_groups * cfg.group_size
+        if "production" in (cfg.source, cfg.recorded_source)
+        else cfg.batch_groups
+    )
     return StackSettings(
         data_dir=data_dir,
         trainer_dir=trainer_dir,
@@ -149,6 +157,8 @@ async def run_seed(
     shutil.rmtree(trainer_dir, ignore_errors=True)  # a demo starts fresh, never resumes an old run
     data_dir = cfg.out / "data"
     recorded, loaded = await _recorded_episodes(cfg, data_dir, say)
+    if recorded is not None:  # a production recording replays as sessions, B × G of them a step
+        cfg = replace(cfg, recorded_source=str(recorded.report.get("source", "rollouts")))
     agent = demo_agent(cfg.agent, cfg.cache)
     policies = _role_policies(cfg, agent)
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})
@@ -335,7 +345,9 @@ async def _rl_phase(
         max_steps=cfg.max_steps,
         say=seed.say,
         steps_seen=lambda: [p.metrics for p in monitor.points],
-        batch_groups=cfg.batch_groups,
+        batch_groups=cfg.batch_groups * cfg.group_size
+        if cfg.recorded_source == "production"
+        else cfg.batch_groups,
         validate=lambda: evaluate(bus, validation, seed.agent.ref),
         warm_weights=seed.warm_dir,
         work_dir=seed.seed_dir / "replay",

@@ -6,6 +6,9 @@ end the session (``POST /v1/sessions/{id}/end``); no rollouts are requested, so 
 those sessions alone. The toy model never answers right, so the tiny preset's users mis-rate a quarter
 of the sessions (``user_mistake_rate``): the rewards vary and production samples must be trained.
 
+The production run's recording is then replayed into a fresh warm start: its rated sessions train as
+sessions, against the tenant's baseline (``recorded_source=production``).
+
 Replay: a tiny training-demo run is recorded, then replayed from its event log into a fresh copy of
 its warm start. The toy's groups are all-fail, so they carry no GRPO signal: the replay must read every
 recorded training episode, find no group with signal, say so and train nothing, and serve the warm start
@@ -53,7 +56,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cache: Path) -> None:
     out = tmp_path / "production"
-    report = _demo(out, cache, "--source", "production")
+    report = _demo(out, cache, "--source", "production", "--max-steps", "4")
     assert report["source"] == "production"
     assert report["sessions"] > 0 and report["user_errors"] == 0, report.get("user_error_examples")
     assert report["feedback"] >= 1
@@ -79,6 +82,24 @@ def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cach
     )
     assert scored >= report["trainer_samples"]["production"] / 4  # ≤ 4 calls (samples) per session
     assert scored >= 1
+
+    # Replayed into a fresh warm start, the recorded production sessions train as sessions: each a
+    # group of one against the tenant's running baseline (recorded_source=production), not a flat group.
+    # every recorded session (the tiny preset's two steps would replay only the first, all-alike ones)
+    replayed = _demo(
+        tmp_path / "replayed", cache, "--source", "replay", "--from", str(out), "--max-steps", "16"
+    )
+    replay = replayed["replay"]
+    assert replay["production"] >= 16 and replay["signal_groups"] == replay["production"], replay
+    assert replay["too_little_signal"] is False and replay["sent"] > 0, replay
+    assert replayed["trainer_samples"]["replay"] > 0, replayed["trainer_samples"]
+    assert replayed["rl_steps"] >= 1
+    chdb = tmp_path / "replayed" / "data" / "chdb"
+    copies = _count(
+        chdb,
+        "type = 'episode_scored' AND source = 'replay' AND JSONExtractString(payload, 'recorded_source') = 'production'",
+    )
+    assert copies == replay["sent"], (copies, replay)
 
 
 def test_demo_replay_tiny_replays_the_recorded_run(tmp_path: Path, cache: Path) -> None:

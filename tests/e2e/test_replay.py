@@ -6,7 +6,7 @@ writes them to embedded ClickHouse (chdb). Three tasks were generated at differe
 (as a long-running deployment would have): A and B at version 0, C half at 0 and half at 2.
 
 Replay: `flywheel.replay` selects them from ClickHouse and republishes them as ``source=replay`` into a fresh
-trainer (max staleness 1, truncated importance sampling capped at 2, two PPO epochs). A is replayed and
+trainer (`stale_policy="drop"` with max staleness 1, truncated importance sampling capped at 2, two PPO epochs). A is replayed and
 trained on (trainer → v1), then B (→ v2), then C, whose version-0 transitions are now two versions
 behind and are dropped by the staleness rule while its version-2 ones train. The test checks each
 correction left its mark: importance weights π_old/μ ≠ 1 (the trainer's policy is not the tempered
@@ -152,7 +152,13 @@ async def test_replay_into_a_fresh_trainer(recorded: tuple[Path, ChdbStore], tmp
 
     model, store = recorded
     algo = AlgorithmConfig(
-        max_staleness=1, tis_cap=2.0, ppo_epochs=2, learning_rate=3e-3, clip_low=0.1, clip_high=0.1
+        stale_policy="drop",
+        max_staleness=1,
+        tis_cap=2.0,
+        ppo_epochs=2,
+        learning_rate=3e-3,
+        clip_low=0.1,
+        clip_high=0.1,
     )
     settings = _fresh_trainer_settings(model, algo, tmp_path)
     backend = load_backend(model, algo, torch_threads=1)
@@ -251,7 +257,9 @@ async def test_a_paced_replay_through_the_admin_api_trains_the_recorded_run_in_o
     from trainer.config import AlgorithmConfig
 
     model, store = recorded
-    algo = AlgorithmConfig(max_staleness=1, tis_cap=2.0, ppo_epochs=1, learning_rate=3e-3)
+    algo = AlgorithmConfig(
+        stale_policy="drop", max_staleness=1, tis_cap=2.0, ppo_epochs=1, learning_rate=3e-3
+    )
     settings = _fresh_trainer_settings(model, algo, tmp_path)
     bus = MemoryBus()
     await bus.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -54,7 +56,7 @@ def test_observation_tokens_are_masked_out() -> None:
 
 @pytest.mark.timeout(10)
 def test_truncated_importance_weights_and_clipping() -> None:
-    cfg = AlgorithmConfig(m2_threshold=None, tis_cap=2.0, clip_low=0.2, clip_high=0.2)
+    cfg = AlgorithmConfig(behaviour_weight="truncated", tis_cap=2.0, clip_low=0.2, clip_high=0.2)
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
     behaviour = torch.log(torch.tensor([[0.5, 0.1, 1.0]]))  # IS = 1, 5 (capped to 2), 0.5
     logp = (old + torch.log(torch.tensor([[1.0, 1.5, 1.0]]))).requires_grad_(True)  # ratio 1, 1.5, 1
@@ -137,7 +139,9 @@ def test_m2_mask_leaves_out_the_tokens_furthest_from_the_behaviour_policy() -> N
     logp = torch.full((1, 4), -1.0, requires_grad=True)
     behaviour = torch.tensor([[-1.0, -1.0, -4.0, -1.0]])  # one token the policy has moved far from
     weights = torch.full((1, 4), 0.25)
-    parts = policy_loss(logp, logp.detach(), behaviour, torch.ones(1, 4), weights, AlgorithmConfig())
+    parts = policy_loss(
+        logp, logp.detach(), behaviour, torch.ones(1, 4), weights, AlgorithmConfig(m2_threshold=0.04)
+    )
     parts.loss.backward()
     assert logp.grad is not None
     assert logp.grad[0, 2].item() == 0.0 and all(logp.grad[0, i].item() != 0.0 for i in (0, 1, 3))
@@ -190,3 +194,22 @@ def test_a_transitions_temperature_reaches_its_sample_and_verl_refuses_a_mix() -
     assert batch_temperature(samples[:1]) == samples[0].temperature and batch_temperature([]) == 1.0
     with pytest.raises(BackendError, match="mixes"):
         batch_temperature(samples)
+
+
+@pytest.mark.timeout(10)
+def test_tapered_weights_follow_good_samples_and_cap_bad_ones_at_one() -> None:
+    """TOPR (the default): a positive advantage's tokens weigh 1 however far the policy moved from μ; a
+    negative one's weigh min(π_old/μ, 1), so a stale failure cannot push down what the policy left."""
+    logp = torch.tensor([[-3.0, -0.5, -3.0, -0.5]], requires_grad=True)
+    behaviour = torch.tensor([[-0.5, -3.0, -0.5, -3.0]])  # μ: tokens 0 and 2 likelier, 1 and 3 less
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    weights = torch.full((1, 4), 0.25)
+    parts = policy_loss(logp, logp.detach(), behaviour, adv, weights, AlgorithmConfig())
+    parts.loss.backward()
+    assert logp.grad is not None
+    grad = logp.grad[0].tolist()
+    # d loss / d logp = -A · w · weight: positives w = 1 both; the negative the policy left w = e^-2.5
+    assert grad[0] == pytest.approx(-0.25) and grad[1] == pytest.approx(-0.25)
+    assert grad[2] == pytest.approx(0.25 * math.exp(-2.5), rel=1e-4)
+    assert grad[3] == pytest.approx(0.25)  # π_old/μ = e^2.5, capped at 1
+    assert parts.tis_capped_tokens == 1.0
