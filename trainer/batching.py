@@ -3,8 +3,10 @@
 Per-episode normalisation (docs/architecture.md, "Credit assignment"): every response token of an episode gets the
 weight ``1 / (episodes_in_batch × response_tokens_of_episode)``, so the loss is a token mean within an
 episode and a plain mean across episodes — an episode with five calls weighs as much as one with one.
-Stale transitions are dropped or down-weighted here (``AlgorithmConfig.stale_policy``), so the backend
-only sees what it should train on.
+Staleness: by default (``AlgorithmConfig.stale_policy = "weight"``) a transition trains whatever its lag —
+the importance correction and M2PO's trust region in :mod:`trainer.loss` are what make stale data safe;
+``"drop"`` and ``"downweight"`` apply a lag bound here instead. Whatever a batch leaves out is counted per
+reason (``BatchStats.skipped``): ``excluded_<reason>`` in the step's figures.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class BatchStats:
             "advantage_abs_mean": self.advantage_abs_mean,
             "advantage_positive": self.advantage_positive,
             **{f"samples_{src.value}": float(self.samples_by_source[src.value]) for src in EpisodeSource},
+            **{f"excluded_{reason}": float(n) for reason, n in sorted(self.skipped.items()) if n},
         }
 
 
@@ -124,13 +127,14 @@ def _is_success(e: EpisodeScored, threshold: float) -> bool:
 def _fresh(
     episode: EpisodeScored, cfg: AlgorithmConfig, current_version: int, stats: BatchStats, lags: list[int]
 ) -> list[tuple[int, float, int]]:
-    """The transitions of ``episode`` within the staleness bound: (index, staleness factor, lag)."""
+    """The transitions of ``episode`` that train: (index, staleness factor, lag); all of them under
+    ``stale_policy = "weight"``."""
     kept: list[tuple[int, float, int]] = []
     for i, t in enumerate(episode.transitions):
         lag = max(0, current_version - t.weight_version)
         lags.append(lag)
         factor = 1.0
-        if lag > cfg.max_staleness:
+        if lag > cfg.max_staleness and cfg.stale_policy != "weight":
             if cfg.stale_policy == "drop":
                 stats.skipped["stale_transition"] += 1
                 continue
@@ -196,6 +200,7 @@ def build_batch(
             pairs = [(0.0, 1.0)] * len(members)  # equal episode rewards, but per-call returns differ
         else:
             stats.groups_zero_variance += 1
+            stats.skipped["no_signal"] += len(members)
             continue
         for episode, (adv, scale) in zip(members, pairs, strict=True):
             kept = _fresh(episode, cfg, current_version, stats, lags)
