@@ -4,7 +4,8 @@ Per-episode normalisation (docs/architecture.md, "Credit assignment"): every res
 weight ``1 / (episodes_in_batch × response_tokens_of_episode)``, so the loss is a token mean within an
 episode and a plain mean across episodes — an episode with five calls weighs as much as one with one.
 Staleness: by default (``AlgorithmConfig.stale_policy = "weight"``) a transition trains whatever its lag —
-the importance correction and M2PO's trust region in :mod:`trainer.loss` are what make stale data safe;
+the behaviour correction in :mod:`trainer.loss` (tapered weights; M2PO's mask when set) is what makes
+stale data safe;
 ``"drop"`` and ``"downweight"`` apply a lag bound here instead. Whatever a batch leaves out is counted per
 reason (``BatchStats.skipped``): ``excluded_<reason>`` in the step's figures.
 """
