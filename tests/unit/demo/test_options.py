@@ -65,6 +65,18 @@ def test_the_options_object_holds_every_option_of_the_command() -> None:
             "--curriculum picks the tasks of requested rollouts: --source rollouts only",
             True,
         ),
+        ({"feedback_delay": "0.5:0,0.5:60"}, "--feedback-delay is for --source production", True),
+        (
+            {"feedback_delay": "half:0", "source": SourceChoice.production},
+            "error: --feedback-delay 'half:0': expected SHARE:SECONDS or SHARE:LOW-HIGH, comma-separated "
+            "(e.g. 0.5:0,0.5:120-240)",
+            False,
+        ),
+        (
+            {"feedback_delay": "0.5:0,0.4:60-30", "source": SourceChoice.production},
+            "error: --feedback-delay '0.5:0,0.4:60-30': shares must be >= 0 and add up to 1, and each LOW <= HIGH",
+            False,
+        ),
     ],
 )
 def test_clashing_options_fail_in_one_line(
@@ -88,3 +100,15 @@ def test_tiny_shrinks_the_run_and_the_agent_sets_the_rest(tmp_path: Path) -> Non
     assert (plan.rl_seconds, plan.max_steps, plan.mistakes) == (20.0, 2, 0.25)
     cfg = _options(tmp_path, source=SourceChoice.rollouts).resolve().config(3)
     assert (cfg.seed, cfg.rl_seconds, cfg.eval_tasks, cfg.max_in_flight) == (3, 420.0, 512, 12)
+
+
+def test_a_feedback_delay_draws_its_shares() -> None:
+    import random
+
+    from examples.demo.production import FeedbackDelay
+
+    delay = FeedbackDelay.parse("0.5:0,0.5:120-240")
+    draws = [delay.draw(random.Random(i)) for i in range(400)]
+    at_once = sum(1 for d in draws if d == 0)
+    assert 150 < at_once < 250 and all(d == 0 or 120 <= d <= 240 for d in draws)
+    assert str(delay) == "0.5:0,0.5:120-240" and FeedbackDelay.parse("").draw(random.Random(0)) == 0
