@@ -49,7 +49,8 @@ Loss
         ``None`` disables the correction. Replayed episodes get the same correction.
     behaviour_weight: the correction from the behaviour policy μ. ``"tapered"`` (default) — Tapered
         Off-Policy REINFORCE (Le Roux et al. 2025, arXiv:2503.14286): weight 1 on a positive
-        advantage's tokens, ``min(π_old/μ, 1)`` on a negative one's. ``"truncated"`` — ``min(π_old/μ,
+        advantage's tokens, ``min(π_old/μ, 1)`` on a negative one's (``"tapered_sequence"``: with the
+        ratio of the whole response, as the paper's trajectory ratio). ``"truncated"`` — ``min(π_old/μ,
         tis_cap)`` on every token (the truncated importance sampling above). ``tis_cap = None`` turns
         either off.
     stale_policy: ``"weight"`` (default) trains a transition whatever its lag, with the off-policy
@@ -125,7 +126,7 @@ class AlgorithmConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     reference_kl: bool = False
     tis_cap: float | None = Field(default=2.0, gt=0)
-    behaviour_weight: Literal["truncated", "tapered"] = "tapered"
+    behaviour_weight: Literal["truncated", "tapered", "tapered_sequence"] = "tapered"
     stale_policy: Literal["weight", "drop", "downweight"] = "weight"
     max_staleness: int = Field(default=4, ge=0)
     stale_decay: float = Field(default=0.5, gt=0, le=1)

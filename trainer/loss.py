@@ -15,6 +15,8 @@ REINFORCE: Stable and efficient reinforcement learning for LLMs*, arXiv:2503.142
 positive advantage is followed whatever policy drew it, one with a negative advantage is pushed down only
 as far as the policy still produces it (weight min(π_old/μ, 1)), so stale failures cannot drive down
 tokens the policy has already left. ``tis_capped_fraction`` then counts the negative tokens capped at 1.
+``"tapered_sequence"`` takes the negative sample's ratio over its whole response (the product of its
+tokens' π_old/μ, as the paper's trajectory ratio) instead of token by token.
 
 ``m2_mask`` (:func:`m2_keep`; ``AlgorithmConfig.m2_threshold``): when the mean squared log-ratio of the
 microbatch's response tokens exceeds the threshold, the tokens with the largest squared log-ratio are
@@ -116,8 +118,12 @@ def policy_loss(
     ratio = torch.exp(logp - old_logp)
     log_ratio = (old_logp - behaviour_logp).detach().clamp(-20.0, 20.0)  # log π_old / μ
     behaviour_kl = ((torch.exp(log_ratio) - 1.0 - log_ratio) * mask).sum().item()
-    if cfg.tis_cap is not None and cfg.behaviour_weight == "tapered":  # TOPR: positives 1, negatives ≤ 1
-        raw_is = torch.exp((old_logp - behaviour_logp).clamp(max=20.0)).detach()
+    if cfg.tis_cap is not None and cfg.behaviour_weight != "truncated":  # TOPR: positives 1, negatives ≤ 1
+        if cfg.behaviour_weight == "tapered_sequence":  # the ratio of the whole sampled response
+            log_ratio_row = (log_ratio * mask).sum(dim=-1, keepdim=True).clamp(max=20.0)
+            raw_is = torch.exp(log_ratio_row).expand_as(logp).detach()
+        else:
+            raw_is = torch.exp((old_logp - behaviour_logp).clamp(max=20.0)).detach()
         tis = torch.where(advantages >= 0, torch.ones_like(raw_is), raw_is.clamp(max=1.0))
         capped = (((raw_is > 1.0) & (advantages < 0)).float() * mask).sum().item()
     elif cfg.tis_cap is not None:

@@ -213,3 +213,15 @@ def test_tapered_weights_follow_good_samples_and_cap_bad_ones_at_one() -> None:
     assert grad[2] == pytest.approx(0.25 * math.exp(-2.5), rel=1e-4)
     assert grad[3] == pytest.approx(0.25)  # π_old/μ = e^2.5, capped at 1
     assert parts.tis_capped_tokens == 1.0
+
+
+@pytest.mark.timeout(10)
+def test_tapered_sequence_weighs_a_negative_sample_by_its_whole_response() -> None:
+    logp = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.0, -0.5, -0.5]])  # the response is e^-1 as likely under π_old as under μ
+    weights = torch.full((1, 3), 1 / 3)
+    cfg = AlgorithmConfig(behaviour_weight="tapered_sequence")
+    negative = policy_loss(logp, logp.detach(), behaviour, torch.full((1, 3), -1.0), weights, cfg)
+    assert negative.tis_sum == pytest.approx(3 * math.exp(-1.0), rel=1e-5)  # every token: e^-1
+    positive = policy_loss(logp, logp.detach(), behaviour, torch.ones(1, 3), weights, cfg)
+    assert positive.tis_sum == pytest.approx(3.0)
