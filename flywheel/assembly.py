@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from infra.tokenizer_fingerprint import fingerprint_of
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -75,6 +77,14 @@ EngineKind = Literal["embedded", "process", "flywheel", "vllm", "upstream"]
 
 
 # ------------------------------------------------------------------------------------------ services
+def with_tokenizer(settings: GatewaySettings, model_dir: Path | None) -> GatewaySettings:
+    """``settings`` with the fingerprint of ``model_dir``'s tokenizer, which the gateway records with every
+    call (replay checks it: docs/replay.md); unchanged when one is set or there is no model."""
+    if settings.tokenizer_fingerprint or model_dir is None:
+        return settings
+    return settings.model_copy(update={"tokenizer_fingerprint": fingerprint_of(model_dir)})
+
+
 def build_gateway(
     settings: GatewaySettings, bus: Bus, upstreams: Sequence[Upstream], *, keystore: KeyStore | None = None
 ) -> Gateway:

@@ -49,7 +49,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol
@@ -77,6 +77,30 @@ MAX_GROUP_ID = 64
 
 class ReplayFilterError(ValueError):
     """A replay filter that cannot be understood (bad date, negative rate, ...). One line."""
+
+
+class TokenizerMismatchError(ReplayFilterError):
+    """The selected episodes' token ids were made by another tokenizer than the target's. One line."""
+
+
+def check_tokenizer(events: Sequence[EpisodeScored], expected: str) -> int:
+    """Raise :class:`TokenizerMismatchError` when a transition of ``events`` was recorded with a tokenizer
+    other than ``expected``; returns how many episodes carry no fingerprint (recorded before it was)."""
+    foreign: Counter[str] = Counter()
+    unknown = 0
+    for event in events:
+        seen = {t.tokenizer for t in event.transitions}
+        unknown += int(None in seen)
+        for other in seen - {None, expected}:
+            foreign[str(other)] += 1
+    if foreign:
+        found = ", ".join(f"{fp} ({n} episodes)" for fp, n in foreign.most_common(3))
+        raise TokenizerMismatchError(
+            f"the selected episodes were recorded with tokenizer {found}, not the target's {expected}: "
+            "their token ids mean other tokens to it; replay them into the model they were recorded "
+            "with (docs/replay.md, 'Replay into a new model')"
+        )
+    return unknown
 
 
 class ReplayStalledError(RuntimeError):
@@ -127,6 +151,11 @@ class ReplayFilter(BaseModel):
         default=None, description="only episodes recorded with this source (None: any)"
     )
     limit: int = Field(default=10_000, ge=1, le=1_000_000)
+    tokenizer: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="the target model's tokenizer fingerprint: episodes recorded with another are refused",
+    )
 
     def to_episode_filter(self) -> EpisodeFilter:
         like = None
@@ -153,6 +182,7 @@ class ReplayFilter(BaseModel):
 class ReplayReport:
     selected: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    tokenizer_unknown: int = 0  # checked episodes recorded without a tokenizer fingerprint (replayed)
     sent: int = 0
     groups: int = 0
     flat_groups: int = 0  # groups whose members all have the same reward: no GRPO signal
@@ -174,6 +204,7 @@ class ReplayReport:
             "selected": self.selected,
             "eligible": self.eligible,
             "skipped": dict(sorted(self.skipped.items())),
+            "tokenizer_unknown": self.tokenizer_unknown,
             "sent": self.sent,
             "groups": self.groups,
             "flat_groups": self.flat_groups,
@@ -322,6 +353,8 @@ async def replay(
     episode_filter = flt.to_episode_filter()
     # The store's reads are synchronous (chdb / clickhouse-connect): keep the event loop free.
     events = await asyncio.to_thread(lambda: list(source.select_scored_episodes(episode_filter)))
+    if flt.tokenizer is not None:
+        report.tokenizer_unknown = check_tokenizer(events, flt.tokenizer)
     planned = plan_replay(events, run_id=report.run_id, report=report, policy=flt.policy)
     steps: list[list[list[EpisodeScored]]] = [[[e] for e in planned]]
     trains = [False]

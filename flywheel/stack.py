@@ -271,13 +271,14 @@ class EmbeddedStack:
         self.engine_process = running.process
 
     async def _start_gateway(self) -> None:
-        from flywheel.assembly import build_gateway
+        from flywheel.assembly import build_gateway, with_tokenizer
         from gateway.app import app_for
         from gateway.server import GatewayServer
 
         s = self.settings
         upstream = self.upstream or self._running.upstream(s.gateway)
-        app = app_for(build_gateway(s.gateway, await self._connect("gateway"), [upstream]))
+        gateway = await asyncio.to_thread(with_tokenizer, s.gateway, self.model_dir)
+        app = app_for(build_gateway(gateway, await self._connect("gateway"), [upstream]))
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router

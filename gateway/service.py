@@ -83,6 +83,8 @@ class Gateway:
         self.id = settings.gateway_id
         self.keystore = keystore
         self.metrics = GatewayMetrics()
+        for upstream in upstreams:  # the policy's servers: their tokenizer is the one configured
+            upstream.tokenizer = upstream.tokenizer or settings.tokenizer_fingerprint or None
         self.pool = build_pool(
             upstreams,
             settings.gateway_model_routes,

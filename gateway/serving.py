@@ -4,10 +4,9 @@
 SSE bytes (:class:`StreamAnswer`). The call's ``LLMCallRecorded`` is durable before the body is returned
 (non-streamed) or before the held-back final chunks and ``[DONE]`` are yielded (streamed).
 
-A call in another protocol (the Responses or Messages API, gateway/protocols/dialects.py) is served as
-the chat call its :class:`~gateway.protocols.dialects.Exchange` translates it into; the exchange writes
-the answer, or the stream's events, in the agent's protocol, and that is what the call's event records
-as its response.
+A call in another protocol (the Responses or Messages API, gateway/protocols/dialects.py) is served as the
+chat call its :class:`~gateway.protocols.dialects.Exchange` translates it into; the exchange writes the
+answer, or the stream's events, in the agent's protocol, which the call's event records as its response.
 """
 
 from __future__ import annotations
@@ -348,6 +347,7 @@ class CallService:
             request=ctx.call.raw.decode("utf-8", "replace"),
             upstream=ctx.upstream.kind,
             upstream_url=ctx.upstream.url,
+            tokenizer=ctx.upstream.tokenizer,
             logprobs_mode=ctx.upstream.logprobs_mode if ctx.upstream.token_faithful else LogprobsMode.none,
             weight_version=ctx.version,
             adapter=ctx.adapter,

@@ -37,6 +37,9 @@ class GatewaySettings(FlywheelSettings):
     upstream_retries: int = 2
     upstream_backoff_s: float = 0.2
     request_weight_versions: bool = False  # ask vLLM for per-token weight versions
+    # the fingerprint of the policy upstream's tokenizer, recorded with each call it serves
+    # (`flywheel model fingerprint DIR`; `flywheel up` sets it from its model); "": not known
+    tokenizer_fingerprint: str = Field(default="", max_length=64)
     # the HTTP client to plain-http upstreams: gateway/upstream/wire.py's keep-alive client, or httpx
     # (what the wire client buys: tests/benchmarks/gateway.py, target gateway_memory_httpx)
     upstream_client: Literal["wire", "httpx"] = "wire"

@@ -49,6 +49,7 @@ class _Trajectory:
     prompt_version: str | None = None  # one per episode: the gateway pins it per group (gateway/prompts.py)
     temperature: float = 1.0  # every call merged into it was sampled at this temperature
     policy: str | None = None  # the adapter every call merged into it was served by (None: the base)
+    tokenizer: str | None = None  # the fingerprint of the tokenizer that made its ids (the first call's)
 
     def full(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -121,6 +122,7 @@ def _start(call: LLMCallRecorded, choice: CallChoice) -> _Trajectory:
         prompt_version=call.prompt_version,
         temperature=_temperature(call),
         policy=call.adapter,
+        tokenizer=call.tokenizer,
     )
     traj.add_choice(call, choice)
     return traj
@@ -193,6 +195,7 @@ def assemble(
                 prompt_version=traj.prompt_version,
                 temperature=traj.temperature,
                 policy=traj.policy,
+                tokenizer=traj.tokenizer,
                 segment_starts=traj.starts,
                 segment_returns=[returns[seq] for seq in traj.call_seqs],
             )

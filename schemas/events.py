@@ -152,6 +152,12 @@ class LLMCallRecorded(EventBase):
         description="the prompt's ids; None for a batched call (see CallChoice.prompt_token_ids)",
     )
     choices: list[CallChoice] = Field(default_factory=list)
+    tokenizer: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the fingerprint of the tokenizer that made the ids (infra/tokenizer_fingerprint.py); "
+        "None: not known (added, optional)",
+    )
     weight_version: int = Field(default=0, ge=0)
     weight_version_source: Literal["engine", "gateway"] | None = Field(
         default=None,
@@ -272,6 +278,11 @@ class Transition(BaseModel):
         default=None,
         max_length=64,
         description="the prompt version its calls were served under (added, optional)",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the fingerprint of the tokenizer that made its ids, from its calls (added, optional)",
     )
     segment_starts: list[int] | None = Field(
         default=None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,7 @@ from flywheel.cli.eventlog_opts import (
     parse_weight_versions,
     time_option,
 )
+from flywheel.cli.vllm_cmd import tokenizer_fingerprint
 from flywheel.ops.admin import AdminClient, AdminError
 from flywheel.replay import (
     Pace,
@@ -36,12 +38,14 @@ from flywheel.replay import (
     ReplayFilterError,
     ReplayReport,
     ReplayStalledError,
+    TokenizerMismatchError,
     first_error,
     replay,
 )
 from infra.bus.base import Bus, BusError
 from infra.bus.factory import make_bus
 from infra.eventlog.errors import EventLogError
+from infra.tokenizer_fingerprint import is_fingerprint
 from trainer.settings import TrainerSettings
 
 
@@ -65,6 +69,11 @@ def _print_report(report: ReplayReport, flt: ReplayFilter) -> None:
         )
     if report.paced:
         typer.echo(f"paced:    {report.steps_taken} of {report.steps} step(s) trained as they were sent")
+    if report.tokenizer_unknown:
+        typer.echo(
+            f"note: {report.tokenizer_unknown} episode(s) were recorded without a tokenizer fingerprint "
+            "(before calls carried one): replayed unchecked"
+        )
     if report.flat_groups:
         typer.echo(
             f"note: {report.flat_groups} group(s) have one reward for every member; "
@@ -99,6 +108,8 @@ async def _replay_kafka(
         return report
     except ReplayStalledError as exc:
         fail(f"replay stalled: {exc} (--no-pace sends everything at once)")
+    except TokenizerMismatchError as exc:
+        fail(str(exc))
     except BusError as exc:
         fail(f"{type(exc).__name__}: {exc}")
     except EventLogError as exc:
@@ -137,12 +148,23 @@ async def _replay_remote(
         groups=data["groups"],
         flat_groups=data["flat_groups"],
         production=data.get("production", 0),
+        tokenizer_unknown=data.get("tokenizer_unknown", 0),
         dry_run=data["dry_run"],
         run_id=data["run_id"],
         paced=data.get("paced", False),
         steps=data.get("steps", 0),
         steps_taken=data.get("steps_taken", 0),
     )
+
+
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        help="The target model's directory (or its `flywheel model fingerprint`): refuse episodes "
+        "whose token ids another tokenizer made.",
+    ),
+]
 
 
 def replay_command(
@@ -192,6 +214,7 @@ def replay_command(
     step_timeout: Annotated[
         float, typer.Option("--step-timeout", help="Seconds to wait for each trainer step before giving up.")
     ] = 300.0,
+    tokenizer: TokenizerOpt = None,
     url: UrlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -218,6 +241,7 @@ def replay_command(
             policy=policy,
             source=None if source == "all" else source,
             limit=int(limit),
+            tokenizer=_fingerprint(tokenizer),
         )
         flt.to_episode_filter()  # cross-field checks (since < until, ...)
         groups = _trainer_batch_groups() if step_groups is None else step_groups
@@ -239,6 +263,18 @@ def replay_command(
         print_json(report.as_dict())
     else:
         _print_report(report, flt)
+
+
+def _fingerprint(tokenizer: str | None) -> str | None:
+    """``--tokenizer``: a fingerprint as given, or the one of a model directory's tokenizer."""
+    if tokenizer is None or is_fingerprint(tokenizer):
+        return tokenizer
+    path = Path(tokenizer).expanduser()
+    if not path.is_dir():
+        raise ReplayFilterError(
+            f"--tokenizer takes a model directory or a 16-digit fingerprint, got {tokenizer!r}"
+        )
+    return tokenizer_fingerprint(path)
 
 
 def _trainer_batch_groups() -> int:

