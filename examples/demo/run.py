@@ -108,10 +108,16 @@ Say = Callable[[str], None]
 def stack_settings(
     cfg: DemoConfig, data_dir: Path, trainer_dir: Path, agent: DemoAgent | None = None
 ) -> StackSettings:
-    algo = AlgorithmConfig(
-        learning_rate=cfg.learning_rate,
-        reference_kl=cfg.source == "replay",  # the replay's per-step KL from the warm start (its report)
-        **cfg.algorithm,
+    replay = cfg.source == "replay"
+    algo = AlgorithmConfig.model_validate(
+        {
+            "learning_rate": cfg.learning_rate,
+            "reference_kl": replay,  # the replay's per-step KL from the warm start (its report)
+            # a whole recorded run: negative samples tapered by their whole response's ratio, which kept
+            # a 544-step replay from falling after its peak (docs/replay.md)
+            **({"behaviour_weight": "tapered_sequence"} if replay else {}),
+            **cfg.algorithm,
+        }
     )
     # A production session is a group of one: a step takes as many sessions as the training demo's
     # step takes episodes (B × G), so both train on batches of the same size.
