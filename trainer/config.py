@@ -70,8 +70,9 @@ Loss
         Collapse: How Far Can Off-Policy RL Reach with Stale Data on LLMs?*, arXiv:2510.01161): per
         microbatch, the tokens with the largest ``(log π_old − log μ)²`` are masked out of the policy
         loss until the mean over the rest is ≤ the threshold (the paper's 0.04), so a step never follows
-        tokens its policy has moved far from; the masked share is ``m2_masked_fraction``. ``None``
-        disables it.
+        tokens its policy has moved far from; the masked share is ``m2_masked_fraction``. ``None`` (the
+        default) disables it: here it did not stop a delayed-feedback run or a long replay from collapsing
+        (docs/replay.md).
 
 Optimisation
     learning_rate, weight_decay, betas: Adam(W). A prototype on a 3 M model found 1e-4 stable and 5e-4

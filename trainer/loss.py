@@ -20,9 +20,9 @@ tokens' π_old/μ, as the paper's trajectory ratio) instead of token by token.
 
 ``m2_mask`` (:func:`m2_keep`; ``AlgorithmConfig.m2_threshold``): when the mean squared log-ratio of the
 microbatch's response tokens exceeds the threshold, the tokens with the largest squared log-ratio are
-left out of the policy-gradient term until the mean over the rest is within it. Stale and replayed data
-(lagging tens or thousands of versions) train through it: the tokens the policy still agrees with carry
-the update, the few it has moved far from do not.
+left out of the policy-gradient term until the mean over the rest is within it. Off by default: with it,
+a delayed-feedback run and a 544-step replay both collapsed where the tapered weights did not
+(docs/replay.md, "Stale data and late feedback").
 
 Reported besides (diagnostics, no gradient): ``behaviour_kl``, the k3 estimate ``r − 1 − log r`` with
 ``r = π_old / μ`` of KL(μ ‖ π_old) on the behaviour policy's own samples — how far the policy being trained
