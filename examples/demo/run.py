@@ -142,6 +142,9 @@ def stack_settings(
         engine_threads=cfg.threads,
         engine_process=cfg.engine_process,
         train_models=agent.train_models if agent is not None else "",
+        # late raters: the demo's users open ~45 sessions a second, so sessions rated four minutes late
+        # are ~11,000 back; the reward service must still hold them to re-score (docs/usage.md)
+        feedback_retain=100_000 if cfg.feedback_delay else 10_000,
     )
 
 
@@ -399,6 +402,8 @@ def _trainer_figures(stack: EmbeddedStack, monitor: TrainingMonitor, *, adapters
         "trainer_skipped": dict(trainer.intake.skipped),
         "trainer_stale_dropped": replaying.stale_counts(trainer),
         "trainer_excluded": trainer.status().excluded,
+        # late ratings of sessions the reward service no longer held (FLYWHEEL_FEEDBACK_RETAIN): dead-lettered
+        "feedback_unheld": stack.reward.stats.feedback_unheld if stack.reward is not None else 0,
         "lag": _lag(monitor.points),
     }
 
