@@ -28,7 +28,14 @@ pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]
 LOSS_TOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 UPDATE_RTOL = 1e-3
-ALGO = AlgorithmConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0, learning_rate=1e-3, token_budget=16)
+ALGO = AlgorithmConfig(
+    behaviour_weight="truncated",
+    clip_low=0.2,
+    clip_high=0.28,
+    tis_cap=2.0,
+    learning_rate=1e-3,
+    token_budget=16,
+)
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def test_policy_loss_and_gradient_equal_verls(mode: str, tis_cap: float | None) 
     from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
-    cfg = AlgorithmConfig(clip_low=0.2, clip_high=0.28, tis_cap=tis_cap)
+    cfg = AlgorithmConfig(behaviour_weight="truncated", clip_low=0.2, clip_high=0.28, tis_cap=tis_cap)
     t = _random_tokens(1)
     mask = t["mask"]
     # Flywheel's per-token weights for the same aggregation verl does
@@ -222,7 +222,7 @@ def test_verls_ppo_loss_on_the_converted_batch_equals_flywheels_training_loss() 
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    cfg = AlgorithmConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+    cfg = AlgorithmConfig(behaviour_weight="truncated", clip_low=0.2, clip_high=0.28, tis_cap=2.0)
     model = _tiny()
     samples = _samples()
     backend = TorchBackend(model, cfg)

@@ -55,10 +55,13 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from infra.logging import get_logger
 from trainer.backends.base import BackendError
 from trainer.backends.verl_convert import batch_temperature, to_verl_batch
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
+
+log = get_logger(__name__)
 
 try:
     import ray
@@ -119,6 +122,14 @@ class VerlBackend:
     ) -> None:
         if algo.kl_coef > 0:
             raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
+        if algo.behaviour_weight != "truncated" or algo.m2_threshold is not None:
+            # verl's own rollout correction is the truncated weight: say so rather than train otherwise
+            log.warning(
+                "verl_backend_truncated_weights",
+                behaviour_weight=algo.behaviour_weight,
+                m2_threshold=algo.m2_threshold,
+                applied=f"verl's truncated importance weights min(pi_old/mu, {algo.tis_cap})",
+            )
         on_cpu = device == "cpu"
         if on_cpu and (gpus != 1 or strategy != "fsdp2"):
             raise BackendError("verl on the CPU runs one fsdp2 rank (trainer.backends.verl_cpu)")
