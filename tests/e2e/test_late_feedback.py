@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,26 +63,18 @@ def _wait_step(
     pytest.fail(f"no trainer step {step} within 120 s: {status}; {log.read_text()[-2000:]}")
 
 
-def _wait_samples(env: dict[str, str], trainer_dir: Path, production: int) -> dict[str, Any]:
+def _wait_status(
+    env: dict[str, str], trainer_dir: Path, what: str, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The trainer's status once ``done`` holds of it (60 s at most; ``what`` names the wait)."""
     deadline = time.monotonic() + 60
     status: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         status = _trainer_status(env, trainer_dir)
-        if status is not None and status["samples"]["production"] >= production:
+        if status is not None and done(status):
             return status
         time.sleep(0.5)
-    pytest.fail(f"the late sessions did not train within 60 s: {status}")
-
-
-def _wait_excluded(env: dict[str, str], trainer_dir: Path, reason: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    status: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
-        status = _trainer_status(env, trainer_dir)
-        if status is not None and status.get("excluded", {}).get(reason, 0) > 0:
-            return status
-        time.sleep(0.5)
-    pytest.fail(f"the status never counted {reason!r}: {status}")
+    pytest.fail(f"{what} within 60 s: {status}")
 
 
 @pytest.mark.parametrize("policy", ["weight", "drop"])
@@ -134,11 +127,22 @@ def test_feedback_ten_versions_late_trains_with_the_correction(tmp_path: Path, p
                 fb = http.post("/v1/feedback", json={"session_id": f"late-{i}", "rating": 1 if i % 2 else -1})
                 assert fb.status_code == 200, fb.text
             if policy == "drop":
-                status = _wait_excluded(env, trainer_dir, "stale_transition")
+                status = _wait_status(
+                    env,
+                    trainer_dir,
+                    "no excluded.stale_transition",
+                    lambda st: st.get("excluded", {}).get("stale_transition", 0) > 0,
+                )
                 assert status["samples"]["production"] == before["samples"]["production"], status
                 assert status["step"] == before["step"], "a batch of only stale sessions trained nothing"
                 return
-            status = _wait_samples(env, trainer_dir, before["samples"]["production"] + LATE)
+            target = before["samples"]["production"] + LATE
+            status = _wait_status(
+                env,
+                trainer_dir,
+                "the late sessions did not train",
+                lambda st: st["samples"]["production"] >= target,
+            )
     finally:
         proc.send_signal(signal.SIGINT)
         try:
