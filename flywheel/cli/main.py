@@ -90,6 +90,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "trainer": ("flywheel.cli.trainer_cmd", "Run and control the trainer."),
     "weights": ("flywheel.cli.trainer_cmd", "Weight versions (checkpoints)."),
+    "versions": (
+        "flywheel.cli.versions_cmd",
+        "Which version of each policy serves production: list, show, promote, roll back, pin.",
+    ),
     "optimize": (
         "flywheel.cli.optimize_cmd",
         "Optimise the agent's prompt with GEPA, every evaluation a real rollout through the stack.",

@@ -6,6 +6,7 @@
     GET  /ui/episodes/{id}            one episode
     GET  /ui/training                 charts over trainer steps, weight versions, time, tenants
     GET  /ui/api/training             their data (JSON; what the page polls)
+    GET  /ui/versions                 the release events (candidates, gates, promotions, rollbacks, pins)
     GET  /ui/api/episodes/{id}/last   when an episode last changed (JSON; what its page polls)
     GET  /ui/static/{file}            Chart.js, the script and the styles (no sign-in needed)
     GET|POST /ui/login, GET /ui/logout
@@ -32,6 +33,7 @@ from flywheel.ui.html import error_page, login_page
 from flywheel.ui.list_page import list_page, rows_html
 from flywheel.ui.params import BadInput, parse_list_query
 from flywheel.ui.training_page import training_data, training_page
+from flywheel.ui.versions_page import parse_release_query, read_release_events, versions_page
 from infra.eventlog.api import Readers
 from infra.eventlog.errors import EventLogError, EventLogTimeoutError
 from infra.eventlog.models import Bucket, EpisodeFilter, EpisodeSummary
@@ -188,6 +190,19 @@ def _training_routes(router: APIRouter, view: _View) -> None:
         return await view.api(request, build)
 
 
+def _versions_routes(router: APIRouter, view: _View) -> None:
+    """The release events: what was proposed, how it was judged, what serves."""
+    prefix, reader, readers = view.prefix, view.reader, view.readers
+
+    @router.get(prefix + "/versions")
+    async def versions(request: Request) -> Response:
+        async def render() -> str:
+            q = parse_release_query(request.query_params)
+            return versions_page(prefix, q, await readers.run(lambda: read_release_events(reader, q)))
+
+        return await view.html(request, render)
+
+
 def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
     """The static files, sign-in and sign-out, and a 404 page for any other path (so: added last)."""
 
@@ -220,6 +235,7 @@ def create_ui_router(reader: TrendReader, admin_token: str, *, prefix: str = PRE
     view = _View(reader, admin_token, prefix)
     _episode_routes(router, view)
     _training_routes(router, view)
+    _versions_routes(router, view)
     _site_routes(router, admin_token, prefix)
     return router
 

@@ -25,7 +25,11 @@ def num(value: float | None, digits: int = 3) -> str:
 def layout(prefix: str, title: str, body: str, *, active: str = "", scripts: tuple[str, ...] = ()) -> str:
     nav = "".join(
         f'<a href="{prefix}/{href}" class="{"on" if name == active else ""}">{label}</a>'
-        for name, href, label in (("episodes", "", "Episodes"), ("training", "training", "Training"))
+        for name, href, label in (
+            ("episodes", "", "Episodes"),
+            ("training", "training", "Training"),
+            ("versions", "versions", "Versions"),
+        )
     )
     tags = "".join(f'<script src="{prefix}/static/{esc(s)}"></script>' for s in scripts)
     return f"""<!doctype html>
