@@ -86,12 +86,17 @@ def with_tokenizer(settings: GatewaySettings, model_dir: Path | None) -> Gateway
 
 
 def build_gateway(
-    settings: GatewaySettings, bus: Bus, upstreams: Sequence[Upstream], *, keystore: KeyStore | None = None
+    settings: GatewaySettings,
+    bus: Bus,
+    upstreams: Sequence[Upstream],
+    *,
+    keystore: KeyStore | None = None,
+    release_slots: Sequence[Upstream] = (),
 ) -> Gateway:
     """The gateway (``gateway.app.app_for(gateway)`` is its ASGI app)."""
     from gateway.app import build
 
-    return build(settings, bus, upstreams, keystore=keystore)
+    return build(settings, bus, upstreams, keystore=keystore, release_slots=release_slots)
 
 
 def build_worker(settings: WorkerSettings, bus: Bus) -> RolloutWorker:

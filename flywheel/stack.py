@@ -10,9 +10,8 @@ Two seams put other parts under the same wiring (tests, benchmarks): ``upstream=
 upstream the caller built (a fake model server, an engine app of its own, behind
 ``make_upstream(..., transport=httpx.ASGITransport(app=...))``) instead of starting the engine, and
 ``bus_factory=`` runs the stack on a broker, each part on a connection of its own as separate processes
-would be (on Kafka: its own consumer-group members, so a worker that stops hands its partitions over).
-``add_worker`` starts more workers; ``env()`` is what a ``flywheel`` process needs to join the stack.
-
+would be (on Kafka: its own consumer-group members). ``add_worker`` starts more workers; ``env()`` is
+what a ``flywheel`` process needs to join the stack; releases' parts are in ``releases_embedded.py``.
 This is the one place (with ``flywheel/cli``) that imports services; they never import each other and
 talk only through the bus, exactly as in the distributed runtime:
 
@@ -27,9 +26,8 @@ talk only through the bus, exactly as in the distributed runtime:
     recorder: every topic → chdb (``<data_dir>/chdb``), readable at ``{gateway_url}/admin/eventlog/...``
 
 The gateway is served by uvicorn on a loopback port because agents (callables, subprocesses) speak
-real HTTP through the ``openai`` client; the engine sits behind an ``httpx.ASGITransport``.
-
-Exceptions: ``StackError`` when a part cannot start (the parts started so far are stopped again).
+real HTTP through the ``openai`` client; the engine sits behind an ``httpx.ASGITransport``. Exceptions:
+``StackError`` when a part cannot start (the parts started so far are stopped again).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from flywheel.releases_embedded import start_gate_keeper, start_release_slots
 from flywheel.stack_settings import StackSettings as StackSettings  # re-exported
 from infra.bus.base import Bus
 from infra.logging import get_logger
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from flywheel.assembly import RunningEngine
+    from flywheel.gates import GateKeeper
     from gateway.server import GatewayServer
     from gateway.upstream.client import Upstream
     from infra.engine.core import InferenceEngine
@@ -140,6 +140,7 @@ class EmbeddedStack:
         self.workers: list[RolloutWorker] = []  # with those of add_worker
         self.reward: RewardService | None = None
         self.trainer: TrainerService | None = None
+        self.gates: GateKeeper | None = None
         self._server: GatewayServer | None = None
         self._training: asyncio.Task[None] | None = None
         self._stoppers: list[tuple[str, Callable[[], Awaitable[object]]]] = []
@@ -178,6 +179,7 @@ class EmbeddedStack:
         await self._start_reward()
         if s.run_trainer:
             await self._start_trainer()
+        self.gates = await start_gate_keeper(self)  # with release_gates: every candidate evaluated
         log.info(
             "stack_started", gateway=self.gateway_url, data_dir=str(s.data_dir), model=str(self.model_dir)
         )
@@ -221,8 +223,7 @@ class EmbeddedStack:
         await bus.ensure_topics(list(TOPICS))
 
     async def _connect(self, part: str) -> Bus:
-        """The bus ``part`` runs on: the stack's in-process bus, or a connection of its own from the
-        ``bus_factory``, stopped after the part (its stopper is pushed after this one)."""
+        """``part``'s bus: the stack's, or its own from the ``bus_factory``, stopped after the part."""
         if self._bus_factory is None:
             return self._bus
         bus = self._bus_factory()
@@ -278,7 +279,8 @@ class EmbeddedStack:
         s = self.settings
         upstream = self.upstream or self._running.upstream(s.gateway)
         gateway = await asyncio.to_thread(with_tokenizer, s.gateway, self.model_dir)
-        app = app_for(build_gateway(gateway, await self._connect("gateway"), [upstream]))
+        gateway, slots = await start_release_slots(self, gateway)  # releases=gated: the served version's
+        app = app_for(build_gateway(gateway, await self._connect("gateway"), [upstream], release_slots=slots))
         app.state.gateway.starting.add("stack")  # /readyz waits for the worker, reward service, trainer
         if self.store is not None:
             from infra.eventlog.api import create_eventlog_router

@@ -4,6 +4,7 @@ own settings class, read from the same ``FLYWHEEL_*`` variables, so a variable s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -87,6 +88,8 @@ class StackSettings(FlywheelSettings):
     # the key empty, episode URLs carry plain ids and the gateway learns episodes from flywheel.episodes
     make_episode_key: bool = True
     run_trainer: bool = True
+    # gates.json (flywheel/gates.py): every release candidate is evaluated before it can serve
+    release_gates: Path | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -52,10 +52,16 @@ def default_keystore(settings: GatewaySettings) -> KeyStore:
 
 
 def build(
-    settings: GatewaySettings, bus: Bus, upstreams: Sequence[Upstream], *, keystore: KeyStore | None = None
+    settings: GatewaySettings,
+    bus: Bus,
+    upstreams: Sequence[Upstream],
+    *,
+    keystore: KeyStore | None = None,
+    release_slots: Sequence[Upstream] = (),
 ) -> Gateway:
     """The gateway service (``start()``/``stop()``); :func:`app_for` is its HTTP face."""
-    return Gateway(settings, bus, upstreams, keystore=keystore or default_keystore(settings))
+    keys = keystore or default_keystore(settings)
+    return Gateway(settings, bus, upstreams, keystore=keys, release_slots=release_slots)
 
 
 def create_app(

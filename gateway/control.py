@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.errors import PausedError
 from gateway.metrics import GatewayMetrics
@@ -36,6 +37,10 @@ from schemas import (
     WeightUpdateFailed,
     WeightUpdateRequested,
 )
+from schemas.control import RELEASE_EVENTS
+
+if TYPE_CHECKING:
+    from gateway.releases import ReleaseRouter
 
 log = get_logger("gateway")
 
@@ -144,8 +149,10 @@ class ControlTopic:
         prompts: PromptStore,
         publish: Callable[[AnyEvent], Awaitable[None]],
         starting: set[str],
+        releases: ReleaseRouter | None = None,
     ) -> None:
         self.settings = settings
+        self.releases = releases
         self.bus = bus
         self.id = settings.gateway_id
         self.admission = admission
@@ -160,6 +167,10 @@ class ControlTopic:
     async def on_control(self, msg: Message) -> None:
         event = msg.event
         if getattr(event, "model", None) != self.settings.model:
+            return
+        if isinstance(event, RELEASE_EVENTS):
+            if self.releases is not None:
+                await self.releases.apply(event)
             return
         if getattr(event, "adapter", None) is not None:  # one adapter's update: only its calls wait
             await self._on_adapter_control(event)
@@ -260,6 +271,29 @@ class ControlTopic:
                 )
             )
         return served
+
+    async def learn_releases(self, group: str) -> None:
+        """Fold the control topic's release events into the book (saved ones are not folded twice), then
+        load the served version: a restarted gateway serves production what served before."""
+        assert self.releases is not None
+        releases = self.releases
+
+        async def on(msg: Message) -> None:
+            if isinstance(msg.event, RELEASE_EVENTS) and msg.event.model == self.settings.model:
+                releases.book.apply(msg.event)
+
+        history = f"{group}.releases-{uuid.uuid4().hex[:8]}"
+        self.starting.add("releases")
+        sub = await self.bus.subscribe(CONTROL, history, on, from_beginning=True)
+        try:
+            if not await read_to_end(self.bus, CONTROL, history, self.settings.catch_up_timeout_s):
+                log.warning("serving before the control topic's releases were read to their end")
+            for adapter in list(releases.book.releases) or [None]:
+                await releases.prepare(adapter)
+        finally:
+            await sub.stop()
+            self.starting.discard("releases")
+        log.info("releases learnt", served={r.name: r.served for r in releases.book.releases.values()})
 
     async def learn_adapter_versions(self, group: str) -> None:
         """Each adapter serves at the version last activated for it on the control topic.

@@ -29,6 +29,7 @@ from gateway.protocol import (
 from gateway.protocols.anthropic import MessagesExchange, MessagesRequest
 from gateway.protocols.dialects import Route, error_response
 from gateway.protocols.responses import ResponsesExchange, ResponsesRequest
+from gateway.release_routes import release_routes
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
 from infra.http import bearer_token, require_admin_token
@@ -199,6 +200,7 @@ def build_router() -> APIRouter:
     _production_routes(router, bodies)
     _operation_routes(router)
     _admin_routes(router)
+    release_routes(router)
     return router
 
 

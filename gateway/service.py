@@ -38,6 +38,7 @@ from gateway.prompts import PromptStore
 from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.protocols.response_store import ResponseStore
 from gateway.recording.publishing import Recorder, Spool
+from gateway.releases import build_release_router
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
 from gateway.upstream.client import Upstream
@@ -77,6 +78,7 @@ class Gateway:
         *,
         keystore: KeyStore | None = None,
         keep_calls_episodes: int = 256,
+        release_slots: Sequence[Upstream] = (),
     ) -> None:
         self.settings = settings
         self.bus = bus
@@ -103,6 +105,7 @@ class Gateway:
         spool_path = settings.data_dir / "gateway" / "spool.sqlite"
         self.recorder = Recorder(bus, Spool(spool_path))
         self.prompts = PromptStore(settings.data_dir / "gateway" / "prompt.json")
+        self.releases = build_release_router(settings, release_slots)
         self.calls = CallService(
             pool=self.pool,
             episodes=self.episodes,
@@ -114,6 +117,7 @@ class Gateway:
             prompts=self.prompts,
             tokens_in=settings.tokens_in,
             policies=PolicyMap.parse(settings.policies),
+            releases=self.releases,
         )
         self.responses = ResponseStore()  # what a Responses API previous_response_id resolves to
         self.sessions = ProductionSessions(
@@ -144,6 +148,7 @@ class Gateway:
             prompts=self.prompts,
             publish=self.publish,
             starting=self.starting,
+            releases=self.releases,
         )
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -175,6 +180,8 @@ class Gateway:
         )
         if self.calls.policies:
             await self.control.learn_adapter_versions(group)
+        if self.releases is not None:
+            await self.control.learn_releases(group)
         # Everything alive now (modules, pydantic schemas, the app) lives as long as the process: move it
         # out of the cyclic GC's reach, so a full collection does not walk it in the middle of calls
         # (those pauses were the gateway's p99). Reference counting still frees what is dropped.

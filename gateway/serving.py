@@ -11,7 +11,6 @@ answer, or the stream's events, in the agent's protocol, which the call's event 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -43,8 +42,9 @@ from gateway.recording.prepare import (
     sampling_temperature,
 )
 from gateway.recording.publishing import Recorder
+from gateway.releases import ReleaseRouter
 from gateway.upstream.client import Upstream, UpstreamPool, UpstreamResponse
-from gateway.upstream.tokens_in import prompt_prefix, splice_ids, turn_of
+from gateway.upstream.tokens_in import prompt_prefix, turn_of, vllm_prompt_ids
 from infra.logging import get_logger
 from infra.policies import PolicyMap
 from schemas import LLMCallRecorded, LogprobsMode, UpstreamKind, new_event_id
@@ -111,8 +111,10 @@ class CallService:
         prompts: PromptStore | None = None,
         tokens_in: bool = True,
         policies: PolicyMap | None = None,
+        releases: ReleaseRouter | None = None,
     ) -> None:
         self.pool = pool
+        self.releases = releases
         self.episodes = episodes
         self.recorder = recorder
         self.admission = admission
@@ -154,20 +156,24 @@ class CallService:
 
     async def serve(self, call: Call) -> Answer | StreamAnswer:
         adapter = self._policy(call)
-        admission = self.admission_for(adapter)
+        upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
+        # with releases on: production at the served version, a versioned episode at its version
+        routed = await self.releases.route(call.episode, adapter, upstream) if self.releases else None
+        if routed is not None:
+            adapter, upstream = routed.adapter, routed.upstream or upstream
+        admission = routed.admission if routed and routed.admission else self.admission_for(adapter)
         entered = await admission.enter()
         version = self.admission.weight_version if adapter is not None else entered
         handed_off = False
         try:
-            upstream = self.pool.pick(call.episode.episode_id, str(call.data.get("model") or ""))
             # the active prompt version substituted before the engine sees the call (gateway/prompts.py)
             prompt = self.prompts.apply(call.episode, call.data, call.raw) if self.prompts else None
             sent = prompt.data if prompt is not None else call.data
             body, asked = prepare_body(
                 sent, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
             )
-            if adapter is not None:
-                body["model"] = adapter  # the engine serves the adapter under the policy's name
+            if adapter is not None:  # the engine serves the adapter under the policy's name
+                body["model"] = routed.model if routed and routed.model else adapter
             if upstream.kind is UpstreamKind.embedded and call.endpoint == "chat.completions":
                 body.pop("prompt_prefix", None)  # the gateway's to set, never the agent's
                 prefix = self._prefix(call, sent)
@@ -175,7 +181,7 @@ class CallService:
                     body["prompt_prefix"] = prefix
             elif upstream.kind is UpstreamKind.vllm and call.endpoint == "chat.completions":
                 prefix = self._prefix(call, sent)
-                ids = await _vllm_prompt_ids(upstream, body, prefix) if prefix is not None else None
+                ids = await vllm_prompt_ids(upstream, body, prefix) if prefix is not None else None
                 if ids is not None:
                     body["kv_transfer_params"] = {
                         **(body.get("kv_transfer_params") or {}),
@@ -197,7 +203,8 @@ class CallService:
             ctx.prompt = prompt
             ctx.admission = admission
             if adapter is not None:
-                ctx.adapter, ctx.adapter_version = adapter, entered
+                ctx.adapter = adapter
+                ctx.adapter_version = routed.adapter_version if routed is not None else entered
             ctx.temperature = sampling_temperature(body, upstream.kind)
             self.episodes.note_call(ctx.call_id, call.episode, seq)
             stream = bool(call.data.get("stream"))
@@ -419,31 +426,6 @@ class CallService:
             )
         except RecordingError:
             log.warning("failed call not recorded", episode_id=ctx.call.episode.episode_id, call_seq=ctx.seq)
-
-
-async def _vllm_prompt_ids(
-    upstream: Upstream, body: dict[str, Any], prefix: dict[str, Any]
-) -> list[int] | None:
-    """The prompt ids vLLM is to start this call from (tokens-in), or None to let it render as usual."""
-    messages = body.get("messages")
-    if (
-        not isinstance(messages, list)
-        or body.get("continue_final_message")
-        or body.get("add_generation_prompt") is False
-        or body.get("echo")
-    ):
-        return None
-    common: dict[str, Any] = {
-        key: body[key] for key in ("model", "tools", "chat_template", "chat_template_kwargs") if body.get(key)
-    }
-    k = prefix["messages"]
-    turn, full = await asyncio.gather(
-        upstream.tokenize_chat({**common, "messages": messages[:k], "add_generation_prompt": False}),
-        upstream.tokenize_chat({**common, "messages": messages, "add_generation_prompt": True}),
-    )
-    if turn is None or full is None:
-        return None
-    return splice_ids(prefix, turn, full)
 
 
 def _sse_error(exc: GatewayError) -> bytes:

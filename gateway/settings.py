@@ -69,3 +69,12 @@ class GatewaySettings(FlywheelSettings):
     pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After
     pause_drain_timeout_s: float = 30.0  # a weight update's drain when its WeightUpdateRequested names none
     initial_weight_version: int = 0
+
+    # releases (gateway/releases.py): "off" serves every call at the trainer's latest version; "gated"
+    # serves production calls at the version the release book serves (promote/rollback/pin, gates)
+    releases: Literal["off", "gated"] = "off"
+    # `flywheel engine` servers (comma-separated .../v1 URLs) that serve fixed whole-model versions:
+    # the first production's, the second the versions evaluation rollouts name; none: adapters only
+    release_slot_urls: str = ""
+    # the starting weights (version 0, a model directory) a slot loads when production returns to it
+    release_base_path: str = ""

@@ -1,5 +1,5 @@
 """The events of ``flywheel.control`` (key: model): weight updates, trainer steps and pauses, prompt
-versions. ``schemas.events`` puts them into the unions of every event."""
+versions, releases. ``schemas.events`` puts them into the unions of every event."""
 
 from __future__ import annotations
 
@@ -210,6 +210,81 @@ class PromptVersionActivated(EventBase):
     request_id: str = Field(default="", description="the event_id of the PromptVersionRequested")
 
 
+# ------------------------------------------------------------------------------------ releases
+# Which version serves production (docs/operating.md, "Releasing versions"): the trainer proposes
+# candidates, gates evaluate them, an operator or a rule promotes, rolls back or pins. A gateway serves
+# production calls at the version the last of these events left ("served"), training rollouts at the
+# trainer's latest. ``infra/releases.py`` folds them into a ``ReleaseBook``.
+
+
+class VersionProposed(EventBase):
+    """The trainer kept version ``version`` as a release candidate, its weights at ``checkpoint_path``."""
+
+    type: Literal["version_proposed"] = "version_proposed"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128, description="the LoRA adapter; None: the base")
+    version: int = Field(ge=1)
+    checkpoint_path: str = Field(min_length=1, max_length=4096)
+    step: int = Field(default=0, ge=0)
+
+
+class VersionEvaluated(EventBase):
+    """A candidate's gates: ``passed`` and why (``rule``: the first rule it failed, or ``all``)."""
+
+    type: Literal["version_evaluated"] = "version_evaluated"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128)
+    version: int = Field(ge=0)
+    passed: bool
+    rule: str = Field(default="", max_length=1024)
+    figures: dict[str, float] = Field(default_factory=dict, description="the candidate's guard metrics")
+    served_figures: dict[str, float] = Field(
+        default_factory=dict, description="the served version's, measured in the same evaluation"
+    )
+    decided_by: str = Field(default="gate", max_length=256)
+
+
+class VersionPromoted(EventBase):
+    """``version`` serves production from the next call on (``previous``: what served before)."""
+
+    type: Literal["version_promoted"] = "version_promoted"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128)
+    version: int = Field(ge=0)
+    previous: int | None = Field(default=None, ge=0)
+    decided_by: str = Field(min_length=1, max_length=256, description="an operator (cli:NAME) or a rule")
+    reason: str = Field(default="", max_length=1024)
+    figures: dict[str, float] = Field(default_factory=dict)
+
+
+class VersionRolledBack(EventBase):
+    """``version`` stops serving production; ``to`` serves from the next call on."""
+
+    type: Literal["version_rolled_back"] = "version_rolled_back"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128)
+    version: int = Field(ge=0, description="the version taken out of service")
+    to: int = Field(ge=0)
+    decided_by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(default="", max_length=1024)
+    figures: dict[str, float] = Field(default_factory=dict)
+
+
+class VersionPinned(EventBase):
+    """Production stays on ``version`` (None: unpinned); no rule promotes or rolls back while pinned."""
+
+    type: Literal["version_pinned"] = "version_pinned"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128)
+    version: int | None = Field(default=None, ge=0)
+    decided_by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(default="", max_length=1024)
+
+
+ReleaseEvent = VersionProposed | VersionEvaluated | VersionPromoted | VersionRolledBack | VersionPinned
+RELEASE_EVENTS = (VersionProposed, VersionEvaluated, VersionPromoted, VersionRolledBack, VersionPinned)
+
+
 ControlEvent = Annotated[
     WeightUpdateRequested
     | InferenceDrained
@@ -220,6 +295,11 @@ ControlEvent = Annotated[
     | TrainerPauseRequested
     | TrainerResumeRequested
     | PromptVersionRequested
-    | PromptVersionActivated,
+    | PromptVersionActivated
+    | VersionProposed
+    | VersionEvaluated
+    | VersionPromoted
+    | VersionRolledBack
+    | VersionPinned,
     Field(discriminator="type"),
 ]

@@ -7,13 +7,12 @@ Topic → events (docs/architecture.md, "Topics and events"):
     flywheel.transitions  EpisodeScored                                           key: group_id
     flywheel.control      WeightUpdateRequested, InferenceDrained, WeightsActivated,
                           InferenceResumed, WeightUpdateFailed, TrainerStepCompleted,
-                          TrainerPauseRequested, TrainerResumeRequested,
-                          PromptVersionRequested, PromptVersionActivated          key: model
+                          TrainerPauseRequested, TrainerResumeRequested, PromptVersion-
+                          {Requested,Activated}, Version{Proposed,Evaluated,Promoted,
+                          RolledBack,Pinned}                                      key: model
     flywheel.deadletter   DeadLetter                                              key: original key
 
-The events of a topic with a module of its own (``schemas.tasks``, ``schemas.control``,
-``schemas.spans``) are imported here for the unions.
-"""
+Events of topics with a module of their own (tasks, control, spans) are imported for the unions."""
 
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ from schemas.control import (
     InferenceResumed,
     PromptVersionActivated,
     PromptVersionRequested,
+    ReleaseEvent,
     TrainerPauseRequested,
     TrainerResumeRequested,
     TrainerStepCompleted,
@@ -439,6 +439,7 @@ AnyEvent = (
     | TrainerResumeRequested
     | PromptVersionRequested
     | PromptVersionActivated
+    | ReleaseEvent
     | AglRecorded
     | AgentSpansRecorded
     | DeadLetter

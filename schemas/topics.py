@@ -19,6 +19,11 @@ from schemas.control import (
     TrainerPauseRequested,
     TrainerResumeRequested,
     TrainerStepCompleted,
+    VersionEvaluated,
+    VersionPinned,
+    VersionPromoted,
+    VersionProposed,
+    VersionRolledBack,
     WeightsActivated,
     WeightUpdateFailed,
     WeightUpdateRequested,
@@ -79,6 +84,11 @@ TOPICS: dict[str, TopicSpec] = {
                 TrainerResumeRequested,
                 PromptVersionRequested,
                 PromptVersionActivated,
+                VersionProposed,
+                VersionEvaluated,
+                VersionPromoted,
+                VersionRolledBack,
+                VersionPinned,
             }
         ),
     ),
@@ -128,6 +138,11 @@ def key_for(event: AnyEvent) -> str:
             | TrainerResumeRequested()
             | PromptVersionRequested()
             | PromptVersionActivated()
+            | VersionProposed()
+            | VersionEvaluated()
+            | VersionPromoted()
+            | VersionRolledBack()
+            | VersionPinned()
         ):
             return event.model
         case DeadLetter():
@@ -154,6 +169,11 @@ _KEY_FIELD: dict[type, str] = {
     TrainerResumeRequested: "model",
     PromptVersionRequested: "model",
     PromptVersionActivated: "model",
+    VersionProposed: "model",
+    VersionEvaluated: "model",
+    VersionPromoted: "model",
+    VersionRolledBack: "model",
+    VersionPinned: "model",
     AglRecorded: "scope",
 }
 

@@ -66,6 +66,7 @@ def loop_config(settings: TrainerSettings) -> LoopConfig:
         batch_timeout_s=settings.trainer_batch_timeout_s,
         sync_every=settings.trainer_sync_every,
         checkpoint_every=settings.trainer_checkpoint_every,
+        release_every=settings.trainer_release_every,
         success_threshold=settings.trainer_success_threshold,
         model=settings.model,
     )

@@ -73,6 +73,21 @@ class LoopConfig:
     # after a scored episode arrives, wait this long for more before the inbox write (one fsync for all)
     intake_wait_s: float = 0.005
     push_on_start: bool = True  # a resumed trainer loads its checkpoint into the engines first
+    # every N versions, keep the weights under releases/ and publish VersionProposed (0: never); the
+    # gateways serve production only versions promoted from these (gateway/releases.py)
+    release_every: int = 0
+
+
+def keep_release(source: Path, root: Path, version: int) -> Path:
+    """A copy of the exported weights ``source`` under ``root/releases`` (kept: a release may serve again)."""
+    target = root / "releases" / f"v{version:06d}"
+    if target.exists():
+        shutil.rmtree(target)
+    if source.is_dir():
+        shutil.copytree(source, target)
+        return target
+    target.mkdir(parents=True)
+    return Path(shutil.copy2(source, target))
 
 
 def export_keeping_three(export: Callable[[Path], Path], version: int, root: Path) -> Path:

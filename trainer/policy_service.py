@@ -229,6 +229,8 @@ class PolicyTrainerService(TrainerService):
         path = await asyncio.to_thread(self._export_adapter, name)
         export_s = time.perf_counter() - t_export
         update = WeightUpdate(adapter.version, adapter.state_dict, path)
+        if self.loop.release_every and adapter.version % self.loop.release_every == 0:
+            await self.propose(adapter.version, name, path, self.adapter_stores[name].root)
         updates = self._adapter_updates[name]
         await updates.submit(update)
         if self.loop.mode == "sync":

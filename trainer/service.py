@@ -28,12 +28,13 @@ from schemas import (
     EpisodeSource,
     StepMetrics,
     TrainerStepCompleted,
+    VersionProposed,
 )
 from trainer.backends.base import BackendError
 from trainer.baselines import ProductionBaselines
 from trainer.batching import TrainBatch
 from trainer.groups import Group
-from trainer.loop import TrainerLoop, export_keeping_three
+from trainer.loop import TrainerLoop, export_keeping_three, keep_release
 from trainer.weights import WeightUpdate
 
 log = get_logger(__name__)
@@ -162,7 +163,26 @@ class TrainerService(TrainerLoop):
             ),
         )
         self._write_status()
+        if self.loop.release_every and self.backend.version % self.loop.release_every == 0:
+            exported = ckpt_path if ckpt_path is not None else await asyncio.to_thread(self._export)
+            await self.propose(self.backend.version, None, exported, self.store.root)
         return True
+
+    async def propose(self, version: int, adapter: str | None, exported: Path, root: Path) -> None:
+        """Keep ``exported`` under ``root/releases`` as candidate ``version``; say so (``VersionProposed``)."""
+        path = await asyncio.to_thread(keep_release, exported, root, version)
+        await self.bus.publish(
+            CONTROL,
+            VersionProposed(
+                model=self.loop.model,
+                adapter=adapter,
+                version=version,
+                checkpoint_path=str(path),
+                step=self.step,
+                producer="trainer",
+            ),
+        )
+        log.info("version_proposed", version=version, adapter=adapter, path=str(path))
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:

@@ -34,6 +34,8 @@ class TrainerSettings(FlywheelSettings):
     trainer_sync_every: int = Field(default=1, ge=1)
     trainer_checkpoint_every: int = Field(default=10, ge=1)
     trainer_keep_checkpoints: int = Field(default=3, ge=1)
+    # every N versions a release candidate (VersionProposed; gateway/releases.py); 0: none
+    trainer_release_every: int = Field(default=0, ge=0)
     trainer_expected_gateways: int = Field(default=1, ge=0)
     trainer_drain_timeout_s: float = Field(default=30.0, gt=0)
     trainer_engine_url: str = ""  # an engine to load weights into over HTTP (empty: none)

@@ -23,12 +23,15 @@ request as recorded is unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from gateway.upstream.client import Upstream
 
 
 def _digest(value: Any) -> bytes:
@@ -126,3 +129,28 @@ def splice_ids(prefix: dict[str, Any], turn_ids: Sequence[int], full_ids: Sequen
     if at < 0:
         return None
     return [*prefix["prompt_token_ids"], *reply, *turn_ids[at + 1 :], *full_ids[len(turn_ids) :]]
+
+
+async def vllm_prompt_ids(
+    upstream: Upstream, body: dict[str, Any], prefix: dict[str, Any]
+) -> list[int] | None:
+    """The prompt ids vLLM is to start this call from (tokens-in), or None to let it render as usual."""
+    messages = body.get("messages")
+    if (
+        not isinstance(messages, list)
+        or body.get("continue_final_message")
+        or body.get("add_generation_prompt") is False
+        or body.get("echo")
+    ):
+        return None
+    common: dict[str, Any] = {
+        key: body[key] for key in ("model", "tools", "chat_template", "chat_template_kwargs") if body.get(key)
+    }
+    k = prefix["messages"]
+    turn, full = await asyncio.gather(
+        upstream.tokenize_chat({**common, "messages": messages[:k], "add_generation_prompt": False}),
+        upstream.tokenize_chat({**common, "messages": messages, "add_generation_prompt": True}),
+    )
+    if turn is None or full is None:
+        return None
+    return splice_ids(prefix, turn, full)

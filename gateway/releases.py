@@ -1,0 +1,252 @@
+"""Two channels: production calls at the served version, training rollouts at the trainer's latest.
+
+With releases on (``FLYWHEEL_GATEWAY_RELEASES=gated``) the gateway keeps the release book
+(``infra/releases.py``, folded from ``flywheel.control`` and saved under its data dir) and routes:
+
+- a **production call** (a tenant key's session) to the version its policy's release serves;
+- a call of an episode whose model names a version (``policy@v12``, ``terse@v3``: a gate's evaluation
+  rollouts, a canary) to that version;
+- every other call (training rollouts) as before, to the trainer's latest weights.
+
+Whole-model versions are served by **slots**: engines of their own (the embedded stack starts them in
+process; elsewhere ``FLYWHEEL_GATEWAY_RELEASE_SLOT_URLS`` names ``flywheel engine`` servers), each
+loading one version's weights over ``POST /load_weights``. The first slot serves production; the
+second, when given, serves the versions named by evaluation rollouts. A slot drains its calls before it
+loads (its own :class:`Admission`), so every call is answered by, and recorded with, one version.
+A LoRA adapter's versions need no slot: each is loaded into the policy's engine under its own name
+(``terse@v3``; ``POST /load_adapter`` on the embedded engine, ``/v1/load_lora_adapter`` on vLLM) and asked
+for by that name; version 0 is the base.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from gateway.control import Admission
+from gateway.episodes.registry import EpisodeState
+from gateway.errors import GatewayError
+from gateway.settings import GatewaySettings
+from gateway.upstream.client import Upstream, make_upstream
+from infra.logging import get_logger
+from infra.releases import ReleaseBook, parse_versioned, versioned_name
+from schemas import EpisodeSource, UpstreamKind
+from schemas.control import ReleaseEvent
+
+log = get_logger("gateway.releases")
+
+
+class VersionUnavailableError(GatewayError):
+    """A call names a version this gateway cannot serve (unknown, or its weights failed to load)."""
+
+    def __init__(self, message: str, *, status_code: int = 404) -> None:
+        kind = "not_found_error" if status_code == 404 else "service_unavailable"
+        super().__init__(message, status_code=status_code, error_type=kind, code="version_unavailable")
+
+
+class SlotLoadError(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class Routed:
+    """Where one call goes: ``upstream``/``admission`` None keep the default; ``model`` is the name to ask."""
+
+    adapter: str | None
+    upstream: Upstream | None = None
+    admission: Admission | None = None
+    model: str | None = None
+    adapter_version: int | None = None
+
+
+class Slot:
+    """An engine that serves one whole-model version at a time; loading drains its calls first."""
+
+    def __init__(
+        self, name: str, upstream: Upstream, *, admin_token: str, hold_s: float, drain_s: float
+    ) -> None:
+        self.name = name
+        self.upstream = upstream
+        self.admission = Admission(weight_version=0, hold_s=hold_s)
+        self.admin_token = admin_token
+        self.drain_s = drain_s
+        self._lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.admission.weight_version
+
+    async def load(self, version: int, path: str) -> None:
+        """Serve ``version`` (weights at ``path``) from the next call; on failure the old one keeps serving."""
+        async with self._lock:
+            if self.version == version:
+                return
+            await self.admission.pause(version, self.drain_s)
+            loaded = self.version
+            try:
+                await _post(
+                    self.upstream, "/load_weights", {"path": path, "version": version}, self.admin_token
+                )
+                loaded = version
+            finally:
+                self.admission.resume(loaded)
+            log.info("slot loaded", slot=self.name, version=version, path=path)
+
+
+class ReleaseRouter:
+    """The gateway's side of releases: the book, the slots, and where each call goes."""
+
+    def __init__(
+        self,
+        book: ReleaseBook,
+        *,
+        slots: Sequence[Slot] = (),
+        base_path: str | None = None,
+        admin_token: str = "",
+    ) -> None:
+        self.book = book
+        self.slots = list(slots)
+        self.base_path = base_path  # the starting weights (version 0) a slot reloads on a rollback to 0
+        self.admin_token = admin_token
+        self._adapters_loaded: set[tuple[str, str]] = set()  # (upstream URL, adapter@vN)
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def served_slot(self) -> Slot | None:
+        return self.slots[0] if self.slots else None
+
+    @property
+    def eval_slot(self) -> Slot | None:
+        return self.slots[1] if len(self.slots) > 1 else self.served_slot
+
+    # ------------------------------------------------------------------ the book
+    async def apply(self, event: ReleaseEvent) -> bool:
+        """Fold ``event`` and, when the served version changed, load it before the next production call."""
+        if not self.book.apply(event):
+            return False
+        await self.prepare(event.adapter)
+        return True
+
+    async def prepare(self, adapter: str | None) -> None:
+        """Make the served version of ``adapter``'s policy loadable now (a slot load; adapters load lazily)."""
+        slot = self.served_slot
+        if adapter is not None or slot is None:
+            return
+        served = self.book.served(None)
+        try:
+            await slot.load(served, self._path(None, served))
+        except (SlotLoadError, VersionUnavailableError) as exc:
+            log.error("served version not loaded: the slot keeps its version", version=served, error=str(exc))
+
+    def _path(self, adapter: str | None, version: int) -> str:
+        if version == 0 and adapter is None:
+            if self.base_path is None:
+                raise VersionUnavailableError("version 0 (the starting weights) has no path on this gateway")
+            return self.base_path
+        path = self.book.release(adapter).checkpoint(version)
+        if path is None:
+            name = adapter or self.book.model
+            raise VersionUnavailableError(f"{name}: version {version} is unknown to this gateway")
+        return path
+
+    # ------------------------------------------------------------------ routing
+    async def route(self, episode: EpisodeState, adapter: str | None, upstream: Upstream) -> Routed | None:
+        """Where a call of ``episode`` goes (``adapter``: its policy); None: the latest, as without releases."""
+        named = parse_versioned(episode.model)
+        if named is not None:
+            name, version = named
+            adapter = None if name == self.book.model else name
+            return await self._version(adapter, version, upstream, production=False)
+        if episode.source is EpisodeSource.production:
+            return await self._version(adapter, self.book.served(adapter), upstream, production=True)
+        return None
+
+    async def _version(
+        self, adapter: str | None, version: int, upstream: Upstream, *, production: bool
+    ) -> Routed:
+        if adapter is not None:
+            if (
+                version == 0
+            ):  # the base: vLLM's base model; the embedded engine serves a name it lacks by the base
+                base = await self._base_name(upstream) or versioned_name(adapter, 0)
+                return Routed(adapter, model=base, adapter_version=0)
+            name = versioned_name(adapter, version)
+            await self._load_adapter(upstream, name, self._path(adapter, version), version)
+            return Routed(adapter, model=name, adapter_version=version)
+        slot = self.served_slot if production or version == self.book.served(None) else self.eval_slot
+        if slot is None:
+            raise VersionUnavailableError(
+                "this gateway has no slot to serve a fixed version", status_code=503
+            )
+        if slot.version != version and not production:
+            try:
+                await slot.load(version, self._path(None, version))
+            except SlotLoadError as exc:
+                raise VersionUnavailableError(str(exc), status_code=503) from exc
+        return Routed(None, upstream=slot.upstream, admission=slot.admission)
+
+    async def _base_name(self, upstream: Upstream) -> str | None:
+        return await upstream.base_model() if upstream.kind is UpstreamKind.vllm else None
+
+    async def _load_adapter(self, upstream: Upstream, name: str, path: str, version: int) -> None:
+        key = (upstream.url, name)
+        if key in self._adapters_loaded:
+            return
+        async with self._adapter_locks.setdefault(name, asyncio.Lock()):
+            if key in self._adapters_loaded:
+                return
+            if not await asyncio.to_thread(Path(path).exists):
+                raise VersionUnavailableError(f"{name}: its weights ({path}) are not on this gateway's disk")
+            try:
+                if upstream.kind is UpstreamKind.vllm:
+                    await _post(upstream, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, "")
+                else:
+                    body = {"name": name, "path": path, "version": version}
+                    await _post(upstream, "/load_adapter", body, self.admin_token)
+            except SlotLoadError as exc:
+                raise VersionUnavailableError(str(exc), status_code=503) from exc
+            self._adapters_loaded.add(key)
+            log.info("adapter version loaded", adapter=name, upstream=upstream.url)
+
+
+async def _post(upstream: Upstream, route: str, body: dict[str, object], token: str) -> None:
+    root = str(upstream.client.base_url).rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = await upstream.client.post(root + route, json=body, headers=headers, timeout=300.0)
+    except httpx.HTTPError as exc:
+        raise SlotLoadError(f"{upstream.url}{route}: {type(exc).__name__}") from exc
+    if r.status_code != 200:
+        raise SlotLoadError(f"{upstream.url}{route} answered {r.status_code}: {r.text[:300]}")
+
+
+def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = ()) -> ReleaseRouter | None:
+    """With ``releases=gated``: the book (saved under the data dir) and the slots that serve versions."""
+    if settings.releases == "off":
+        return None
+    token = settings.admin_token.get_secret_value()
+    if not slots and settings.release_slot_urls:
+        slots = [
+            make_upstream(url.strip(), kind=UpstreamKind.embedded, timeout_s=settings.upstream_timeout_s)
+            for url in settings.release_slot_urls.split(",")
+            if url.strip()
+        ]
+    return ReleaseRouter(
+        ReleaseBook(settings.model, settings.data_dir / "gateway" / "releases.json"),
+        slots=[
+            Slot(
+                "served" if i == 0 else "evaluation",
+                up,
+                admin_token=token,
+                hold_s=settings.pause_hold_s,
+                drain_s=settings.pause_drain_timeout_s,
+            )
+            for i, up in enumerate(slots)
+        ],
+        base_path=settings.release_base_path or None,
+        admin_token=token,
+    )

@@ -1,0 +1,259 @@
+"""Releases end to end through the embedded stack's real services (docs/operating.md, "Releasing versions").
+
+``FLYWHEEL_RELEASES=gated``: the trainer proposes a candidate every version, the gate keeper evaluates
+each through the rollout workers (``mode=val``, the calls naming ``policy@vN`` and served by the
+gateway's evaluation slot) against the served version, and production calls (a tenant key's sessions)
+are served by the served slot. Training rollouts keep going to the trainer's latest weights.
+
+- A gate no candidate can pass: training moves the latest on, every production call is answered and
+  recorded at version 0, no candidate is ever promoted, and the admin API refuses a failed version, an
+  unknown one and a rollback with nothing to roll back to, changing nothing.
+- A gate every candidate passes: the gate promotes; production calls are recorded at the promoted
+  version; a rollback under concurrent production load answers every call (no 5xx, every call recorded)
+  and the next call is served by version 0; an operator's promotion survives a restart of every service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from flywheel.stack import EmbeddedStack, StackSettings
+from gateway.keys import KeyStore
+from infra.bus.base import Message
+from schemas import (
+    CONTROL,
+    EPISODES,
+    AgentKind,
+    AgentRef,
+    EpisodeSource,
+    EpisodeStarted,
+    LLMCallRecorded,
+    Task,
+    VersionEvaluated,
+    VersionPromoted,
+    VersionProposed,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+AGENT = "examples.agents_for_tests.two_roles_agent:run"
+TOKEN = "releases-e2e-admin-token-0123456789abcdef"
+QUESTIONS = ["What is 2 plus 3?", "What is 4 plus 1?", "What is 7 plus 2?"]
+
+
+class Log:
+    """Every control event and recorded call, and which episodes are production sessions."""
+
+    def __init__(self) -> None:
+        self.control: list[Any] = []
+        self.calls: list[LLMCallRecorded] = []
+        self.production: set[str] = set()
+
+    async def on(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, LLMCallRecorded):
+            self.calls.append(event)
+        elif isinstance(event, EpisodeStarted):
+            if event.source is EpisodeSource.production:
+                self.production.add(event.episode_id)
+        else:
+            self.control.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.control if isinstance(e, kind)]
+
+    def production_versions(self) -> list[int]:
+        return [c.weight_version for c in self.calls if c.episode_id in self.production]
+
+
+def _settings(data_dir: Path, gates: Path, *, run_trainer: bool = True) -> StackSettings:
+    from trainer.config import AlgorithmConfig
+
+    return StackSettings(
+        data_dir=data_dir,
+        record_events=False,
+        gateway_port=0,
+        admin_token=TOKEN,
+        releases="gated",
+        release_gates=gates,
+        trainer_release_every=1,
+        trainer_mode="sync",
+        trainer_batch_groups=2,
+        trainer_torch_threads=1,
+        trainer_algo=AlgorithmConfig(tis_cap=None),
+        run_trainer=run_trainer,
+    )
+
+
+def _gates(tmp_path: Path, rule: dict[str, object]) -> Path:
+    tasks = tmp_path / "suite.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"task_id": f"eval-{i}", "input": {"question": q}}) + "\n"
+            for i, q in enumerate(QUESTIONS)
+        )
+    )
+    path = tmp_path / "gates.json"
+    path.write_text(json.dumps({"tasks": "suite.jsonl", "agent": AGENT, "rules": [rule], "deadline_s": 60}))
+    return path
+
+
+async def _model() -> Path:
+    from flywheel.cli.ops_up import TINY_CACHE, TINY_CORPUS
+    from trainer.models.tiny import build_tiny
+
+    return await asyncio.to_thread(build_tiny, TINY_CACHE, TINY_CORPUS, vocab_size=384, hidden=64, layers=2)
+
+
+async def _production_call(client: httpx.AsyncClient, key: str, session: str) -> httpx.Response:
+    return await client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}", "X-Flywheel-Session": session},
+        json={
+            "model": "policy",
+            "messages": [{"role": "user", "content": "What is 3 plus 4?"}],
+            "max_tokens": 8,
+        },
+    )
+
+
+async def _until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def _admin(client: httpx.AsyncClient) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_a_candidate_failing_its_gate_never_serves_production(tmp_path: Path) -> None:
+    model = await _model()
+    gates = _gates(tmp_path, {"metric": "score", "min": 1.01})  # rewards are at most 1: nothing passes
+    _, key = KeyStore(tmp_path / "data" / "gateway" / "keys.json").create("acme")
+    log = Log()
+    task = Task(task_id="train", input={"question": "What is 2 plus 3?"})
+    agent = AgentRef(kind=AgentKind.callable, spec=AGENT)
+    stack = EmbeddedStack(
+        _settings(tmp_path / "data", gates), model_dir=model, tasks=repeat(task), agent=agent
+    )
+    async with stack:
+        assert stack.bus is not None and stack.engine is not None
+        for topic in (EPISODES, CONTROL):
+            await stack.bus.subscribe(topic, "releases-test", log.on, from_beginning=True)
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=60) as client:
+            training = stack.start_training(3)  # the trainer's loop, in the background
+            during = [await _production_call(client, key, f"s-during-{i}") for i in range(3)]
+            await asyncio.wait_for(training, 300)
+            last = max(e.version for e in log.of(VersionProposed))
+            await _until(
+                lambda: any(e.version == last for e in log.of(VersionEvaluated)), 240, "the last evaluation"
+            )
+            after = [await _production_call(client, key, f"s-after-{i}") for i in range(3)]
+            assert all(r.status_code == 200 for r in during + after), [r.text for r in during + after]
+
+            # the admin API refuses what cannot be done, in one line, and changes nothing
+            admin = _admin(client)
+            failed = await client.post(
+                "/admin/versions/promote", json={"version": last, "by": "t"}, headers=admin
+            )
+            unknown = await client.post(
+                "/admin/versions/promote", json={"version": 99, "by": "t"}, headers=admin
+            )
+            nothing = await client.post("/admin/versions/rollback", json={"by": "t"}, headers=admin)
+            bad_body = await client.post("/admin/versions/promote", json={"version": -1}, headers=admin)
+            book = (await client.get("/admin/versions", headers=admin)).json()
+        latest = stack.engine.weight_version
+    await _until(lambda: len(log.production_versions()) >= 6, 10, "the production calls' records")
+    assert (failed.status_code, failed.json()["error"]["code"]) == (409, "release_refused"), failed.text
+    assert f"version {last} failed its gates" in failed.json()["error"]["message"]
+    assert (unknown.status_code, nothing.status_code, bad_body.status_code) == (404, 409, 422)
+    assert "\n" not in failed.json()["error"]["message"] + nothing.json()["error"]["message"]
+
+    evaluated = log.of(VersionEvaluated)
+    assert evaluated and not any(e.passed for e in evaluated), evaluated
+    assert all("< min 1.01" in e.rule and e.figures["episodes"] == len(QUESTIONS) for e in evaluated)
+    assert not log.of(VersionPromoted)
+    # two channels: the trainer's latest moved on, production stayed on version 0
+    assert latest == 3 and any(c.weight_version > 0 for c in log.calls if c.episode_id not in log.production)
+    assert log.production_versions() and set(log.production_versions()) == {0}
+    policy = book["policies"][0]
+    statuses = {v["version"]: v["status"] for v in policy["versions"]}
+    assert policy["served"] == 0 and statuses[0] == "served"
+    assert all(
+        statuses[e.version] == "failed" for e in evaluated
+    )  # a version superseded unevaluated: candidate
+    print(f"gates refused versions {[e.version for e in evaluated]}: {evaluated[-1].rule}")
+
+
+async def test_a_passing_candidate_is_promoted_rolled_back_under_load_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    model = await _model()
+    gates = _gates(tmp_path, {"metric": "error_rate", "max": 0.5})
+    _, key = KeyStore(tmp_path / "data" / "gateway" / "keys.json").create("acme")
+    log = Log()
+    task = Task(task_id="train", input={"question": "What is 2 plus 3?"})
+    agent = AgentRef(kind=AgentKind.callable, spec=AGENT)
+    stack = EmbeddedStack(
+        _settings(tmp_path / "data", gates), model_dir=model, tasks=repeat(task), agent=agent
+    )
+    async with stack:
+        assert stack.bus is not None
+        for topic in (EPISODES, CONTROL):
+            await stack.bus.subscribe(topic, "releases-test", log.on, from_beginning=True)
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=60) as client:
+            await asyncio.wait_for(stack.start_training(2), 300)
+            await _until(lambda: bool(log.of(VersionPromoted)), 240, "the gate's promotion")
+            promoted = log.of(VersionPromoted)[0]
+            assert promoted.decided_by == "gate" and promoted.previous == 0 and promoted.version >= 1
+            first = await _production_call(client, key, "s-promoted")
+            assert first.status_code == 200, first.text
+            await _until(lambda: len(log.production_versions()) >= 1, 10, "the call's record")
+            assert log.production_versions() == [promoted.version]
+
+            # a rollback while production calls are in flight: every call answered, the next on version 0
+            load = [asyncio.create_task(_production_call(client, key, f"s-load-{i}")) for i in range(12)]
+            await asyncio.sleep(0.05)
+            rolled = await client.post(
+                "/admin/versions/rollback", json={"by": "t", "reason": "e2e"}, headers=_admin(client)
+            )
+            answers = await asyncio.gather(*load)
+            after_rollback = await _production_call(client, key, "s-after-rollback")
+            assert rolled.status_code == 200, rolled.text
+            assert rolled.json()["release"]["served"] == 0
+            assert [r.status_code for r in answers] == [200] * 12 and after_rollback.status_code == 200
+            await _until(lambda: len(log.production_versions()) >= 14, 10, "every call's record")
+            assert log.production_versions()[-1] == 0
+            assert set(log.production_versions()[1:-1]) <= {0, promoted.version}
+
+            again = await client.post(
+                "/admin/versions/promote",
+                json={"version": promoted.version, "by": "cli:alice"},
+                headers=_admin(client),
+            )
+            assert again.status_code == 200 and again.json()["event"]["decided_by"] == "cli:alice"
+
+    # every service restarts on the same data dir: production is served by the promoted version again
+    restarted = EmbeddedStack(_settings(tmp_path / "data", gates, run_trainer=False), model_dir=model)
+    async with restarted:
+        assert restarted.bus is not None
+        late = Log()
+        for topic in (EPISODES, CONTROL):
+            await restarted.bus.subscribe(topic, "releases-test", late.on, from_beginning=True)
+        async with httpx.AsyncClient(base_url=restarted.gateway_url, timeout=60) as client:
+            book = (await client.get("/admin/versions", headers=_admin(client))).json()
+            answer = await _production_call(client, key, "s-restarted")
+        assert answer.status_code == 200, answer.text
+        await _until(lambda: len(late.production_versions()) >= 1, 10, "the call's record")
+    assert book["policies"][0]["served"] == promoted.version
+    assert late.production_versions() == [promoted.version]
