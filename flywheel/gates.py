@@ -10,7 +10,8 @@ and the served version on the same suite, then applies the rules:
   (for ``score`` and ``success`` lower is worse; for ``calls_per_episode`` and ``error_rate``, higher).
 
 It publishes ``VersionEvaluated`` with both versions' figures and the first rule failed, and, when every
-rule passed and ``promote`` is ``auto``, ``VersionPromoted`` decided by the gate. A rule names one of
+rule passed, either a canary (``VersionCanary``, with ``canary`` configured: flywheel/canary.py decides
+its end) or, when ``promote`` is ``auto``, ``VersionPromoted`` decided by the gate. A rule names one of
 :data:`METRICS`; the configuration is a JSON file (``flywheel up --gates FILE``), checked on load.
 """
 
@@ -26,19 +27,25 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from flywheel.canary import CanaryConfig, CanaryJudge
 from flywheel.taskfile import guess_agent_kind, load_task_file
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
 from infra.releases import ReleaseBook, ReleaseError, versioned_name
 from schemas import (
     CONTROL,
+    EPISODES,
     TRANSITIONS,
     AgentRef,
+    AnyEvent,
     EpisodeScored,
+    EpisodeSource,
+    EpisodeStarted,
     EpisodeStatus,
     Mode,
     RolloutRequested,
     Task,
+    VersionCanary,
     VersionEvaluated,
     VersionProposed,
     new_group_id,
@@ -96,6 +103,7 @@ class GateConfig(BaseModel):
     agent: str = Field(min_length=1)
     rules: list[GateRule] = Field(min_length=1)
     promote: Literal["auto", "manual"] = "auto"
+    canary: CanaryConfig | None = Field(default=None, description="a passed candidate is canaried first")
     samples: int = Field(default=1, ge=1, le=16, description="rollouts per task and version")
     deadline_s: float = Field(default=120.0, gt=0)
     timeout_s: float = Field(default=600.0, gt=0)
@@ -151,6 +159,9 @@ class GateKeeper:
     _sub: Subscription | None = field(default=None, init=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _served_figures: dict[tuple[str | None, int], dict[str, float]] = field(default_factory=dict, init=False)
+    _judges: dict[str | None, CanaryJudge] = field(default_factory=dict, init=False)
+    _production: set[str] = field(default_factory=set, init=False)
+    _episodes: Subscription | None = field(default=None, init=False)
     on_evaluated: Callable[[VersionEvaluated], None] | None = None
 
     def __post_init__(self) -> None:
@@ -160,31 +171,67 @@ class GateKeeper:
     async def start(self) -> None:
         group = f"gates-{uuid.uuid4().hex[:8]}"
         self._sub = await self.bus.subscribe(CONTROL, group, self._on_control, from_beginning=True)
+        if self.config.canary is not None:
+            self._episodes = await self.bus.subscribe(EPISODES, group, self._on_episode, from_beginning=False)
         self._task = asyncio.create_task(self._run(), name="flywheel-gates")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._sub is not None:
-            await self._sub.stop()
+        for sub in (self._sub, self._episodes):
+            if sub is not None:
+                await sub.stop()
 
     async def _on_control(self, msg: Message) -> None:
         event = msg.event
         if isinstance(event, RELEASE_EVENTS) and event.model == self.model:
-            self.book.apply(event)
+            new = self.book.apply(event)
+            if (
+                new
+                and isinstance(event, VersionCanary)
+                and event.share > 0
+                and self.config.canary is not None
+            ):
+                self._judge(event.adapter).reset()  # a new canary: its arms start empty
+            self._wake.set()  # a canary that ended lets the evaluations waiting for it go on
             if isinstance(event, VersionProposed):
                 rec = self.book.release(event.adapter).record(event.version)
                 if rec is not None and rec.evaluation is None:
                     self._pending[event.adapter] = max(event.version, self._pending.get(event.adapter, 0))
                     self._wake.set()
 
+    def _judge(self, adapter: str | None) -> CanaryJudge:
+        judge = self._judges.get(adapter)
+        if judge is None:
+            assert self.config.canary is not None
+            judge = self._judges[adapter] = CanaryJudge(
+                self.config.canary, self.book, self._publish, adapter=adapter, production=self._production
+            )
+        return judge
+
+    async def _publish(self, event: AnyEvent) -> None:
+        await self.bus.publish(CONTROL, event)
+        if isinstance(event, RELEASE_EVENTS):
+            self.book.apply(event)
+
+    async def _on_episode(self, msg: Message) -> None:
+        event = msg.event
+        if isinstance(event, EpisodeStarted) and event.source is EpisodeSource.production:
+            self._production.add(event.episode_id)
+            return
+        for adapter, rel in list(self.book.releases.items()):
+            if rel.canary is not None:
+                await self._judge(adapter).observe(event)
+
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
-                adapter, version = self._pending.popitem()
+            # a policy in canary waits: its evaluation slot serves the canary's version
+            ready = [a for a in self._pending if self.book.release(a).canary is None]
+            for adapter in ready:
+                version = self._pending.pop(adapter)
                 try:
                     await self.evaluate(version, adapter)
                 except Exception as exc:  # one failed evaluation must not stop the next ones
@@ -215,9 +262,23 @@ class GateKeeper:
         log.info("version evaluated", version=version, adapter=adapter, passed=event.passed, rule=event.rule)
         if self.on_evaluated is not None:
             self.on_evaluated(event)
-        if event.passed and self.config.promote == "auto":
+        if event.passed and self.config.canary is not None:
+            await self._canary(version, adapter)
+        elif event.passed and self.config.promote == "auto":
             await self._promote(version, adapter, event)
         return event
+
+    async def _canary(self, version: int, adapter: str | None) -> None:
+        assert self.config.canary is not None
+        try:
+            canary = self.book.plan_canary(
+                version, self.config.canary.share, adapter=adapter, by="gate", reason="passed its gates"
+            )
+        except ReleaseError as exc:
+            log.info("passed, not canaried", version=version, adapter=adapter, why=str(exc))
+            return
+        self._judge(adapter).reset()
+        await self._publish(canary)
 
     async def _promote(self, version: int, adapter: str | None, evaluated: VersionEvaluated) -> None:
         try:
@@ -227,8 +288,7 @@ class GateKeeper:
         except ReleaseError as exc:
             log.info("passed, not promoted", version=version, adapter=adapter, why=str(exc))
             return
-        await self.bus.publish(CONTROL, promoted)
-        self.book.apply(promoted)
+        await self._publish(promoted)
 
     async def _run_suite(self, model: str) -> list[EpisodeScored]:
         """Every task of the suite ``samples`` times, ``mode=val``, the calls served by ``model``."""

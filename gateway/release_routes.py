@@ -5,9 +5,11 @@
     POST /admin/versions/promote   {"version", "adapter", "by", "reason"}
     POST /admin/versions/rollback  {"adapter", "by", "reason"}
     POST /admin/versions/pin       {"version" (null: unpin), "adapter", "by", "reason"}
+    POST /admin/versions/canary    {"version", "share" (in (0, 1)), "adapter", "by", "reason"}
 
 A request is checked against the book first (``infra/releases.py``): an unknown version is a 404, one
-that failed its gates, a rollback with nothing to roll back to or a pinned policy a 409, and nothing
+that failed its gates, a rollback with nothing to roll back to or a pinned policy a 409, a canary share
+outside (0, 1) a 400, and nothing
 changes. A request that passes is published on ``flywheel.control`` (every gateway, the event log) and
 applied here before the answer, so the next production call is served by the version it names.
 """
@@ -21,12 +23,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.errors import ConflictError, NotFoundError, ServiceUnavailableError
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError, ServiceUnavailableError
 from gateway.releases import ReleaseRouter
 from gateway.service import Gateway
 from infra.http import require_admin_token
-from infra.releases import ReleaseError, UnknownVersionError
-from schemas import VersionPinned, VersionPromoted, VersionRolledBack
+from infra.releases import InvalidReleaseRequest, ReleaseError, UnknownVersionError
+from schemas import VersionCanary, VersionPinned, VersionPromoted, VersionRolledBack
 
 _MAX = 2**31 - 1
 
@@ -51,6 +53,11 @@ class PinRequest(_Decision):
     version: int | None = Field(ge=0, le=_MAX)
 
 
+class CanaryRequest(_Decision):
+    version: int = Field(ge=0, le=_MAX)
+    share: float = Field(allow_inf_nan=False)
+
+
 def _json(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
@@ -60,7 +67,7 @@ def _router_of(request: Request) -> tuple[Gateway, ReleaseRouter]:
     require_admin_token(request.headers, gw.settings.admin_token.get_secret_value())
     if gw.releases is None:
         raise ServiceUnavailableError(
-            "releases are off on this gateway (FLYWHEEL_GATEWAY_RELEASES=gated turns them on)",
+            "releases are off on this gateway (FLYWHEEL_RELEASES=gated turns them on)",
             code="releases_off",
         )
     return gw, gw.releases
@@ -68,9 +75,11 @@ def _router_of(request: Request) -> tuple[Gateway, ReleaseRouter]:
 
 async def _carry_out(gw: Gateway, releases: ReleaseRouter, plan: Any, adapter: str | None) -> Response:
     try:
-        event: VersionPromoted | VersionRolledBack | VersionPinned = plan()
+        event: VersionPromoted | VersionRolledBack | VersionPinned | VersionCanary = plan()
     except UnknownVersionError as exc:
         raise NotFoundError(str(exc), code="unknown_version") from None
+    except InvalidReleaseRequest as exc:
+        raise InvalidRequestError(str(exc), code="invalid_release_request", param="share") from None
     except ReleaseError as exc:
         raise ConflictError(str(exc), code="release_refused") from None
     await gw.publish(event)
@@ -126,5 +135,18 @@ def release_routes(router: APIRouter) -> None:
             gw,
             releases,
             lambda: book.plan_pin(body.version, adapter=body.adapter, by=body.by, reason=body.reason),
+            body.adapter,
+        )
+
+    @router.post("/admin/versions/canary", tags=["admin"])
+    async def canary(request: Request, body: CanaryRequest) -> Response:
+        gw, releases = _router_of(request)
+        book = releases.book
+        return await _carry_out(
+            gw,
+            releases,
+            lambda: book.plan_canary(
+                body.version, body.share, adapter=body.adapter, by=body.by, reason=body.reason
+            ),
             body.adapter,
         )

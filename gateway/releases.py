@@ -1,15 +1,17 @@
 """Two channels: production calls at the served version, training rollouts at the trainer's latest.
 
-With releases on (``FLYWHEEL_GATEWAY_RELEASES=gated``) the gateway keeps the release book
+With releases on (``FLYWHEEL_RELEASES=gated``) the gateway keeps the release book
 (``infra/releases.py``, folded from ``flywheel.control`` and saved under its data dir) and routes:
 
-- a **production call** (a tenant key's session) to the version its policy's release serves;
+- a **production call** (a tenant key's session) to the version its policy's release serves, or, while
+  a canary runs, a session among the canary's share (by a hash of its id: every call of the session) to
+  the canary's version;
 - a call of an episode whose model names a version (``policy@v12``, ``terse@v3``: a gate's evaluation
   rollouts, a canary) to that version;
 - every other call (training rollouts) as before, to the trainer's latest weights.
 
 Whole-model versions are served by **slots**: engines of their own (the embedded stack starts them in
-process; elsewhere ``FLYWHEEL_GATEWAY_RELEASE_SLOT_URLS`` names ``flywheel engine`` servers), each
+process; elsewhere ``FLYWHEEL_RELEASE_SLOT_URLS`` names ``flywheel engine`` servers), each
 loading one version's weights over ``POST /load_weights``. The first slot serves production; the
 second, when given, serves the versions named by evaluation rollouts. A slot drains its calls before it
 loads (its own :class:`Admission`), so every call is answered by, and recorded with, one version.
@@ -21,6 +23,7 @@ for by that name; version 0 is the base.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +165,12 @@ class ReleaseRouter:
             adapter = None if name == self.book.model else name
             return await self._version(adapter, version, upstream, production=False)
         if episode.source is EpisodeSource.production:
-            return await self._version(adapter, self.book.served(adapter), upstream, production=True)
+            rel = self.book.release(adapter)
+            if rel.canary is not None and in_canary(
+                episode.session_id or episode.episode_id, rel.canary["share"]
+            ):
+                return await self._version(adapter, int(rel.canary["version"]), upstream, production=False)
+            return await self._version(adapter, rel.served, upstream, production=True)
         return None
 
     async def _version(
@@ -211,6 +219,11 @@ class ReleaseRouter:
                 raise VersionUnavailableError(str(exc), status_code=503) from exc
             self._adapters_loaded.add(key)
             log.info("adapter version loaded", adapter=name, upstream=upstream.url)
+
+
+def in_canary(session: str, share: float) -> bool:
+    """Whether ``session`` is among the ``share`` of sessions a canary gets: the same answer every call."""
+    return zlib.crc32(session.encode()) / 2**32 < share
 
 
 async def _post(upstream: Upstream, route: str, body: dict[str, object], token: str) -> None:

@@ -24,10 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from schemas import VersionEvaluated, VersionPinned, VersionPromoted, VersionProposed, VersionRolledBack
+from schemas import (
+    VersionCanary,
+    VersionEvaluated,
+    VersionPinned,
+    VersionPromoted,
+    VersionProposed,
+    VersionRolledBack,
+)
 from schemas.control import ReleaseEvent
 
-Status = Literal["served", "passed", "failed", "rolled_back", "candidate", "retired"]
+Status = Literal["served", "canary", "passed", "failed", "rolled_back", "candidate", "retired"]
 
 _VERSIONED = re.compile(r"^(?P<name>.+)@v(?P<version>\d+)$")
 _APPLIED_KEPT = 4096  # event ids remembered, so a history read again after a restart is not folded twice
@@ -39,6 +46,10 @@ class ReleaseError(ValueError):
 
 class UnknownVersionError(ReleaseError):
     """A request names a version the book has never seen proposed."""
+
+
+class InvalidReleaseRequest(ReleaseError):
+    """A request that is malformed whatever the book holds (a canary share outside (0, 1))."""
 
 
 def versioned_name(name: str, version: int) -> str:
@@ -80,6 +91,11 @@ class Release:
     previous: list[int] = field(default_factory=list)  # versions that served before, oldest first
     versions: dict[int, VersionRecord] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)  # the last promotions, rollbacks, pins
+    canary: dict[str, Any] | None = None  # {"version", "share", "since"}: a share of sessions on a candidate
+
+    @property
+    def canary_version(self) -> int | None:
+        return int(self.canary["version"]) if self.canary else None
 
     @property
     def name(self) -> str:
@@ -98,6 +114,8 @@ class Release:
         rec = self.record(version)
         if version == self.served:
             return "served"
+        if version == self.canary_version:
+            return "canary"
         if rec is None:
             return "retired"
         if rec.rolled_back:
@@ -119,6 +137,7 @@ class Release:
             "name": self.name,
             "served": self.served,
             "pinned": self.pinned,
+            "canary": self.canary,
             "previous": list(self.previous),
             "latest_candidate": self.latest_candidate,
             "versions": [self.version_json(v) for v in known],
@@ -236,6 +255,57 @@ class ReleaseBook:
             producer=by, model=self.model, adapter=adapter, version=version, decided_by=by, reason=reason
         )
 
+    def plan_canary(
+        self, version: int, share: float, *, adapter: str | None = None, by: str, reason: str = ""
+    ) -> VersionCanary:
+        """Send ``share`` of new production sessions to ``version``; ``share`` must be in (0, 1)."""
+        if not 0.0 < share < 1.0:
+            raise InvalidReleaseRequest(f"a canary share must be in (0, 1), got {share:g}")
+        rel = self.release(adapter)
+        rec = rel.record(version)
+        if rec is None:
+            raise UnknownVersionError(f"{rel.name}: version {version} is unknown (known: {_known(rel)})")
+        if rec.passed is False:
+            raise ReleaseError(f"{rel.name}: version {version} failed its gates ({rec.evaluation_rule()})")
+        if rel.pinned:
+            raise ReleaseError(f"{rel.name}: pinned to version {rel.served}; unpin it first")
+        if version == rel.served:
+            raise ReleaseError(f"{rel.name}: version {version} already serves")
+        if rel.canary is not None and rel.canary_version != version:
+            raise ReleaseError(f"{rel.name}: version {rel.canary_version} is in canary; end it first")
+        return VersionCanary(
+            producer=by,
+            model=self.model,
+            adapter=adapter,
+            version=version,
+            share=share,
+            decided_by=by,
+            reason=reason,
+        )
+
+    def plan_canary_rollback(
+        self,
+        *,
+        adapter: str | None = None,
+        by: str,
+        reason: str = "",
+        figures: dict[str, float] | None = None,
+    ) -> VersionRolledBack:
+        """The event that ends the canary with its version rolled back (the served version stays)."""
+        rel = self.release(adapter)
+        if rel.canary_version is None:
+            raise ReleaseError(f"{rel.name}: no canary to roll back")
+        return VersionRolledBack(
+            producer=by,
+            model=self.model,
+            adapter=adapter,
+            version=rel.canary_version,
+            to=rel.served,
+            decided_by=by,
+            reason=reason,
+            figures=figures or {},
+        )
+
     # ------------------------------------------------------------------ folding events
     def apply(self, event: ReleaseEvent) -> bool:
         """Fold one event of the control topic; False when it was folded before or is not this model's."""
@@ -251,10 +321,22 @@ class ReleaseBook:
             rec.evaluation = event.model_dump(mode="json", include=_EVALUATION_FIELDS)
         elif isinstance(event, VersionPromoted):
             _serve(rel, event.version)
+            rel.canary = None
+            self._decide(rel, event)
+        elif isinstance(event, VersionCanary):
+            rel.canary = None
+            if event.share > 0:
+                rel.canary = {
+                    "version": event.version,
+                    "share": event.share,
+                    "since": event.emitted_at.isoformat(),
+                }
             self._decide(rel, event)
         elif isinstance(event, VersionRolledBack):
             if event.version in rel.versions:
                 rel.versions[event.version].rolled_back = True
+            if rel.canary_version == event.version:
+                rel.canary = None
             if rel.served == event.version:
                 rel.served = event.to
                 while rel.previous and rel.previous[-1] in (event.to, event.version):
@@ -263,6 +345,7 @@ class ReleaseBook:
         else:
             if event.version is not None:
                 _serve(rel, event.version)
+                rel.canary = None
             rel.pinned = event.version is not None
             self._decide(rel, event)
         self._applied.append(event.event_id)
@@ -270,7 +353,9 @@ class ReleaseBook:
         self.save()
         return True
 
-    def _decide(self, rel: Release, event: VersionPromoted | VersionRolledBack | VersionPinned) -> None:
+    def _decide(
+        self, rel: Release, event: VersionPromoted | VersionRolledBack | VersionPinned | VersionCanary
+    ) -> None:
         rel.decisions.append(event.model_dump(mode="json", exclude={"schema_version", "model", "producer"}))
         del rel.decisions[:-20]
 
@@ -293,6 +378,7 @@ class ReleaseBook:
                     "served": r.served,
                     "pinned": r.pinned,
                     "previous": r.previous,
+                    "canary": r.canary,
                     "decisions": r.decisions,
                     "versions": [vars(rec) for rec in r.versions.values()],
                 }
@@ -311,6 +397,7 @@ class ReleaseBook:
                 rel = self.release(r["adapter"])
                 rel.served, rel.pinned = int(r["served"]), bool(r["pinned"])
                 rel.previous, rel.decisions = [int(v) for v in r["previous"]], list(r["decisions"])
+                rel.canary = r.get("canary")
                 rel.versions = {int(v["version"]): VersionRecord(**v) for v in r["versions"]}
             self._applied.extend(state["applied"])
         except (OSError, ValueError, KeyError, TypeError) as exc:

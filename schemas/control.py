@@ -281,8 +281,32 @@ class VersionPinned(EventBase):
     reason: str = Field(default="", max_length=1024)
 
 
-ReleaseEvent = VersionProposed | VersionEvaluated | VersionPromoted | VersionRolledBack | VersionPinned
-RELEASE_EVENTS = (VersionProposed, VersionEvaluated, VersionPromoted, VersionRolledBack, VersionPinned)
+class VersionCanary(EventBase):
+    """A share of production sessions (sticky per session) goes to ``version``; ``share`` 0 ends the canary."""
+
+    type: Literal["version_canary"] = "version_canary"
+    model: str = "policy"
+    adapter: str | None = Field(default=None, max_length=128)
+    version: int = Field(ge=0)
+    share: float = Field(
+        ge=0.0, lt=1.0, description="the share of new production sessions; 0: the canary ends"
+    )
+    decided_by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(default="", max_length=1024)
+    figures: dict[str, float] = Field(default_factory=dict)
+
+
+ReleaseEvent = (
+    VersionProposed | VersionEvaluated | VersionPromoted | VersionRolledBack | VersionPinned | VersionCanary
+)
+RELEASE_EVENTS = (
+    VersionProposed,
+    VersionEvaluated,
+    VersionPromoted,
+    VersionRolledBack,
+    VersionPinned,
+    VersionCanary,
+)
 
 
 ControlEvent = Annotated[
@@ -300,6 +324,7 @@ ControlEvent = Annotated[
     | VersionEvaluated
     | VersionPromoted
     | VersionRolledBack
-    | VersionPinned,
+    | VersionPinned
+    | VersionCanary,
     Field(discriminator="type"),
 ]

@@ -19,6 +19,7 @@ from schemas.control import (
     TrainerPauseRequested,
     TrainerResumeRequested,
     TrainerStepCompleted,
+    VersionCanary,
     VersionEvaluated,
     VersionPinned,
     VersionPromoted,
@@ -89,6 +90,7 @@ TOPICS: dict[str, TopicSpec] = {
                 VersionPromoted,
                 VersionRolledBack,
                 VersionPinned,
+                VersionCanary,
             }
         ),
     ),
@@ -143,6 +145,7 @@ def key_for(event: AnyEvent) -> str:
             | VersionPromoted()
             | VersionRolledBack()
             | VersionPinned()
+            | VersionCanary()
         ):
             return event.model
         case DeadLetter():
@@ -174,6 +177,7 @@ _KEY_FIELD: dict[type, str] = {
     VersionPromoted: "model",
     VersionRolledBack: "model",
     VersionPinned: "model",
+    VersionCanary: "model",
     AglRecorded: "scope",
 }
 

@@ -36,9 +36,11 @@ from schemas import (
     EpisodeStarted,
     LLMCallRecorded,
     Task,
+    VersionCanary,
     VersionEvaluated,
     VersionPromoted,
     VersionProposed,
+    VersionRolledBack,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -55,6 +57,7 @@ class Log:
         self.control: list[Any] = []
         self.calls: list[LLMCallRecorded] = []
         self.production: set[str] = set()
+        self.sessions: dict[str, str] = {}  # session id → its episode
 
     async def on(self, msg: Message) -> None:
         event = msg.event
@@ -63,6 +66,7 @@ class Log:
         elif isinstance(event, EpisodeStarted):
             if event.source is EpisodeSource.production:
                 self.production.add(event.episode_id)
+                self.sessions[event.session_id or ""] = event.episode_id
         else:
             self.control.append(event)
 
@@ -71,6 +75,10 @@ class Log:
 
     def production_versions(self) -> list[int]:
         return [c.weight_version for c in self.calls if c.episode_id in self.production]
+
+    def version_of(self, session: str) -> int | None:
+        episode = self.sessions.get(session)
+        return next((c.weight_version for c in self.calls if c.episode_id == episode), None)
 
 
 def _settings(data_dir: Path, gates: Path, *, run_trainer: bool = True) -> StackSettings:
@@ -92,7 +100,7 @@ def _settings(data_dir: Path, gates: Path, *, run_trainer: bool = True) -> Stack
     )
 
 
-def _gates(tmp_path: Path, rule: dict[str, object]) -> Path:
+def _gates(tmp_path: Path, rule: dict[str, object], **extra: object) -> Path:
     tasks = tmp_path / "suite.jsonl"
     tasks.write_text(
         "".join(
@@ -101,7 +109,9 @@ def _gates(tmp_path: Path, rule: dict[str, object]) -> Path:
         )
     )
     path = tmp_path / "gates.json"
-    path.write_text(json.dumps({"tasks": "suite.jsonl", "agent": AGENT, "rules": [rule], "deadline_s": 60}))
+    path.write_text(
+        json.dumps({"tasks": "suite.jsonl", "agent": AGENT, "rules": [rule], "deadline_s": 60, **extra})
+    )
     return path
 
 
@@ -257,3 +267,74 @@ async def test_a_passing_candidate_is_promoted_rolled_back_under_load_and_surviv
         await _until(lambda: len(late.production_versions()) >= 1, 10, "the call's record")
     assert book["policies"][0]["served"] == promoted.version
     assert late.production_versions() == [promoted.version]
+
+
+async def _users(client: httpx.AsyncClient, key: str, log: Log, phase: str, like_canary: bool) -> int:
+    """Production sessions of one call each, rated up when served by the side the users like, until the
+    canary is decided; returns how many sessions it took."""
+    decided = len(log.of(VersionPromoted)) + len(log.of(VersionRolledBack))
+    for i in range(400):
+        if len(log.of(VersionPromoted)) + len(log.of(VersionRolledBack)) > decided:
+            return i
+        session = f"s-{phase}-{i}"
+        answer = await _production_call(client, key, session)
+        assert answer.status_code == 200, answer.text
+        await _until(lambda: log.version_of(session) is not None, 10, "the session's record")  # noqa: B023
+        canary = [e for e in log.of(VersionCanary) if e.share > 0][-1].version
+        up = (log.version_of(session) == canary) == like_canary
+        rated = await client.post(
+            "/v1/feedback",
+            json={"session_id": session, "rating": 1 if up else -1},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert rated.status_code in (200, 202), rated.text
+        await asyncio.sleep(0.02)
+    pytest.fail(f"{phase}: the canary was not decided after 400 sessions")
+
+
+async def test_a_canary_promotes_a_better_version_and_rolls_back_a_worse_one(tmp_path: Path) -> None:
+    model = await _model()
+    canary = {"share": 0.5, "min_sessions": 8, "alpha": 0.05, "tau": 0.5, "max_sessions": 300}
+    gates = _gates(tmp_path, {"metric": "error_rate", "max": 0.5}, canary=canary)
+    _, key = KeyStore(tmp_path / "data" / "gateway" / "keys.json").create("acme")
+    log = Log()
+    task = Task(task_id="train", input={"question": "What is 2 plus 3?"})
+    agent = AgentRef(kind=AgentKind.callable, spec=AGENT)
+    stack = EmbeddedStack(
+        _settings(tmp_path / "data", gates), model_dir=model, tasks=repeat(task), agent=agent
+    )
+    async with stack:
+        assert stack.bus is not None
+        for topic in (EPISODES, CONTROL):
+            await stack.bus.subscribe(topic, "releases-test", log.on, from_beginning=True)
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=60) as client:
+            # version 1 passes its gate and goes to canary; its users like it better: promoted
+            await asyncio.wait_for(stack.start_training(1), 300)
+            await _until(lambda: bool(log.of(VersionCanary)), 240, "the first canary")
+            better = await _users(client, key, log, "better", like_canary=True)
+            # version 2 passes, goes to canary; its users like it worse: rolled back, version 1 stays
+            await asyncio.wait_for(stack.start_training(1), 300)
+            await _until(lambda: len(log.of(VersionCanary)) >= 2, 240, "the second canary")
+            worse = await _users(client, key, log, "worse", like_canary=False)
+            book = (await client.get("/admin/versions", headers=_admin(client))).json()
+            bad_share = await client.post(
+                "/admin/versions/canary", json={"version": 2, "share": 1.5, "by": "t"}, headers=_admin(client)
+            )
+    first, second = (e for e in log.of(VersionCanary) if e.share > 0)
+    (promoted,) = log.of(VersionPromoted)
+    (rolled,) = log.of(VersionRolledBack)
+    assert (first.version, second.version) == (1, 2) and first.decided_by == "gate"
+    assert promoted.version == 1 and promoted.decided_by == "canary" and "promote" in promoted.reason
+    assert rolled.version == 2 and rolled.to == 1 and rolled.decided_by == "canary"
+    for decision in (promoted, rolled):
+        f = decision.figures
+        assert f["likelihood_ratio"] >= f["threshold"] == 20.0
+        assert min(f["canary_sessions"], f["served_sessions"]) >= 8
+    assert promoted.figures["delta"] > 0 > rolled.figures["delta"]
+    # sticky and split: both arms saw sessions, and every production call was recorded at v0, v1 or v2
+    assert set(log.production_versions()) == {0, 1, 2}
+    assert book["policies"][0]["served"] == 1 and book["policies"][0]["canary"] is None
+    assert bad_share.status_code == 400 and "(0, 1)" in bad_share.json()["error"]["message"]
+    print(
+        f"canary promoted v1 after {better} sessions ({promoted.reason}); rolled back v2 after {worse} ({rolled.reason})"
+    )

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.canary import msprt
 from flywheel.gates import GateConfig, GateError, GateRule, figures_of
-from infra.releases import ReleaseBook, ReleaseError, UnknownVersionError, parse_versioned, versioned_name
+from infra.releases import (
+    InvalidReleaseRequest,
+    ReleaseBook,
+    ReleaseError,
+    UnknownVersionError,
+    parse_versioned,
+    versioned_name,
+)
 from schemas import EpisodeScored, EpisodeStatus, VersionEvaluated, VersionProposed
 
 pytestmark = pytest.mark.timeout(30)
@@ -124,3 +132,35 @@ def test_figures_of_scored_episodes() -> None:
     assert figures["score"] == pytest.approx(0.5) and figures["success"] == pytest.approx(1 / 3)
     assert figures["calls_per_episode"] == 3.0 and figures["error_rate"] == pytest.approx(1 / 3)
     assert figures_of([])["error_rate"] == 1.0
+
+
+def test_canary_requests_and_their_end() -> None:
+    book = ReleaseBook()
+    for event in (_proposed(2), _evaluated(2, True), _proposed(4), _evaluated(4, False)):
+        book.apply(event)
+    for share in (0.0, 1.0, 1.5, -0.1):
+        with pytest.raises(InvalidReleaseRequest, match=r"must be in \(0, 1\)"):
+            book.plan_canary(2, share, by="cli:a")
+    with pytest.raises(ReleaseError, match="failed its gates"):
+        book.plan_canary(4, 0.1, by="cli:a")
+    with pytest.raises(ReleaseError, match="no canary to roll back"):
+        book.plan_canary_rollback(by="canary")
+    book.apply(book.plan_canary(2, 0.25, by="gate"))
+    assert book.release().canary_version == 2 and book.release().status(2) == "canary"
+    rollback = book.plan_canary_rollback(by="canary", reason="thumbs up lower")
+    assert (rollback.version, rollback.to) == (2, 0)
+    book.apply(rollback)
+    assert book.release().canary is None and book.served() == 0 and book.release().status(2) == "rolled_back"
+    book.apply(book.plan_canary(2, 0.25, by="cli:a"))  # an operator may canary it again
+    book.apply(book.plan_promote(2, by="canary", rule=False))
+    assert book.served() == 2 and book.release().canary is None
+
+
+def test_the_sequential_test_needs_evidence_and_points_the_right_way() -> None:
+    lam, delta = msprt(5, 10, 5, 10, tau=0.2)
+    assert delta == 0 and lam < 1  # no difference: evidence against one
+    lam_small, _ = msprt(4, 10, 6, 10, tau=0.2)
+    lam_big, delta_big = msprt(80, 200, 120, 200, tau=0.2)
+    assert lam_small < 20 <= lam_big and delta_big == pytest.approx(0.2)  # same rates, more sessions
+    assert msprt(60, 100, 40, 100, tau=0.2)[1] == pytest.approx(-0.2)
+    assert msprt(0, 0, 3, 5, tau=0.2) == (1.0, 0.0) and msprt(10, 10, 10, 10, tau=0.2)[0] == 1.0
