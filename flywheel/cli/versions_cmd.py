@@ -1,4 +1,4 @@
-"""``flywheel versions ls | show VERSION | promote VERSION | rollback | pin VERSION|--off``.
+"""``flywheel versions ls | show VERSION | promote VERSION | rollback | pin VERSION|--off | canary VERSION``.
 
 Which version of each policy serves production, through the gateway's admin API (``/admin/versions``;
 ``--url`` or ``FLYWHEEL_ADMIN_URL``: the gateway's address) with the admin token. The gateway keeps the
@@ -96,6 +96,8 @@ def decision_line(answer: dict[str, Any]) -> str:
         what = f"version {event['version']} serves (was {event.get('previous')})"
     elif kind == "version_rolled_back":
         what = f"version {event['to']} serves (was {event['version']}, rolled back)"
+    elif kind == "version_canary":
+        what = f"version {event['version']} serves {event['share']:.0%} of new sessions (canary)"
     elif event.get("version") is None:
         what = f"unpinned (version {release['served']} serves)"
     else:
@@ -184,6 +186,19 @@ def pin_command(
     _decide(url, "pin", {"version": version, **_decision(adapter, by, reason)}, as_json)
 
 
+def canary_command(
+    version: Version,
+    share: Annotated[float, typer.Option("--share", help="The share of production sessions, in (0, 1).")],
+    url: Url = None,
+    adapter: Adapter = None,
+    reason: Reason = "",
+    by: By = None,
+    as_json: AsJson = False,
+) -> None:
+    """Send a share of production sessions (each session sticks) to VERSION beside the served one."""
+    _decide(url, "canary", {"version": version, "share": share, **_decision(adapter, by, reason)}, as_json)
+
+
 def register(app: typer.Typer) -> None:
     versions = typer.Typer(help="Which version of each policy serves production.", no_args_is_help=True)
     app.add_typer(versions, name="versions")
@@ -192,3 +207,4 @@ def register(app: typer.Typer) -> None:
     versions.command("promote")(promote_command)
     versions.command("rollback")(rollback_command)
     versions.command("pin")(pin_command)
+    versions.command("canary")(canary_command)

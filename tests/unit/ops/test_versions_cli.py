@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from flywheel.cli.main import app
 from schemas import (
     CONTROL,
+    VersionCanary,
     VersionEvaluated,
     VersionPinned,
     VersionPromoted,
@@ -81,10 +82,12 @@ def _cli(g: BackgroundGateway, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-DECISIONS = (VersionPromoted, VersionRolledBack, VersionPinned)
+DECISIONS = (VersionPromoted, VersionRolledBack, VersionPinned, VersionCanary)
 
 
-def _decisions(g: BackgroundGateway) -> list[VersionPromoted | VersionRolledBack | VersionPinned]:
+def _decisions(
+    g: BackgroundGateway,
+) -> list[VersionPromoted | VersionRolledBack | VersionPinned | VersionCanary]:
     return [e for e in g.h.events.events if isinstance(e, DECISIONS)]
 
 
@@ -175,6 +178,23 @@ def test_promote_rollback_and_pin_say_what_serves_and_who_decided(gateway: Backg
         ("version_pinned", "cli:alice"),
     ]
     assert isinstance(decided[0], VersionPromoted) and decided[0].reason == "gates passed"
+
+
+def test_canary_sends_a_share_and_refuses_a_share_outside_zero_one(gateway: BackgroundGateway) -> None:
+    releases = gateway.h.gateway.releases
+    assert releases is not None
+    for share in ("0", "1", "1.5", "-0.2"):
+        _refused(gateway, ["canary", "3", "--share", share], "a canary share must be in (0, 1)")
+    _refused(gateway, ["canary", "2", "--share", "0.1"], "version 2 failed its gates")
+    code, output = _cli(gateway, "canary", "3", "--share", "0.25", "--reason", "try it")
+    assert (code, output) == (
+        0,
+        "policy: version 3 serves 25% of new sessions (canary), decided by cli:alice\n",
+    )
+    assert releases.book.release().canary_version == 3 and releases.book.served() == 0
+    _refused(gateway, ["canary", "1", "--share", "0.1"], "version 3 is in canary; end it first")
+    code, output = _cli(gateway, "ls", "--json")
+    assert code == 0 and json.loads(output)["policies"][0]["canary"]["share"] == 0.25
 
 
 def test_a_wrong_command_line_token_or_missing_url_is_one_line(
