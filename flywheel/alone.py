@@ -17,6 +17,7 @@ raises ``infra.service.ServiceStartError`` (one line for the CLI).
     serve_otel_exporter(settings)        recorded episodes → OTLP GenAI spans
     serve_trainer(settings, max_steps)   the trainer on its backend, loading weights into the engine
                                          its settings name (``assembly.trainer_engine``)
+    serve_gates(settings, config)        the gate keeper and the canary's judge (``flywheel/gates.py``)
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from infra import service
 from infra.logging import get_logger
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gateway.service import Gateway
     from gateway.settings import GatewaySettings
     from gateway.upstream.client import Upstream
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
     from infra.otel.exporter import OtelExporter
     from infra.otel.forward import ExportForwarder
     from infra.otel.settings import OtelSettings
+    from infra.settings import FlywheelSettings
     from reward_service.settings import RewardSettings
     from rollout_worker.settings import WorkerSettings
     from trainer.backends.base import Backend
@@ -182,6 +186,21 @@ async def serve_otel_exporter(settings: OtelSettings, stop: asyncio.Event | None
         return exporter
 
     await service.serve(settings, build, name="otel-export", stop=stop)
+
+
+async def serve_gates(settings: FlywheelSettings, config: Path, stop: asyncio.Event | None = None) -> None:
+    """The gate keeper until ``stop`` is set (or a signal): every release candidate evaluated through the
+    rollout workers, canaries judged; a configuration it cannot use is one line."""
+    from flywheel.gates import GateConfig, GateError, GateKeeper
+
+    try:
+        gates = GateConfig.load(config)
+        gates.suite()
+    except (GateError, ValueError) as exc:
+        raise service.ServiceStartError(f"gates: {exc}") from exc
+    await service.serve(
+        settings, lambda bus: GateKeeper(bus, gates, model=settings.model), name="gates", stop=stop
+    )
 
 
 async def serve_trainer(settings: TrainerSettings, max_steps: int | None = None) -> None:

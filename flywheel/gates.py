@@ -117,7 +117,10 @@ class GateConfig(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            raise GateError(f"{path}: {first['msg']}" + (f" at {where}" if where else "")) from exc
+            raise GateError(
+                f"{path}: {str(first['msg']).removeprefix('Value error, ')}"
+                + (f" at {where}" if where else "")
+            ) from exc
         if not config.tasks.is_absolute():
             config = config.model_copy(update={"tasks": path.parent / config.tasks})
         return config

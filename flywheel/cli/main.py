@@ -92,7 +92,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "weights": ("flywheel.cli.trainer_cmd", "Weight versions (checkpoints)."),
     "versions": (
         "flywheel.cli.versions_cmd",
-        "Which version of each policy serves production: list, show, promote, roll back, pin.",
+        "Which version of each policy serves production: list, show, promote, roll back, pin, canary.",
+    ),
+    "gates": (
+        "flywheel.cli.versions_cmd",
+        "Run the gate keeper alone: every release candidate evaluated, canaries judged.",
     ),
     "optimize": (
         "flywheel.cli.optimize_cmd",

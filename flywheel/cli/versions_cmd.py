@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import typer
 
-from flywheel.cli.common import ADMIN_URL_HELP, JSON_HELP, admin_url, fail, load_settings, print_json, usage
+from flywheel.cli.common import (
+    ADMIN_URL_HELP,
+    JSON_HELP,
+    admin_url,
+    fail,
+    load_settings,
+    print_json,
+    run_service,
+    usage,
+)
 from flywheel.ops.admin import AdminClient, AdminError
 
 Url = Annotated[str | None, typer.Option("--url", help=ADMIN_URL_HELP)]
@@ -199,6 +209,17 @@ def canary_command(
     _decide(url, "canary", {"version": version, "share": share, **_decision(adapter, by, reason)}, as_json)
 
 
+def gates_command(
+    config: Annotated[
+        Path, typer.Option("--config", help="gates.json: the eval suite, the agent, the rules.")
+    ],
+) -> None:
+    """Run the gate keeper alone: every release candidate evaluated, canaries judged (on the configured bus)."""
+    from flywheel.alone import serve_gates
+
+    run_service(serve_gates(load_settings(), config))
+
+
 def register(app: typer.Typer) -> None:
     versions = typer.Typer(help="Which version of each policy serves production.", no_args_is_help=True)
     app.add_typer(versions, name="versions")
@@ -208,3 +229,4 @@ def register(app: typer.Typer) -> None:
     versions.command("rollback")(rollback_command)
     versions.command("pin")(pin_command)
     versions.command("canary")(canary_command)
+    app.command("gates")(gates_command)

@@ -218,3 +218,30 @@ def test_a_gateway_with_releases_off_says_so(tmp_path: Path, monkeypatch: pytest
             code, output = _cli(g, *args)
             assert code == 1 and output.count("\n") == 1 and "answered 503" in output, output
             assert "releases are off" in output
+
+
+def test_gates_alone_refuses_a_bad_configuration_in_one_line_and_runs_a_good_one(tmp_path: Path) -> None:
+    import asyncio
+
+    from flywheel.alone import serve_gates
+    from infra.settings import FlywheelSettings
+
+    config = tmp_path / "gates.json"
+    config.write_text(
+        '{"tasks": "suite.jsonl", "agent": "m:f", "rules": [{"metric": "accuracy", "min": 0.5}]}'
+    )
+    result = runner.invoke(app, ["gates", "--config", str(config)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "unknown metric 'accuracy' (known: score, success, calls_per_episode, error_rate)" in result.output
+    config.write_text('{"tasks": "suite.jsonl", "agent": "m:f", "rules": [{"metric": "score", "min": 0.5}]}')
+    result = runner.invoke(app, ["gates", "--config", str(config)])
+    assert result.exit_code == 1 and "cannot read" in result.output and "suite.jsonl" in result.output
+
+    (tmp_path / "suite.jsonl").write_text('{"task_id": "t1", "input": {"question": "1+1"}}\n')
+
+    async def run_briefly() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.5, stop.set)
+        await serve_gates(FlywheelSettings(data_dir=tmp_path, bus="memory"), config, stop=stop)
+
+    asyncio.run(run_briefly())  # started on the bus, stopped cleanly
