@@ -92,15 +92,26 @@ class ChdbSession:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
 
+_ESCAPES = str.maketrans({"\\": "\\\\", "'": "\\'", "\t": "\\t", "\n": "\\n"})
+
+
+def _escaped(text: str) -> str:
+    """``text`` with ClickHouse's escapes: a backslash, quote, tab or newline then parses as itself."""
+    return text.translate(_ESCAPES)
+
+
 def _chdb_param(value: Any) -> str:
-    """chdb binds parameters from their text form: render values the way ClickHouse parses them."""
+    """chdb binds parameters from their text form: render values the way ClickHouse parses them.
+
+    A scalar is read in the Escaped (TSV) format, so its backslashes, tabs and newlines are escaped
+    (a raw ``\\`` was an escape sequence: ``a\\b`` bound as ``a<backspace>``, a lone ``\\`` refused);
+    an array's strings are quoted literals, escaped the same way.
+    """
     if isinstance(value, datetime):
         return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     if isinstance(value, list | tuple):
-        return (
-            "[" + ",".join("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in value) + "]"
-        )
-    return str(value)
+        return "[" + ",".join(f"'{_escaped(str(v))}'" for v in value) + "]"
+    return _escaped(str(value))
 
 
 def _rows(table: pa.Table) -> tuple[list[str], list[str], Rows]:
