@@ -140,6 +140,8 @@ class ReleaseRouter:
         if adapter is not None or slot is None:
             return
         served = self.book.served(None)
+        if slot.version == served:
+            return
         try:
             await slot.load(served, self._path(None, served))
         except (SlotLoadError, VersionUnavailableError) as exc:
