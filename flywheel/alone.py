@@ -115,7 +115,10 @@ async def serve_gateway(
         log.info("otel_export.not_in_gateway", bus=settings.bus, run="flywheel otel-export")
 
     def build(bus: Bus) -> GatewayProcess:
-        gateway = assembly.build_gateway(settings, bus, upstreams)
+        try:
+            gateway = assembly.build_gateway(settings, bus, upstreams)
+        except ValueError as exc:  # a configuration it cannot serve (releases without slots): one line
+            raise service.ServiceStartError(f"gateway: {exc}") from exc
         if not export:
             return GatewayProcess(gateway)
         # the export work (spans, the SDK, OTLP) in a child process: here only the events' bytes

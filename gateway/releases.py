@@ -179,15 +179,15 @@ class ReleaseRouter:
         self, adapter: str | None, version: int, upstream: Upstream, *, production: bool
     ) -> Routed:
         if adapter is not None:
-            if (
-                version == 0
-            ):  # the base: vLLM's base model; the embedded engine serves a name it lacks by the base
+            if version == 0:  # the base: vLLM's base model; the embedded engine serves an unknown name by it
                 base = await self._base_name(upstream) or versioned_name(adapter, 0)
                 return Routed(adapter, model=base, adapter_version=0)
             name = versioned_name(adapter, version)
             await self._load_adapter(upstream, name, self._path(adapter, version), version)
             return Routed(adapter, model=name, adapter_version=version)
         slot = self.served_slot if production or version == self.book.served(None) else self.eval_slot
+        if slot is None and version == 0 and production:
+            return Routed(None)  # no slots: LoRA policies over a frozen base, which is version 0
         if slot is None:
             raise VersionUnavailableError(
                 "this gateway has no slot to serve a fixed version", status_code=503
@@ -243,6 +243,11 @@ def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = 
     """With ``releases=gated``: the book (saved under the data dir) and the slots that serve versions."""
     if settings.releases == "off":
         return None
+    if not slots and not settings.release_slot_urls and not settings.policies:
+        raise ValueError(
+            "releases=gated serves whole-model versions from slots: set FLYWHEEL_RELEASE_SLOT_URLS "
+            "(or FLYWHEEL_POLICIES: LoRA adapters over a frozen base need none)"
+        )
     token = settings.admin_token.get_secret_value()
     if not slots and settings.release_slot_urls:
         slots = [

@@ -61,7 +61,8 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backgro
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
     monkeypatch.setenv("USER", "alice")
     monkeypatch.delenv("FLYWHEEL_ADMIN_URL", raising=False)
-    with BackgroundGateway(tmp_path, releases="gated") as g:
+    # a policy map: LoRA adapters over a frozen base, which needs no slot (whole-model versions are not served)
+    with BackgroundGateway(tmp_path, releases="gated", policies="terse") as g:
         for event in _candidates():
             g.run(g.h.bus.publish(CONTROL, event))
         releases = g.h.gateway.releases
@@ -245,3 +246,14 @@ def test_gates_alone_refuses_a_bad_configuration_in_one_line_and_runs_a_good_one
         await serve_gates(FlywheelSettings(data_dir=tmp_path, bus="memory"), config, stop=stop)
 
     asyncio.run(run_briefly())  # started on the bus, stopped cleanly
+
+
+def test_releases_without_slots_or_a_policy_map_refuse_to_start(tmp_path: Path) -> None:
+    from gateway.releases import build_release_router
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(ValueError, match="set FLYWHEEL_RELEASE_SLOT_URLS"):
+        build_release_router(GatewaySettings(data_dir=tmp_path, releases="gated"))
+    assert build_release_router(GatewaySettings(data_dir=tmp_path, releases="off")) is None
+    router = build_release_router(GatewaySettings(data_dir=tmp_path, releases="gated", policies="terse"))
+    assert router is not None and not router.slots
