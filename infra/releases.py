@@ -120,6 +120,8 @@ class Release:
             return "retired"
         if rec.rolled_back:
             return "rolled_back"
+        if version in self.previous:
+            return "retired"  # it served before
         if rec.passed is None:
             return "candidate"
         return "passed" if rec.passed else "failed"
