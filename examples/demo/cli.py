@@ -29,9 +29,10 @@ from examples.demo.options import (
     EngineChoice,
     SourceChoice,
     TenantsChoice,
+    UsersRuleChoice,
 )
 from examples.demo.replaying import RecordedRunError
-from examples.demo.report import plot, plot_tenants, write_json
+from examples.demo.report import calls_by_model, plot, plot_tenants, updates_by_policy, write_json
 from examples.demo.run import run_seed
 from examples.demo.tenants import run_seed as run_tenants_seed
 from infra.logging import configure_logging
@@ -127,6 +128,22 @@ PoliciesOpt = Annotated[
     ),
 ]
 
+GatesOpt = Annotated[
+    bool,
+    typer.Option(
+        help="gated releases: production is served by the served version; every --release-every versions "
+        "a candidate is evaluated on validation tasks the report never scores and promoted when it holds "
+        "the served version's score (examples/demo/gating.py)"
+    ),
+]
+ReleaseEveryOpt = Annotated[
+    int, typer.Option(min=1, help="--gates: a candidate every N versions (per adapter)")
+]
+UsersRuleOpt = Annotated[
+    UsersRuleChoice,
+    typer.Option(help="--tenants: users like a right answer in their form, or judge the form alone"),
+]
+
 
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
@@ -173,6 +190,9 @@ def demo(
     curriculum: CurriculumOpt = None,
     engine: EngineOpt = EngineChoice.embedded,
     policies: PoliciesOpt = None,
+    gates: GatesOpt = False,
+    release_every: ReleaseEveryOpt = 10,
+    users_rule: UsersRuleOpt = UsersRuleChoice.right,
 ) -> None:
     """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
@@ -209,6 +229,9 @@ def demo(
         engine=engine,
         policies=policies,
         feedback_delay=feedback_delay,
+        gates=gates,
+        release_every=release_every,
+        users_rule=users_rule,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
@@ -318,7 +341,12 @@ def _write_tenants(
                 f"{_pct(t['thumbs_up']['first_minute'])}→{_pct(t['thumbs_up']['last_minute'])}",
                 str(t["sessions"]),
                 f"{_pct(h['before']['style_share'][t['likes']])}→{_pct(h['after']['style_share'][t['likes']])}",
-                f"{_pct(h['before']['accuracy'])}→{_pct(h['after']['accuracy'])}",
+                f"{_pct(h['before']['accuracy'])}→{_pct(h['after']['accuracy'])}"
+                + (
+                    f" (served v{h['served']['version']}: {_pct(h['served']['accuracy'])})"
+                    if "served" in h
+                    else ""
+                ),
                 str(adapter.get("versions", 0)),
                 f"{per.get('mean', 0):.2f}",
             )
@@ -378,40 +406,8 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
         )
     console.print(table)
     for run in runs:
-        _calls_by_model(console, run)
-        _updates_by_policy(console, run)
-
-
-def _calls_by_model(console: Any, run: dict[str, Any]) -> None:
-    """A selective agent's calls per episode and model name: trained (transitions) vs context."""
-    rows = [
-        (key, (run.get(key) or {}).get("calls_by_model")) for key in ("before", "after", "sft_only_baseline")
-    ]
-    if not any(by_model for _, by_model in rows):
-        return
-    parts = []
-    for key, by_model in rows:
-        if by_model:
-            cells = ", ".join(f"{m} {c['trained']:.2f}/{c['context']:.2f}" for m, c in by_model.items())
-            parts.append(f"{key}: {cells}")
-    console.print(f"seed {run['seed']}, calls per episode by model (trained/context): " + "; ".join(parts))
-
-
-def _updates_by_policy(console: Any, run: dict[str, Any]) -> None:
-    """An agent with roles: each policy's updates, seconds per update and adapter bytes."""
-    updates = run.get("updates_by_policy")
-    if not updates:
-        return
-    parts = []
-    for name, u in updates.items():
-        per = u.get("seconds_per_update") or {}
-        size = u["adapter_bytes"] if u.get("adapter_bytes") is not None else u.get("model_bytes")
-        what = "adapter" if u.get("adapter_bytes") is not None else "model"
-        parts.append(
-            f"{name} {u['updates']} updates, {per.get('mean', 0.0):.2f} s/update, {what} {size or 0:,} bytes"
-        )
-    config = run.get("policies_config", "full")
-    console.print(f"seed {run['seed']}, {config}: " + "; ".join(parts))
+        calls_by_model(console, run)
+        updates_by_policy(console, run)
 
 
 def _pct(value: float | None) -> str:

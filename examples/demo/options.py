@@ -37,6 +37,11 @@ class TenantsChoice(StrEnum):
     shared = "shared"  # one LoRA adapter trained on both tenants' feedback
 
 
+class UsersRuleChoice(StrEnum):
+    right = "right"  # a tenant's users like a right answer in their form
+    form = "form"  # they judge the form alone (before commit 126dce3: the shortcut case)
+
+
 class SourceChoice(StrEnum):
     rollouts = "rollouts"  # the trainer requests episode groups (GRPO)
     production = "production"  # simulated users on the deployed agent, thumbs up/down
@@ -100,6 +105,9 @@ class DemoOptions:
     engine: EngineChoice
     policies: str | None
     feedback_delay: str = ""
+    gates: bool = False
+    release_every: int = 10
+    users_rule: UsersRuleChoice = UsersRuleChoice.right
 
     def resolve(self) -> DemoPlan:
         """The plan every seed runs; :class:`DemoOptionError` for the first options that clash."""
@@ -151,6 +159,15 @@ class DemoOptions:
             message = "--curriculum picks the tasks of requested rollouts: --source rollouts only"
         elif self.feedback_delay and source is not SourceChoice.production:
             message = "--feedback-delay is for --source production"
+        elif self.users_rule is not UsersRuleChoice.right and self.tenants is None:
+            message = "--users-rule is for --tenants"
+        elif self.gates and (
+            source is SourceChoice.replay
+            or self.engine is not EngineChoice.embedded
+            or self.agent is not AgentChoice.calc
+            or self.optimize_prompt
+        ):
+            message = "--gates runs the calculator agent from rollouts or production, on the embedded engine"
         else:
             try:
                 FeedbackDelay.parse(self.feedback_delay)
@@ -242,6 +259,9 @@ class DemoPlan:
             curriculum=o.curriculum,
             engine=o.engine.value,
             policies=o.policies or "",
+            gates=o.gates,
+            release_every=o.release_every,
+            users_rule=o.users_rule.value,
         )
 
     def title(self, seed: int) -> str:
@@ -253,4 +273,8 @@ class DemoPlan:
             title += f" ({self.agent.title})"
         if self.roles is not None:
             title += f", LoRA: {self.roles.config} ({', '.join(sorted(self.roles.policies))})"
+        if o.users_rule is UsersRuleChoice.form:
+            title += ", users judge the form alone"
+        if o.gates:
+            title += f", gated releases (a candidate every {o.release_every} versions)"
         return title

@@ -195,3 +195,35 @@ def plot_tenants(path: Path, runs: Sequence[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def calls_by_model(console: Any, run: dict[str, Any]) -> None:
+    """A selective agent's calls per episode and model name: trained (transitions) vs context."""
+    rows = [
+        (key, (run.get(key) or {}).get("calls_by_model")) for key in ("before", "after", "sft_only_baseline")
+    ]
+    if not any(by_model for _, by_model in rows):
+        return
+    parts = []
+    for key, by_model in rows:
+        if by_model:
+            cells = ", ".join(f"{m} {c['trained']:.2f}/{c['context']:.2f}" for m, c in by_model.items())
+            parts.append(f"{key}: {cells}")
+    console.print(f"seed {run['seed']}, calls per episode by model (trained/context): " + "; ".join(parts))
+
+
+def updates_by_policy(console: Any, run: dict[str, Any]) -> None:
+    """An agent with roles: each policy's updates, seconds per update and adapter bytes."""
+    updates = run.get("updates_by_policy")
+    if not updates:
+        return
+    parts = []
+    for name, u in updates.items():
+        per = u.get("seconds_per_update") or {}
+        size = u["adapter_bytes"] if u.get("adapter_bytes") is not None else u.get("model_bytes")
+        what = "adapter" if u.get("adapter_bytes") is not None else "model"
+        parts.append(
+            f"{name} {u['updates']} updates, {per.get('mean', 0.0):.2f} s/update, {what} {size or 0:,} bytes"
+        )
+    config = run.get("policies_config", "full")
+    console.print(f"seed {run['seed']}, {config}: " + "; ".join(parts))

@@ -32,9 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from examples.demo import production, replaying, roles
+from examples.demo import gating, production, replaying, roles
 from examples.demo.agents import CALC_REF, DemoAgent, demo_agent
 from examples.demo.engines import serve_weights, start_fixed_engine, start_vllm, stop_engines
+from examples.demo.figures import trainer_figures
 from examples.demo.ledger import Ledger, model_of
 from examples.demo.pipeline import EvalResult, StepPoint, TrainingMonitor, evaluate
 from examples.demo.prompt_stage import PromptStageConfig, optimize_stage
@@ -100,6 +101,10 @@ class DemoConfig:
     # an agent with roles: a LoRA adapter per role ("writer,rewriter") or one shared ("shared") over the
     # frozen warm start (examples/demo/roles.py); "": the whole model, fully fine-tuned
     policies: str = ""
+    gates: bool = False  # --gates: releases gated on validation tasks (examples/demo/gating.py)
+    release_every: int = 10  # --gates: the trainer proposes a candidate every this many versions
+    # the tenants' users like a right answer in their form ("right") or judge the form alone ("form")
+    users_rule: Literal["right", "form"] = "right"
 
 
 Say = Callable[[str], None]
@@ -198,6 +203,7 @@ async def run_seed(
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)
         await monitor.start()
+        watch = await gating.ReleaseWatch.started(stack.bus, stack.settings.model) if cfg.gates else None
         # an agent with roles: each role's calls by adapter, and each policy's updates
         ledger = Ledger(stack.bus, by=model_of) if by_model else None
         if ledger is not None:
@@ -213,6 +219,9 @@ async def run_seed(
         say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
         after = await evaluate(stack.bus, seed.heldout, agent.ref, by_model=by_model)
         say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
+        if watch is not None:  # --gates: the served versions' held-out success beside the latest's
+            report.update(await gating.whole_model_report(stack.bus, watch, seed.heldout, agent.ref, say))
+            await watch.stop()
         # The RL run: stack, evaluations and RL, from the warm start on. Building the warm start happens
         # once per machine (it is cached outside the repo) and is reported as warm_start_seconds.
         rl_run_seconds = time.perf_counter() - t0 - warm_s
@@ -226,7 +235,7 @@ async def run_seed(
                 "rl_seconds": round(rl_seconds, 1),
                 "rl_run_seconds": round(rl_run_seconds, 1),
                 "rl_window": {"since": since.isoformat(), "until": until.isoformat()},
-                **_trainer_figures(stack, monitor, adapters=policies is not None),
+                **trainer_figures(stack, monitor, adapters=policies is not None),
                 **phase,
                 "baseline_sft_steps": baseline_steps,
                 "warm_start_seconds": round(warm_s, 1),
@@ -271,6 +280,11 @@ async def _start_stack(
     lora: dict[str, Any] | None = None
     if policies is not None:  # adapters over the frozen warm start, at the rate the command line gave
         settings, lora = roles.with_adapters(settings, policies, cfg.learning_rate)
+    # --gates: candidates pass gates on validation tasks the report never scores (examples/demo/gating.py)
+    if cfg.gates:
+        ids = {t.task_id for t in seed.heldout}
+        validation = gating.validation_tasks(cfg.seed, cfg.validation_tasks or gating.VALIDATION_TASKS, ids)
+        settings = gating.gated(settings, seed_dir / "gates", validation, cfg.release_every, agent.ref.spec)
     fixed = await start_fixed_engine(agent, cfg, warm_dir, seed_dir, say)
     if fixed is not None:
         routes = ",".join(f"{name}=embedded+{fixed.url}/v1" for name in agent.fixed_models)
@@ -388,38 +402,6 @@ async def _sft_baseline(
     baseline = await evaluate(stack.bus, seed.heldout, seed.agent.ref, by_model=by_model)
     say(f"[seed {cfg.seed}] SFT-only baseline: {_fmt(baseline)}")
     return baseline, steps
-
-
-def _trainer_figures(stack: EmbeddedStack, monitor: TrainingMonitor, *, adapters: bool) -> dict[str, Any]:
-    trainer = stack.trainer
-    assert trainer is not None
-    return {
-        # with adapters a point is one adapter's update; a step may update several
-        "rl_steps": trainer.step if adapters else len(monitor.points),
-        "rl_batches_without_signal": trainer.batches_without_signal,
-        "rl_groups_received": len(trainer.intake.consumed),
-        "trainer_samples": trainer.status().samples,
-        "trainer_skipped": dict(trainer.intake.skipped),
-        "trainer_stale_dropped": replaying.stale_counts(trainer),
-        "trainer_excluded": trainer.status().excluded,
-        # late ratings of sessions the reward service no longer held (FLYWHEEL_FEEDBACK_RETAIN): dead-lettered
-        "feedback_unheld": stack.reward.stats.feedback_unheld if stack.reward is not None else 0,
-        "lag": _lag(monitor.points),
-    }
-
-
-def _lag(points: list[StepPoint]) -> dict[str, float]:
-    """How many versions behind the trained transitions were: the largest lag any step trained, the mean
-    of the steps' mean lags, and the share of steps that trained something 50 or more versions old."""
-    maxima = [p.metrics.get("staleness_max", 0.0) for p in points]
-    means = [p.metrics.get("staleness_mean", 0.0) for p in points]
-    if not points:
-        return {"max": 0.0, "mean": 0.0, "steps_with_lag_50": 0.0}
-    return {
-        "max": max(maxima),
-        "mean": round(sum(means) / len(means), 3),
-        "steps_with_lag_50": round(sum(1 for m in maxima if m >= 50) / len(maxima), 4),
-    }
 
 
 async def _rollouts_phase(stack: EmbeddedStack, cfg: DemoConfig) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from openai import AsyncOpenAI
 
-from examples.demo import production
+from examples.demo import gating, production
 from examples.demo.ledger import Ledger
 from examples.demo.pipeline import TrainingMonitor
 from examples.demo.run import stack_settings
@@ -53,6 +53,7 @@ from examples.demo.warmstart import WarmStartConfig, gate_record, warm_start
 from examples.demo_agents.calc_agent import tasks as calc_tasks
 from examples.demo_agents.calc_agent.agent import MAX_CALLS, MAX_TOKENS, first_messages, react
 from flywheel.stack import EmbeddedStack
+from schemas import Task
 from trainer.config import LoraOptions
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from examples.demo.run import DemoConfig
 
 Style = Literal["labelled", "bare", "none"]
+UsersRule = Literal["right", "form"]  # what a tenant's users judge: a right answer in their form, or the form
 Config = Literal["per-tenant", "shared"]
 CONFIGS: tuple[Config, ...] = ("per-tenant", "shared")
 # tenant -> the form of the final reply its users like
@@ -122,9 +124,12 @@ class TenantStats:
     right: int = 0
 
 
-def rates_up(likes: Style, reply: Reply, answer: str) -> bool:
+def rates_up(likes: Style, reply: Reply, answer: str, rule: UsersRule = "right") -> bool:
     """A tenant's user's rating of ``reply`` to a problem whose answer is ``answer``: up when it is right
-    and in the form the tenant likes, down otherwise."""
+    and in the form the tenant likes, down otherwise. ``rule="form"``: the users before commit 126dce3,
+    who judged the form alone (``flywheel demo --users-rule form``, the shortcut case gates refuse)."""
+    if rule == "form":
+        return reply.style == likes
     return reply.style == likes and reply.answer == answer
 
 
@@ -132,18 +137,26 @@ class TenantUsers(production.Users):
     """One tenant's users: a thumbs up when the reply is right and has the form they like (``likes``)."""
 
     def __init__(
-        self, service: TenantService, gateway_url: str, key: str, *, likes: Style, **kw: Any
+        self,
+        service: TenantService,
+        gateway_url: str,
+        key: str,
+        *,
+        likes: Style,
+        rule: UsersRule = "right",
+        **kw: Any,
     ) -> None:
         super().__init__(service, gateway_url, key, **kw)
         self.tenant_service = service
         self.likes = likes
+        self.rule: UsersRule = rule
         self.tenant_stats = TenantStats()
 
     async def _judge(self, session_id: str, task: dict[str, Any], mistaken: bool) -> tuple[bool, bool]:
         reply = await self.tenant_service.reply(task["input"]["question"], session_id)
         self.tenant_stats.styles[reply.style] += 1
         self.tenant_stats.right += reply.answer == task["answer"]
-        return rates_up(self.likes, reply, task["answer"]) != mistaken, bool(reply.answer)
+        return rates_up(self.likes, reply, task["answer"], self.rule) != mistaken, bool(reply.answer)
 
 
 async def probe(
@@ -188,6 +201,7 @@ async def tenants_phase(
     say: Callable[[str], None],
     mistake_rate: float = 0.0,
     window_s: float = 30.0,
+    rule: UsersRule = "right",
 ) -> dict[str, Any]:
     """Both tenants' users on the deployed agent (``users`` split between them) while the trainer learns
     from their sessions for ``rl_seconds``; per tenant, its thumbs-up rate over time."""
@@ -204,6 +218,7 @@ async def tenants_phase(
                 stack.gateway_url,
                 keys[tenant],
                 likes=likes,
+                rule=rule,
                 seed=seed * 100 + i,  # each tenant's users ask their own problems
                 concurrency=max(1, users // len(TENANTS)),
                 mistake_rate=mistake_rate,
@@ -282,15 +297,23 @@ async def run_seed(
     )
     keys = create_keys(data_dir)
     heldout = heldout_tasks(cfg.seed, cfg.eval_tasks)
+    # --gates: candidates pass gates on validation tasks the report never scores (examples/demo/gating.py)
+    if cfg.gates:
+        ids = {t["task_id"] for t in heldout}
+        validation = gating.validation_tasks(cfg.seed, cfg.validation_tasks or gating.VALIDATION_TASKS, ids)
+        settings = gating.gated(settings, seed_dir / "gates", validation, cfg.release_every)
     stack = EmbeddedStack(settings, model_dir=warm_dir)
     await stack.start()
     assert stack.bus is not None and stack.trainer is not None
+    watch = gating.ReleaseWatch(stack.bus, settings.model) if cfg.gates else None
+    token_shared = gating.share_engine_token(stack) if cfg.gates else False
     report: dict[str, Any] = {
         "seed": cfg.seed,
         "source": "production",
         "tenants_config": config,
         "policies": json.loads(policy_map(config)),
         "lora": lora.model_dump(mode="json"),
+        **({"gates_engine_token_workaround": token_shared} if cfg.gates else {}),
     }
     try:
         if stack.engine_process is None:
@@ -303,6 +326,9 @@ async def run_seed(
         say(f"[seed {cfg.seed}] before: {_fmt(before)}")
         monitor = TrainingMonitor(stack.bus, on_step=on_step)
         await monitor.start()
+        if watch is not None:
+            await watch.start()
+            watch.restart_clock()  # its events' seconds count from the RL phase's start
         phase = await tenants_phase(
             stack,
             keys,
@@ -313,6 +339,7 @@ async def run_seed(
             max_steps=cfg.max_steps,
             say=say,
             mistake_rate=cfg.user_mistake_rate,
+            rule=cfg.users_rule,
         )
         await monitor.stop()
         after: dict[str, Any] = {}
@@ -321,6 +348,8 @@ async def run_seed(
             say(f"[seed {cfg.seed}] after, {policy}: {_fmt(after[policy])}")
         for figures in phase["tenants"].values():
             figures["heldout"] = {"before": before, "after": after[figures["policy"]]}
+        if watch is not None:
+            report.update(await _gated(stack, watch, config, heldout, phase, say))
         report.update(
             {
                 "rl_seconds": round(float(phase.pop("rl_seconds")), 1),
@@ -337,9 +366,42 @@ async def run_seed(
             }
         )
     finally:
+        if watch is not None:
+            await watch.stop()
         await stack.stop()
     report["wall_seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+async def _gated(
+    stack: EmbeddedStack,
+    watch: gating.ReleaseWatch,
+    config: Config,
+    heldout: list[dict[str, Any]],
+    phase: dict[str, Any],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """``--gates``: each policy's releases with the held-out accuracy of the versions that served, and
+    per tenant its served version's accuracy beside the latest's."""
+    assert stack.bus is not None
+    policies = list(dict.fromkeys(policy_of(config, t) for t in TENANTS))
+    say(f"scoring the served versions and the candidates of {', '.join(policies)} on the held-out tasks")
+    tasks = [Task.model_validate(t) for t in heldout]
+    releases = await gating.releases_report(stack.bus, watch, policies, tasks)
+    for figures in phase["tenants"].values():
+        rel = releases[figures["policy"]]
+        served = rel["heldout_by_version"].get(str(rel["served"]), {})
+        figures["heldout"]["served"] = {"version": rel["served"], "accuracy": served.get("accuracy")}
+        say(
+            f"{figures['policy']}: latest right {100 * figures['heldout']['after']['accuracy']:.1f}%, served "
+            f"v{rel['served']} {100 * (served.get('accuracy') or 0):.1f}%; refused {rel['refused']}, "
+            f"promoted {rel['promoted']}"
+        )
+    return {
+        "releases": releases,
+        "production_versions": gating.production_versions(watch),
+        "gates": json.loads((stack.settings.release_gates or Path()).read_text()),
+    }
 
 
 def _fmt(p: dict[str, Any]) -> str:
