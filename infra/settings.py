@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -10,7 +11,37 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.tickets import TicketKey
 
-DEV_ADMIN_TOKEN = "dev-admin-token"  # accepted only when FLYWHEEL_ENV=development
+DEV_ADMIN_TOKEN = "dev-admin-token"  # accepted only when FLYWHEEL_ENV=development, on a loopback address
+MIN_TOKEN_CHARS = 32  # an admin token's length in production, and on any address beyond loopback
+
+
+def is_loopback(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or ``localhost``; anything else (``0.0.0.0``, a LAN address) is reachable."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, token: str, setting: str = "FLYWHEEL_ADMIN_TOKEN") -> str | None:
+    """Why a server must not listen on ``host`` with ``token`` guarding its admin routes (one line), or None.
+
+    On a loopback address anything goes (development); beyond it the placeholder, an empty or a short
+    token would hand every tenant's data and the admin routes to whoever reaches the port."""
+    if is_loopback(host):
+        return None
+    if token in ("", DEV_ADMIN_TOKEN):
+        what = "the placeholder" if token else "empty"
+    elif len(token) < MIN_TOKEN_CHARS:
+        what = f"{len(token)} characters long"
+    else:
+        return None
+    return (
+        f"refusing to listen on {host}: {setting} is {what}; set at least {MIN_TOKEN_CHARS} random "
+        "characters (openssl rand -hex 32), or listen on 127.0.0.1"
+    )
 
 
 class FlywheelSettings(BaseSettings):
@@ -51,6 +82,11 @@ class FlywheelSettings(BaseSettings):
     def _refuse_placeholder_secrets(self) -> FlywheelSettings:
         if self.env == "production" and self.admin_token.get_secret_value() in ("", DEV_ADMIN_TOKEN):
             raise ValueError("FLYWHEEL_ADMIN_TOKEN must be set to a real secret when FLYWHEEL_ENV=production")
+        if self.env == "production" and len(self.admin_token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"FLYWHEEL_ADMIN_TOKEN must be at least {MIN_TOKEN_CHARS} random characters when "
+                "FLYWHEEL_ENV=production (openssl rand -hex 32)"
+            )
         if 0 < len(self.episode_key.get_secret_value()) < 16:
             raise ValueError("FLYWHEEL_EPISODE_KEY must be at least 16 characters (or empty: no tickets)")
         return self

@@ -25,7 +25,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from flywheel.assembly import build_gateway, build_recorder, choose_engine, start_engine, tiny_model
-from flywheel.cli.common import fail, usage
+from flywheel.cli.common import fail, refuse_exposure, usage
 from flywheel.stack import StackSettings
 from gateway.agl.journal import Journal
 from gateway.agl.proxy import AglProxy, ProxyConfig
@@ -87,6 +87,7 @@ def agl_server_command(
         settings = StackSettings(**overrides)
     except ValidationError as exc:
         fail(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, "))
+    refuse_exposure(host, settings.admin_token.get_secret_value())
     configure_logging(
         "WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings.log_json
     )

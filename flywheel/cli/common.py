@@ -17,7 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from infra.service import ServiceStartError, run
-from infra.settings import FlywheelSettings
+from infra.settings import FlywheelSettings, exposure_problem
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -65,3 +65,10 @@ def load_settings() -> FlywheelSettings:
 
 def admin_url(option: str | None) -> str | None:
     return option or os.environ.get("FLYWHEEL_ADMIN_URL") or None
+
+
+def refuse_exposure(host: str, token: str, setting: str = "FLYWHEEL_ADMIN_TOKEN") -> None:
+    """One line and exit 1 when a server would listen beyond loopback with a placeholder or short token."""
+    problem = exposure_problem(host, token, setting)
+    if problem is not None:
+        fail(problem)

@@ -10,6 +10,7 @@ import typer
 import uvicorn
 
 from flywheel.assembly import load_engine
+from flywheel.cli.common import refuse_exposure
 from infra.engine import UnsupportedModelError
 from infra.engine.app import create_engine_app
 from infra.engine.process import exit_with_parent
@@ -52,6 +53,8 @@ def engine_command(
     admin_token: AdminToken = None,
 ) -> None:
     """Serve a model alone over HTTP (chat, completions, streaming, pause/resume, load_weights)."""
+    # beyond loopback, /load_weights, /load_adapter and /pause need a real token
+    refuse_exposure(host, admin_token or "", "FLYWHEEL_ENGINE_ADMIN_TOKEN (--admin-token)")
     if not (model / "config.json").is_file():
         typer.echo(f"error: {model} is not a Hugging Face model directory (no config.json)", err=True)
         raise typer.Exit(2)

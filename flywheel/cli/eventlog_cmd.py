@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flywheel.alone import serve_recorder
-from flywheel.cli.common import run_service
+from flywheel.cli.common import refuse_exposure, run_service
 from infra.eventlog.client import open_reader
 from infra.eventlog.ddl import MIGRATIONS
 from infra.eventlog.errors import EventLogError, EventLogQueryError, ReadOnlyQueryError
@@ -168,6 +168,8 @@ def recorder_command(
     settings = _settings()
     if port is not None:
         settings = settings.model_copy(update={"recorder_port": port})
+    if settings.recorder_port:
+        refuse_exposure(settings.recorder_host, settings.admin_token.get_secret_value())
     try:
         run_service(serve_recorder(settings))
     except EventLogError as exc:

@@ -14,7 +14,7 @@ import typer
 
 from flywheel.alone import serve_gateway
 from flywheel.assembly import RunningEngine, choose_engine
-from flywheel.cli.common import fail
+from flywheel.cli.common import fail, refuse_exposure
 from flywheel.cli.episodes_cmd import admin_request, print_calls
 from gateway.app import create_app
 from gateway.keys import KeyStore
@@ -79,6 +79,7 @@ def gateway_command(
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
     settings = _settings(gateway_host=host, gateway_port=port)
+    refuse_exposure(settings.gateway_host, settings.admin_token.get_secret_value())
     configure_logging(settings.log_level, settings.log_json)
     ups = _upstreams(settings, upstream, kind)
     try:

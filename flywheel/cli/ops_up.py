@@ -34,7 +34,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from flywheel.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
-from flywheel.cli.common import fail, usage
+from flywheel.cli.common import fail, refuse_exposure, usage
 from flywheel.ops.api import OpsContext, create_ops_router
 from flywheel.stack import EmbeddedStack, StackError, StackSettings
 from flywheel.taskfile import TaskFileError, guess_agent_kind, load_task_file
@@ -257,6 +257,7 @@ def up_command(
         settings = StackSettings(**overrides)
     except ValidationError as exc:
         fail(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, "))
+    refuse_exposure(host, settings.admin_token.get_secret_value())
     configure_logging("WARNING", settings.log_json)
     if model is None:
         model = tiny_model()

@@ -14,7 +14,7 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 
-from flywheel.cli.common import fail, usage
+from flywheel.cli.common import fail, refuse_exposure, usage
 from flywheel.ui.app import create_ui_app
 from infra.eventlog.errors import EventLogError, EventLogLockedError
 from infra.eventlog.lock import chdb_holder
@@ -38,6 +38,7 @@ def ui_command(
             settings = settings.model_copy(update={"data_dir": data_dir})
     except ValidationError as exc:
         usage(str(exc.errors()[0].get("msg", exc)).removeprefix("Value error, "))
+    refuse_exposure(host, settings.admin_token.get_secret_value())
     configure_logging("WARNING", settings.log_json)
     if not settings.clickhouse_url:
         path = settings.chdb_path.resolve()
