@@ -6,7 +6,8 @@ time. The ticket travels in the episode URL's one path segment::
 
     {gateway}/episodes/{episode_id}.{claims}.{signature}/v1
 
-``claims`` is base64url JSON (``{"g": group_id, "x": expires_at}``), ``signature`` the first 16 bytes
+``claims`` is base64url JSON (``{"g": group_id, "x": expires_at, "m": model}``; ``m``, the model the
+episode asks for, is optional: a version, ``policy@v12``, routes it to that version), ``signature`` the first 16 bytes
 of HMAC-SHA256 over ``episode_id.claims`` with the key. A gateway holding the same key verifies the
 segment in constant time and opens the episode on its first call, so it never needs to read
 ``flywheel.episodes`` to learn which episodes exist: its cost does not grow with other gateways'
@@ -38,6 +39,7 @@ class EpisodeTicket:
     episode_id: str
     group_id: str | None
     expires_at: float  # unix seconds; the gateway refuses the episode's calls after this
+    model: str | None = None  # the model the episode asks for: a version (``policy@v12``) routes it
 
 
 def _b64(data: bytes) -> str:
@@ -61,7 +63,10 @@ class TicketKey:
 
     def sign(self, ticket: EpisodeTicket) -> str:
         """The URL path segment carrying ``ticket``."""
-        claims = _b64(orjson.dumps({"g": ticket.group_id, "x": round(ticket.expires_at, 3)}))
+        fields: dict[str, object] = {"g": ticket.group_id, "x": round(ticket.expires_at, 3)}
+        if ticket.model is not None:
+            fields["m"] = ticket.model
+        claims = _b64(orjson.dumps(fields))
         head = f"{ticket.episode_id}.{claims}"
         return f"{head}.{_b64(self._mac(head))}"
 
@@ -86,13 +91,16 @@ class TicketKey:
             data = orjson.loads(_unb64(claims))
             group = data["g"]
             expires = float(data["x"])
-        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            model = data.get("m")
+        except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError):
             raise TicketError("the episode URL's ticket is not valid") from None
-        if group is not None and not isinstance(group, str):
+        if (group is not None and not isinstance(group, str)) or (
+            model is not None and (not isinstance(model, str) or not 0 < len(model) <= 256)
+        ):
             raise TicketError("the episode URL's ticket is not valid")
         if (time.time() if now is None else now) > expires:
             raise TicketError("the episode URL's ticket has expired")
-        return EpisodeTicket(episode_id, group, expires)
+        return EpisodeTicket(episode_id, group, expires, model)
 
 
 def episode_id_of(segment: str) -> str:

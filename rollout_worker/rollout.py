@@ -143,7 +143,7 @@ class RolloutRunner:
         if self.tickets is None:
             return episode_id
         expires = deadline_at.timestamp() + TICKET_GRACE_S
-        return self.tickets.sign(EpisodeTicket(episode_id, req.group_id, expires))
+        return self.tickets.sign(EpisodeTicket(episode_id, req.group_id, expires, req.model))
 
     async def run(self, req: RolloutRequested) -> None:
         watch = Stopwatch()

@@ -263,6 +263,8 @@ class EpisodeRegistry:
                     episode_id=ticket.episode_id,
                 )
             state = EpisodeState(ticket.episode_id, group_id=ticket.group_id, expires_at=ticket.expires_at)
+            if ticket.model is not None:
+                state.model = ticket.model  # a version it names routes it (gateway/releases.py)
             state.next_seq = self._seq_floor.pop(ticket.episode_id, 0)
             self._insert(state)
         elif state.source is EpisodeSource.production:

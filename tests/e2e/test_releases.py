@@ -27,6 +27,7 @@ import pytest
 from flywheel.stack import EmbeddedStack, StackSettings
 from gateway.keys import KeyStore
 from infra.bus.base import Message
+from infra.releases import parse_versioned
 from schemas import (
     CONTROL,
     EPISODES,
@@ -58,12 +59,14 @@ class Log:
         self.calls: list[LLMCallRecorded] = []
         self.production: set[str] = set()
         self.sessions: dict[str, str] = {}  # session id → its episode
+        self.models: dict[str, str] = {}  # episode → the model it asked for
 
     async def on(self, msg: Message) -> None:
         event = msg.event
         if isinstance(event, LLMCallRecorded):
             self.calls.append(event)
         elif isinstance(event, EpisodeStarted):
+            self.models[event.episode_id] = event.model
             if event.source is EpisodeSource.production:
                 self.production.add(event.episode_id)
                 self.sessions[event.session_id or ""] = event.episode_id
@@ -75,6 +78,11 @@ class Log:
 
     def production_versions(self) -> list[int]:
         return [c.weight_version for c in self.calls if c.episode_id in self.production]
+
+    def evaluation_versions(self) -> list[tuple[int, int]]:
+        """(the version an evaluation episode named, the version that served its call), every call."""
+        named = {e: parse_versioned(m) for e, m in self.models.items()}
+        return [(v[1], c.weight_version) for c in self.calls if (v := named.get(c.episode_id)) is not None]
 
     def version_of(self, session: str) -> int | None:
         episode = self.sessions.get(session)
@@ -192,6 +200,10 @@ async def test_a_candidate_failing_its_gate_never_serves_production(tmp_path: Pa
     evaluated = log.of(VersionEvaluated)
     assert evaluated and not any(e.passed for e in evaluated), evaluated
     assert all("< min 1.01" in e.rule and e.figures["episodes"] == len(QUESTIONS) for e in evaluated)
+    # every evaluation call was served by the version its episode named (the slot), candidate or served
+    pairs = log.evaluation_versions()
+    assert pairs and all(named == served for named, served in pairs), pairs
+    assert {named for named, _ in pairs} == {e.version for e in evaluated} | {0}
     assert not log.of(VersionPromoted)
     # two channels: the trainer's latest moved on, production stayed on version 0
     assert latest == 3 and any(c.weight_version > 0 for c in log.calls if c.episode_id not in log.production)

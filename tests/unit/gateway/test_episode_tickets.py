@@ -28,6 +28,9 @@ def test_a_ticket_round_trips_and_anything_else_is_refused() -> None:
     ticket = key.read(segment)
     assert ticket is not None and (ticket.episode_id, ticket.group_id) == (episode, "group-1")
     assert key.read(episode) is None  # a plain id is not a ticket
+    assert ticket.model is None  # no model claim: the gateway's default
+    versioned = key.read(key.sign(EpisodeTicket(episode, "group-1", time.time() + 60, "policy@v12")))
+    assert versioned is not None and versioned.model == "policy@v12"  # the version that routes it
     head, claims, signature = segment.rsplit(".", 2)
     forged = [
         f"{new_episode_id()}.{claims}.{signature}",  # another episode under this signature
