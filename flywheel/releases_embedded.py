@@ -60,8 +60,13 @@ async def start_release_slots(
     return gateway, upstreams
 
 
-async def start_gate_keeper(stack: EmbeddedStack) -> GateKeeper | None:
-    """The gate keeper on the stack's bus when ``release_gates`` names a configuration."""
+async def start_release_parts(stack: EmbeddedStack) -> GateKeeper | None:
+    """Once the gateway and the engine are up: the gateway loads adapter versions into a ``flywheel
+    engine`` child with the child's own admin token; and the gate keeper on the stack's bus when
+    ``release_gates`` names a configuration."""
+    releases = stack.gateway_app.state.gateway.releases if stack.gateway_app is not None else None
+    if releases is not None and stack.engine_process is not None:
+        releases.admin_token = stack.engine_process.admin_token
     path = stack.settings.release_gates
     if path is None:
         return None

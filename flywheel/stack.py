@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from flywheel.releases_embedded import start_gate_keeper, start_release_slots
+from flywheel.releases_embedded import start_release_parts, start_release_slots
 from flywheel.stack_settings import StackSettings as StackSettings  # re-exported
 from infra.bus.base import Bus
 from infra.logging import get_logger
@@ -179,7 +179,7 @@ class EmbeddedStack:
         await self._start_reward()
         if s.run_trainer:
             await self._start_trainer()
-        self.gates = await start_gate_keeper(self)  # with release_gates: every candidate evaluated
+        self.gates = await start_release_parts(self)  # with release_gates: every candidate evaluated
         log.info(
             "stack_started", gateway=self.gateway_url, data_dir=str(s.data_dir), model=str(self.model_dir)
         )

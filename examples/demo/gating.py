@@ -50,7 +50,7 @@ from schemas import (
 from schemas.control import RELEASE_EVENTS
 
 if TYPE_CHECKING:
-    from flywheel.stack import EmbeddedStack, StackSettings
+    from flywheel.stack import StackSettings
 
 MARGIN = 0.05  # a candidate may score at most this much below the served version
 MINIMUM = 0.05  # and must score at least this (the warm start scores ~0.3)
@@ -302,17 +302,3 @@ async def whole_model_report(
         "served": {"version": rel["served"], "success": served.get("accuracy")},
         "production_versions": production_versions(watch),
     }
-
-
-def share_engine_token(stack: EmbeddedStack) -> bool:
-    """Workaround: the gateway loads a promoted adapter version into the policy's engine with the stack's
-    admin token, but the ``flywheel engine`` child (``engine_process``) answers only its own token
-    (infra/engine/process.py), so every production call of a promoted adapter version got a 503
-    (``/load_adapter answered 401``). Give the gateway's release router the child's token; True when set."""
-    if stack.engine_process is None or stack.gateway_app is None:
-        return False
-    releases = stack.gateway_app.state.gateway.releases
-    if releases is None:
-        return False
-    releases.admin_token = stack.engine_process.admin_token
-    return True

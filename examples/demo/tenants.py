@@ -306,14 +306,12 @@ async def run_seed(
     await stack.start()
     assert stack.bus is not None and stack.trainer is not None
     watch = gating.ReleaseWatch(stack.bus, settings.model) if cfg.gates else None
-    token_shared = gating.share_engine_token(stack) if cfg.gates else False
     report: dict[str, Any] = {
         "seed": cfg.seed,
         "source": "production",
         "tenants_config": config,
         "policies": json.loads(policy_map(config)),
         "lora": lora.model_dump(mode="json"),
-        **({"gates_engine_token_workaround": token_shared} if cfg.gates else {}),
     }
     try:
         if stack.engine_process is None:

@@ -72,6 +72,8 @@ def test_gated_tenants_report_evaluations_and_serve_no_refused_version(tmp_path:
         assert used <= served_ok[tenant] and not used & refused[tenant], (tenant, versions, releases[tenant])
     for t in report["tenants"].values():
         assert t["heldout"]["served"]["version"] == releases[t["policy"]]["served"]
+        # a promoted adapter version is loaded into the engine child with its own token: no user error
+        assert t["user_errors"] == 0, t
 
     # the gates' task file holds none of the report's held-out tasks
     validation = [

@@ -350,3 +350,71 @@ async def test_a_canary_promotes_a_better_version_and_rolls_back_a_worse_one(tmp
     print(
         f"canary promoted v1 after {better} sessions ({promoted.reason}); rolled back v2 after {worse} ({rolled.reason})"
     )
+
+
+async def test_a_promoted_adapter_serves_production_from_an_engine_child(tmp_path: Path) -> None:
+    """LoRA policies on a ``flywheel engine`` child (``engine_process``): the promoted adapter version is
+    loaded into the child (with the child's own admin token) and serves production; the base after a
+    rollback. Training rollouts stay on each adapter's latest."""
+    from trainer.config import AlgorithmConfig, LoraOptions
+
+    model = await _model()
+    _, key = KeyStore(tmp_path / "data" / "gateway" / "keys.json").create("acme")
+    settings = StackSettings(
+        data_dir=tmp_path / "data",
+        record_events=False,
+        gateway_port=0,
+        admin_token=TOKEN,
+        engine_process=True,
+        policies="writer,rewriter",
+        releases="gated",
+        trainer_release_every=1,
+        trainer_mode="sync",
+        trainer_batch_groups=2,
+        trainer_torch_threads=1,
+        trainer_algo=AlgorithmConfig(tis_cap=None),
+        trainer_lora=LoraOptions(learning_rate=5e-2),
+    )
+    log = Log()
+    task = Task(task_id="train", input={"question": "What is 2 plus 3?"})
+    agent = AgentRef(kind=AgentKind.callable, spec=AGENT)
+    stack = EmbeddedStack(settings, model_dir=model, tasks=repeat(task), agent=agent, group_size=4)
+
+    async def production(client: httpx.AsyncClient, session: str) -> LLMCallRecorded:
+        answer = await client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}", "X-Flywheel-Session": session},
+            json={
+                "model": "writer",
+                "messages": [{"role": "user", "content": "What is 3 plus 4?"}],
+                "max_tokens": 8,
+            },
+        )
+        assert answer.status_code == 200, answer.text
+        await _until(lambda: log.version_of(session) is not None, 10, "the call's record")
+        return next(c for c in log.calls if c.episode_id == log.sessions[session])
+
+    async with stack:
+        assert stack.bus is not None and stack.engine_process is not None
+        for topic in (EPISODES, CONTROL):
+            await stack.bus.subscribe(topic, "releases-test", log.on, from_beginning=True)
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=60) as client:
+            await asyncio.wait_for(stack.start_training(1), 300)
+            await _until(
+                lambda: any(e.adapter == "writer" for e in log.of(VersionProposed)), 30, "a writer candidate"
+            )
+            version = min(e.version for e in log.of(VersionProposed) if e.adapter == "writer")
+            promoted = await client.post(
+                "/admin/versions/promote",
+                json={"version": version, "adapter": "writer", "by": "t"},
+                headers=_admin(client),
+            )
+            assert promoted.status_code == 200, promoted.text
+            on_it = await production(client, "s-promoted")
+            rolled = await client.post(
+                "/admin/versions/rollback", json={"adapter": "writer", "by": "t"}, headers=_admin(client)
+            )
+            assert rolled.status_code == 200, rolled.text
+            after = await production(client, "s-after")
+    assert (on_it.adapter, on_it.adapter_version) == ("writer", version)
+    assert (after.adapter, after.adapter_version) == ("writer", 0)
