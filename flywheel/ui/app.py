@@ -20,11 +20,13 @@ an unknown episode or path answers an HTML page with its 4xx; a busy or slow eve
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 
 from flywheel.ui import auth
 from flywheel.ui.episode import build_episode
@@ -229,9 +231,40 @@ def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
         return error_page(prefix, 404, f"no page {prefix}/{rest[:80]}")
 
 
+# every answer of the view: scripts only from its own static files (no inline script runs, so injected
+# markup cannot run one), no framing, no sniffing, no referrer; pages full of prompts are never cached
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class _SecureRoute(APIRoute):
+    """A route whose every answer carries :data:`SECURITY_HEADERS` (and ``no-store`` but for static files)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        static = "/static/" in self.path
+
+        async def secured(request: Request) -> Response:
+            response = await handler(request)
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+            if not static:
+                response.headers["Cache-Control"] = "no-store"
+            return response
+
+        return secured
+
+
 def create_ui_router(reader: TrendReader, admin_token: str, *, prefix: str = PREFIX) -> APIRouter:
     """The view's routes under ``prefix``, reading ``reader``, signed in with ``admin_token``."""
-    router = APIRouter(tags=["ui"], include_in_schema=False)
+    router = APIRouter(tags=["ui"], include_in_schema=False, route_class=_SecureRoute)
     view = _View(reader, admin_token, prefix)
     _episode_routes(router, view)
     _training_routes(router, view)

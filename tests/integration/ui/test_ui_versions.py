@@ -143,3 +143,27 @@ def test_any_query_string_is_a_page_or_a_400_never_a_500(store: ChdbStore, query
         r = client.get("/ui/versions", params=query, headers=AUTH)
     assert r.status_code in (200, 400), (query, r.status_code, r.text[:300])
     assert r.headers["content-type"].startswith("text/html")
+
+
+def test_every_answer_of_the_view_carries_the_security_headers(store: ChdbStore) -> None:
+    """Pages, the sign-in form, error pages, JSON and static files: scripts only from the view's own files,
+    no framing, no sniffing, no referrer; nothing but the static files may be cached."""
+    with TestClient(create_ui_app(store, TOKEN)) as client:
+        answers = {
+            "signed out": client.get("/ui/versions"),
+            "page": client.get("/ui/versions", headers=AUTH),
+            "bad filter": client.get("/ui/versions?limit=x", headers=AUTH),
+            "unknown page": client.get("/ui/nothing-here", headers=AUTH),
+            "json": client.get("/ui/api/training", headers=AUTH),
+            "static": client.get("/ui/static/ui.js"),
+        }
+    for what, answer in answers.items():
+        csp = answer.headers.get("content-security-policy", "")
+        assert "script-src 'self';" in csp and "frame-ancestors 'none'" in csp, (what, answer.headers)
+        assert answer.headers.get("x-content-type-options") == "nosniff", what
+        assert answer.headers.get("x-frame-options") == "DENY", what
+        assert answer.headers.get("referrer-policy") == "no-referrer", what
+        assert (answer.headers.get("cache-control") == "no-store") == (what != "static"), (
+            what,
+            answer.headers,
+        )
