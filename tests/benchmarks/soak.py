@@ -648,7 +648,8 @@ def _chdb_mb(url: str) -> float | None:
 
 def _open_episodes(url: str) -> int | None:
     with contextlib.suppress(Exception):
-        return int(httpx.get(f"{url}/readyz", timeout=30).json()["open_episodes"])
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        return int(httpx.get(f"{url}/admin/state", headers=admin, timeout=30).json()["open_episodes"])
     return None
 
 

@@ -265,7 +265,9 @@ async def test_replicas_are_sticky(tmp_path):
 async def test_readyz_waits_for_the_parts_still_starting(tmp_path):
     # the embedded stack marks its gateway "starting" until the worker, reward service and trainer are up
     async with GatewayHarness(tmp_path) as h:
-        assert (await h.client.get("/readyz")).status_code == 200
+        ready = await h.client.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {"ok": True}  # details: /admin/state only
+        assert (await h.client.get("/admin/state")).status_code == 401
         h.gateway.starting.add("stack")
         r = await h.client.get("/readyz")
         assert r.status_code == 503 and "still starting: stack" in r.json()["error"]["message"], r.text
