@@ -189,7 +189,16 @@ def _hex(raw: bytes, size: int, what: str, name: str) -> str:
     return binascii.hexlify(raw).decode()
 
 
-def _time(ns: int) -> datetime:
+# the event log keeps times as ClickHouse DateTime64(6), whose last instant is 2299-12-31 23:59:59.999999
+LAST_NS = int(datetime(2299, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()) * 10**9 + 999_999_000
+
+
+def _time(ns: int, what: str = "time", name: str = "") -> datetime:
+    if ns > LAST_NS:
+        raise InvalidRequestError(
+            f"span {name[:80]!r}: {what} ({ns} ns) is past 2299-12-31, the last instant the event log keeps",
+            code="invalid_timestamp",
+        )
     return datetime.fromtimestamp(ns / 1e9, UTC)
 
 
@@ -204,15 +213,17 @@ def _span(span: Span, scope: str, service: str) -> AgentSpan:
         parent_span_id=parent,
         name=span.name[:1024],
         kind=_KINDS.get(span.kind, "unspecified"),
-        start_time=_time(start),
-        end_time=_time(max(end, start)),
+        start_time=_time(start, "start_time_unix_nano", span.name),
+        end_time=_time(max(end, start), "end_time_unix_nano", span.name),
         duration_ms=max(0, end - start) / 1e6,
         status=_STATUS.get(span.status.code, "unset"),
         status_message=span.status.message[:MAX_ATTRIBUTE_CHARS],
         attributes=_attributes(span.attributes),
         events=[
             AgentSpanEvent(
-                name=e.name[:256], time=_time(e.time_unix_nano), attributes=_attributes(e.attributes)
+                name=e.name[:256],
+                time=_time(e.time_unix_nano, "an event's time_unix_nano", span.name),
+                attributes=_attributes(e.attributes),
             )
             for e in span.events[:MAX_EVENTS]
         ],

@@ -143,6 +143,9 @@ def test_gzip_inflates_and_a_bomb_is_too_large() -> None:
         (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "0102", "spanId": "0102030405060708",'
          b' "name": "short"}]}]}]}', JSON, "", InvalidRequestError, "invalid_span_id"),
         (b'{"resourceSpans": []}', JSON, "", InvalidRequestError, "no_spans"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "5b8efff798038103d269b633813fc60c",'
+         b' "spanId": "eee19b7ec3c1b174", "name": "late", "startTimeUnixNano": "18000000000000000000"}]}]}]}',
+         JSON, "", InvalidRequestError, "invalid_timestamp"),
         (b'{"resourceSpans": "x"}', JSON, "", InvalidRequestError, "invalid_otlp"),
         (b"not gzip", PROTOBUF, "gzip", InvalidRequestError, "invalid_gzip"),
         (b"{}", JSON, "br", InvalidRequestError, "unsupported_encoding"),
