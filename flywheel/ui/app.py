@@ -207,6 +207,7 @@ def _versions_routes(router: APIRouter, view: _View) -> None:
 
 def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
     """The static files, sign-in and sign-out, and a 404 page for any other path (so: added last)."""
+    throttle = auth.SignInThrottle()
 
     @router.get(prefix + "/static/{name}")
     async def static(name: str) -> Response:
@@ -220,7 +221,7 @@ def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
 
     @router.post(prefix + "/login")
     async def login(request: Request) -> Response:
-        return await auth.sign_in(request, admin_token, prefix)
+        return await auth.sign_in(request, admin_token, prefix, throttle)
 
     @router.get(prefix + "/logout")
     async def logout() -> Response:

@@ -250,3 +250,41 @@ def test_any_query_string_is_a_page_or_a_400_never_a_500(client: TestClient, que
         r = client.get(path, params=query, headers=AUTH)
         assert r.status_code in (200, 400), (path, query, r.status_code, r.text[:300])
         assert r.headers["content-type"].startswith("text/html")
+
+
+def test_sign_in_reads_a_bounded_body_and_is_throttled_per_address(recorded: tuple[ChdbStore, Run]) -> None:
+    """An unauthenticated sign-in costs at most MAX_FORM bytes read; ten wrong tokens from one address
+    in a minute, and the eleventh try (even with the right token) is a 429 with Retry-After."""
+    from flywheel.ui.auth import MAX_FORM, SignInThrottle
+
+    store, _ = recorded
+    with TestClient(create_ui_app(store, TOKEN)) as fresh:
+        big = fresh.post(
+            "/ui/login",
+            content=b"token=" + b"x" * (MAX_FORM + 1),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert big.status_code == 413 and "too large" in big.text
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the stream is cut at the limit
+            yield b"token="
+            for _ in range(1000):
+                yield b"x" * 1024
+
+        streamed = fresh.post(
+            "/ui/login", content=chunks(), headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
+        assert streamed.status_code == 413
+        for _ in range(10):
+            assert fresh.post("/ui/login", data={"token": "wrong"}).status_code == 401
+        throttled = fresh.post("/ui/login", data={"token": TOKEN}, follow_redirects=False)
+        assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        assert "too many failed sign-ins" in throttled.text
+    throttle = SignInThrottle(limit=2, window_s=60.0, max_clients=2)
+    throttle.failed("a", now=0.0)
+    throttle.failed("a", now=1.0)
+    assert throttle.retry_after("a", now=2.0) == pytest.approx(58.0)
+    assert throttle.retry_after("a", now=61.5) is None  # the window passed
+    for client in ("b", "c", "d"):
+        throttle.failed(client, now=62.0)
+    assert len(throttle._failures) == 2  # bounded: the oldest address forgotten
