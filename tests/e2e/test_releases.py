@@ -89,7 +89,7 @@ class Log:
         return next((c.weight_version for c in self.calls if c.episode_id == episode), None)
 
 
-def _settings(data_dir: Path, gates: Path, *, run_trainer: bool = True) -> StackSettings:
+def _settings(data_dir: Path, gates: Path) -> StackSettings:
     from trainer.config import AlgorithmConfig
 
     return StackSettings(
@@ -104,7 +104,6 @@ def _settings(data_dir: Path, gates: Path, *, run_trainer: bool = True) -> Stack
         trainer_batch_groups=2,
         trainer_torch_threads=1,
         trainer_algo=AlgorithmConfig(tis_cap=None),
-        run_trainer=run_trainer,
     )
 
 
@@ -266,7 +265,8 @@ async def test_a_passing_candidate_is_promoted_rolled_back_under_load_and_surviv
             assert again.status_code == 200 and again.json()["event"]["decided_by"] == "cli:alice"
 
     # every service restarts on the same data dir: production is served by the promoted version again
-    restarted = EmbeddedStack(_settings(tmp_path / "data", gates, run_trainer=False), model_dir=model)
+    # the trainer too: it resumes from its checkpoint and loads its latest weights into the engine
+    restarted = EmbeddedStack(_settings(tmp_path / "data", gates), model_dir=model)
     async with restarted:
         assert restarted.bus is not None
         late = Log()
@@ -275,10 +275,13 @@ async def test_a_passing_candidate_is_promoted_rolled_back_under_load_and_surviv
         async with httpx.AsyncClient(base_url=restarted.gateway_url, timeout=60) as client:
             book = (await client.get("/admin/versions", headers=_admin(client))).json()
             answer = await _production_call(client, key, "s-restarted")
+        assert restarted.engine is not None and restarted.trainer is not None
+        restarted_latest = restarted.engine.weight_version
         assert answer.status_code == 200, answer.text
         await _until(lambda: len(late.production_versions()) >= 1, 10, "the call's record")
     assert book["policies"][0]["served"] == promoted.version
     assert late.production_versions() == [promoted.version]
+    assert restarted_latest > promoted.version  # the latest the trainer resumed at is not what serves
 
 
 async def _users(client: httpx.AsyncClient, key: str, log: Log, phase: str, like_canary: bool) -> int:
