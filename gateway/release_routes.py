@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.errors import ConflictError, InvalidRequestError, NotFoundError, ServiceUnavailableError
+from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.releases import ReleaseRouter
 from gateway.service import Gateway
 from infra.http import require_admin_token
@@ -66,7 +66,7 @@ def _router_of(request: Request) -> tuple[Gateway, ReleaseRouter]:
     gw: Gateway = request.app.state.gateway
     require_admin_token(request.headers, gw.settings.admin_token.get_secret_value())
     if gw.releases is None:
-        raise ServiceUnavailableError(
+        raise NotFoundError(  # nothing to find here: a 4xx, as for any route a gateway does not serve
             "releases are off on this gateway (FLYWHEEL_RELEASES=gated turns them on)",
             code="releases_off",
         )

@@ -217,7 +217,7 @@ def test_a_gateway_with_releases_off_says_so(tmp_path: Path, monkeypatch: pytest
     with BackgroundGateway(tmp_path) as g:
         for args in (["ls"], ["promote", "1"]):
             code, output = _cli(g, *args)
-            assert code == 1 and output.count("\n") == 1 and "answered 503" in output, output
+            assert code == 1 and output.count("\n") == 1 and "answered 404" in output, output
             assert "releases are off" in output
 
 
