@@ -185,15 +185,7 @@ class ReleaseBook:
     ) -> VersionPromoted:
         """The event that makes ``version`` serve; ``rule``: decided by a rule (refused while pinned)."""
         rel = self.release(adapter)
-        rec = rel.record(version)
-        if rec is None:
-            raise UnknownVersionError(f"{rel.name}: version {version} is unknown (known: {_known(rel)})")
-        if rec.passed is False:
-            raise ReleaseError(f"{rel.name}: version {version} failed its gates ({rec.evaluation_rule()})")
-        if rel.pinned:
-            raise ReleaseError(f"{rel.name}: pinned to version {rel.served}; unpin it first")
-        if version == rel.served:
-            raise ReleaseError(f"{rel.name}: version {version} already serves")
+        rec = _servable(rel, version)
         if rule and rec.rolled_back:
             raise ReleaseError(f"{rel.name}: version {version} was rolled back; only an operator promotes it")
         return VersionPromoted(
@@ -244,15 +236,9 @@ class ReleaseBook:
             if not rel.pinned:
                 raise ReleaseError(f"{rel.name}: not pinned")
         else:
-            rec = rel.record(version)
-            if rec is None:
-                raise UnknownVersionError(f"{rel.name}: version {version} is unknown (known: {_known(rel)})")
-            if rec.passed is False:
-                raise ReleaseError(
-                    f"{rel.name}: version {version} failed its gates ({rec.evaluation_rule()})"
-                )
             if rel.pinned and rel.served == version:
                 raise ReleaseError(f"{rel.name}: already pinned to version {version}")
+            _servable(rel, version, moving=False)
         return VersionPinned(
             producer=by, model=self.model, adapter=adapter, version=version, decided_by=by, reason=reason
         )
@@ -264,15 +250,7 @@ class ReleaseBook:
         if not 0.0 < share < 1.0:
             raise InvalidReleaseRequest(f"a canary share must be in (0, 1), got {share:g}")
         rel = self.release(adapter)
-        rec = rel.record(version)
-        if rec is None:
-            raise UnknownVersionError(f"{rel.name}: version {version} is unknown (known: {_known(rel)})")
-        if rec.passed is False:
-            raise ReleaseError(f"{rel.name}: version {version} failed its gates ({rec.evaluation_rule()})")
-        if rel.pinned:
-            raise ReleaseError(f"{rel.name}: pinned to version {rel.served}; unpin it first")
-        if version == rel.served:
-            raise ReleaseError(f"{rel.name}: version {version} already serves")
+        _servable(rel, version)
         if rel.canary is not None and rel.canary_version != version:
             raise ReleaseError(f"{rel.name}: version {rel.canary_version} is in canary; end it first")
         return VersionCanary(
@@ -417,6 +395,21 @@ def _serve(rel: Release, version: int) -> None:
         rel.served = version
     if version in rel.versions:
         rel.versions[version].rolled_back = False
+
+
+def _servable(rel: Release, version: int, *, moving: bool = True) -> VersionRecord:
+    """``version``'s record when it may serve; ``moving``: it is to replace the served one (so the policy
+    must not be pinned, and it must not already serve). Raises what a request is refused with."""
+    rec = rel.record(version)
+    if rec is None:
+        raise UnknownVersionError(f"{rel.name}: version {version} is unknown (known: {_known(rel)})")
+    if rec.passed is False:
+        raise ReleaseError(f"{rel.name}: version {version} failed its gates ({rec.evaluation_rule()})")
+    if moving and rel.pinned:
+        raise ReleaseError(f"{rel.name}: pinned to version {rel.served}; unpin it first")
+    if moving and version == rel.served:
+        raise ReleaseError(f"{rel.name}: version {version} already serves")
+    return rec
 
 
 def _known(rel: Release) -> str:
