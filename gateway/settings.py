@@ -65,6 +65,15 @@ class GatewaySettings(FlywheelSettings):
     # at start, how long calls wait for the episodes topic to be read to its end (call_seq numbering)
     catch_up_timeout_s: float = Field(default=30.0, ge=0, le=600)
 
+    # per-tenant quotas (gateway/quotas.py), each a 429 with Retry-After when a tenant is past it
+    tenant_max_sessions: int = Field(default=5_000, ge=0)  # open production sessions of one tenant; 0: no cap
+    # Responses API bytes kept for previous_response_id per tenant (its own oldest go first). 0: no cap
+    tenant_response_store_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    # calls per tenant per minute (a token bucket: a minute's worth at once, refilled evenly). 0: no limit
+    tenant_requests_per_minute: int = Field(default=0, ge=0)
+    # prompt + completion tokens per tenant per minute, as recorded; refused while spent. 0: no limit
+    tenant_tokens_per_minute: int = Field(default=0, ge=0)
+
     # pause/resume and publishing
     pause_hold_s: float = 30.0  # a new call waits this long while paused, then 503 + Retry-After
     pause_drain_timeout_s: float = 30.0  # a weight update's drain when its WeightUpdateRequested names none
