@@ -9,6 +9,7 @@
      ├── ConflictError                409  invalid_request_error   (feedback too late for its session)
      ├── PayloadTooLargeError         413  invalid_request_error
      ├── UnsupportedMediaError        415  invalid_request_error   (a body in a content type the route does not read)
+     ├── QuotaExceededError           429  rate_limit_exceeded (+ Retry-After)  a tenant's quota (gateway/quotas.py)
      ├── UpstreamError                (upstream's status)          forwarded upstream failures
      │    ├── UpstreamUnavailableError 502                          connection refused/reset after retries
      │    └── UpstreamTimeoutError    504
@@ -23,6 +24,7 @@ into the body.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from infra.http import HttpError
@@ -81,6 +83,21 @@ class PayloadTooLargeError(GatewayError):
 class UnsupportedMediaError(GatewayError):
     status_code = 415
     error_type = "invalid_request_error"
+
+
+class QuotaExceededError(GatewayError):
+    """A tenant is at one of its quotas (``quota``: sessions, requests_per_minute, tokens_per_minute)."""
+
+    status_code = 429
+    error_type = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, *, tenant: str, quota: str, retry_after_s: float = 1.0, **kwargs: Any
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.tenant = tenant
+        self.quota = quota
+        self.headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after_s))))
 
 
 class UpstreamError(GatewayError):

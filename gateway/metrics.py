@@ -34,6 +34,18 @@ class GatewayMetrics:
             ["source"],
             registry=r,
         )
+        self.quota_refusals = Counter(
+            "flywheel_gateway_quota_refusals",
+            "production calls refused for a tenant's quota (gateway/quotas.py)",
+            ["tenant", "quota"],
+            registry=r,
+        )
+        self.quota_evictions = Counter(
+            "flywheel_gateway_quota_evictions",
+            "Responses API responses a tenant's own newer ones pushed out of its response-store quota",
+            ["tenant"],
+            registry=r,
+        )
         # labelled children resolved once: ``labels()`` takes a lock and builds a key on every call
         self.prompt_tokens = self.tokens.labels("prompt")
         self.completion_tokens = self.tokens.labels("completion")

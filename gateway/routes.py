@@ -92,7 +92,8 @@ async def serve_call(
 
     Free of the HTTP framework: ``handle_call`` (the FastAPI routes) and ``gateway.app.HotCalls`` (the
     same paths straight from the ASGI server) both end here and only shape the answer differently.
-    A production call is authenticated before its body is read. A Responses or Messages API call is
+    A production call is authenticated and held to its tenant's quotas before its body is read (a
+    429 past one, gateway/quotas.py). A Responses or Messages API call is
     served as the chat call its exchange translates it into (gateway/protocols/dialects.py).
     """
     if not gw.caught_up.is_set():  # only right after start (see Gateway._catch_up)
@@ -103,6 +104,7 @@ async def serve_call(
         episode = await gw.training_episode(episode_id)
     else:
         tenant = tenant_for_key(gw, _bearer(headers))
+        gw.quotas.admit(tenant)  # its requests and tokens per minute, before any work (gateway/quotas.py)
         raw = await read_body()
         data, request = _parse(raw, endpoint)
         session = _session_of(headers, data)

@@ -37,6 +37,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptStore
 from gateway.protocol import FinishEpisodeRequest, OpenEpisodeRequest, RewardRequest
 from gateway.protocols.response_store import ResponseStore
+from gateway.quotas import TenantQuotas
 from gateway.recording.publishing import Recorder, Spool
 from gateway.releases import build_release_router
 from gateway.serving import CallService
@@ -85,6 +86,7 @@ class Gateway:
         self.id = settings.gateway_id
         self.keystore = keystore
         self.metrics = GatewayMetrics()
+        self.quotas = TenantQuotas(settings, self.metrics)  # per tenant: sessions, bytes, calls, tokens
         for upstream in upstreams:  # the policy's servers: their tokenizer is the one configured
             upstream.tokenizer = upstream.tokenizer or settings.tokenizer_fingerprint or None
         self.pool = build_pool(
@@ -113,13 +115,16 @@ class Gateway:
             admission=self.admission,
             metrics=self.metrics,
             producer=f"gateway:{self.id}",
-            on_recorded=self._remember_call,
+            on_recorded=self.quotas.charging(self._remember_call),
             prompts=self.prompts,
             tokens_in=settings.tokens_in,
             policies=PolicyMap.parse(settings.policies),
             releases=self.releases,
         )
-        self.responses = ResponseStore()  # what a Responses API previous_response_id resolves to
+        # what a Responses API previous_response_id resolves to, bounded per tenant too
+        self.responses = ResponseStore(
+            per_tenant_bytes=settings.tenant_response_store_bytes, on_evicted=self.quotas.evicted
+        )
         self.sessions = ProductionSessions(
             settings,
             self.episodes,
@@ -127,6 +132,7 @@ class Gateway:
             producer=f"gateway:{self.id}",
             publish=self.publish,
             finish=self._finish,
+            quotas=self.quotas,
         )
         self._recent: OrderedDict[str, list[LLMCallRecorded]] = OrderedDict()
         self._keep_calls_episodes = keep_calls_episodes

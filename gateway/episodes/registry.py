@@ -3,7 +3,10 @@
 Training episodes are opened by ``EpisodeStarted`` (from a worker, through the bus) or by hand; they
 are reachable only at ``/episodes/{id}/v1`` and only while open. Production episodes are opened by the
 gateway, one per (tenant, session). Memory is bounded: at most ``max_episodes`` open episodes are kept
-(least recently used first out) and a bounded set of recently finished ids answers 404 at once.
+and a bounded set of recently finished ids answers 404 at once. Past ``max_episodes`` (a last resort:
+each tenant's sessions are capped first, ``ProductionSessions``) the least recently used episode of the
+same owner as the new one goes (a tenant's own session; training episodes, which have no tenant, among
+themselves), else the least recently used of the owner holding the most, never another tenant's first.
 
 Abandoned episodes are forgotten (:meth:`EpisodeRegistry.expire`): an agent that crashes never finishes
 its episode, and a gateway admitting episodes by ticket reads no ``EpisodeFinished`` from the topic. One
@@ -119,6 +122,8 @@ class EpisodeRegistry:
         self.wait_s = wait_s
         self.max_waiters = max_waiters
         self._open: OrderedDict[str, EpisodeState] = OrderedDict()
+        # the same episodes by owner (a production tenant; None: training), least recently used first
+        self._owned: dict[str | None, OrderedDict[str, None]] = {}
         self._finished: OrderedDict[str, float] = OrderedDict()  # episode → when it ended (monotonic)
         self._waiters: dict[str, asyncio.Event] = {}
         self._sessions: dict[tuple[str, str], str] = {}
@@ -144,13 +149,47 @@ class EpisodeRegistry:
     def open_episodes(self) -> list[EpisodeState]:
         return list(self._open.values())
 
+    def open_of(self, tenant: str) -> int:
+        """How many episodes of ``tenant`` are open."""
+        owned = self._owned.get(tenant)
+        return len(owned) if owned is not None else 0
+
+    def least_recent_of(self, tenant: str) -> EpisodeState | None:
+        """The open episode of ``tenant`` used least recently, if any."""
+        owned = self._owned.get(tenant)
+        return self._open[next(iter(owned))] if owned else None
+
+    def _touch(self, state: EpisodeState) -> None:
+        self._open.move_to_end(state.episode_id)
+        owned = self._owned.get(state.tenant)
+        if owned is not None and state.episode_id in owned:
+            owned.move_to_end(state.episode_id)
+
+    def _pop_open(self, episode_id: str) -> EpisodeState | None:
+        state = self._open.pop(episode_id, None)
+        if state is not None:
+            owned = self._owned.get(state.tenant)
+            if owned is not None:
+                owned.pop(episode_id, None)
+                if not owned:
+                    del self._owned[state.tenant]
+        return state
+
+    def _evict_one(self, newcomer: EpisodeState) -> None:
+        """Over ``max_episodes``: the same owner's least recently used first, else the biggest owner's."""
+        owned = self._owned.get(newcomer.tenant)
+        if owned is None or len(owned) < 2:  # the newcomer is its owner's only one
+            owned = max((o for t, o in self._owned.items() if t != newcomer.tenant), key=len)
+        old = self._pop_open(next(iter(owned)))  # never the newcomer: it is its owner's most recent
+        if old is not None and old.tenant is not None and old.session_id is not None:
+            self._sessions.pop((old.tenant, old.session_id), None)
+
     def _insert(self, state: EpisodeState) -> EpisodeState:
         self._open[state.episode_id] = state
-        self._open.move_to_end(state.episode_id)
-        while len(self._open) > self.max_episodes:
-            _, old = self._open.popitem(last=False)
-            if old.tenant is not None and old.session_id is not None:
-                self._sessions.pop((old.tenant, old.session_id), None)
+        self._owned.setdefault(state.tenant, OrderedDict())[state.episode_id] = None
+        self._touch(state)
+        while len(self._open) > self.max_episodes and len(self._open) > 1:
+            self._evict_one(state)
         waiter = self._waiters.pop(state.episode_id, None)
         if waiter is not None:
             waiter.set()
@@ -194,7 +233,7 @@ class EpisodeRegistry:
             self._seq_floor.popitem(last=False)
 
     def finish(self, episode_id: str) -> EpisodeState | None:
-        state = self._open.pop(episode_id, None)
+        state = self._pop_open(episode_id)
         self._finished.setdefault(episode_id, time.monotonic())
         while len(self._finished) > self.max_episodes:
             self._finished.popitem(last=False)
@@ -249,7 +288,7 @@ class EpisodeRegistry:
             raise NotFoundError(
                 f"episode {episode_id[:64]!r} is not open", code="episode_not_found", episode_id=episode_id
             )
-        self._open.move_to_end(episode_id)
+        self._touch(state)
         return state
 
     def admit(self, ticket: EpisodeTicket) -> EpisodeState:
@@ -274,7 +313,7 @@ class EpisodeRegistry:
                 episode_id=ticket.episode_id,
             )
         else:
-            self._open.move_to_end(ticket.episode_id)
+            self._touch(state)
         return state
 
     def reserve(self, state: EpisodeState, seq: int) -> None:
@@ -284,8 +323,12 @@ class EpisodeRegistry:
             self.journal.reserve(state.episode_id, state.reserved)
 
     def session(self, tenant: str, session_id: str) -> EpisodeState | None:
+        """The open episode of a tenant's session (now its most recently used)."""
         episode_id = self._sessions.get((tenant, session_id))
-        return self._open.get(episode_id) if episode_id else None
+        state = self._open.get(episode_id) if episode_id else None
+        if state is not None:
+            self._touch(state)
+        return state
 
     def session_episode_id(self, tenant: str, session_id: str) -> str | None:
         """The open, else the most recently finished, episode of a session (for late feedback)."""

@@ -2,7 +2,8 @@
 
 A production call names its session (``X-Flywheel-Session`` or the body's ``user``/``session_id``); the
 first call of a session opens its episode (``EpisodeStarted``, source ``production``), later ones extend
-it, and ``POST /v1/sessions/{id}/end`` (or the reward service's idle timeout) ends it. Feedback
+it, and ``POST /v1/sessions/{id}/end`` (or the reward service's idle timeout) ends it. A tenant holding
+``tenant_max_sessions`` open sessions cannot open another (429, gateway/quotas.py). Feedback
 (``POST /v1/feedback``) names a session or one of its calls and becomes a ``RewardReported`` with origin
 ``feedback``: an open session is scored with it when it ends; an ended one within ``feedback_window_s``
 is re-scored (a new ``EpisodeScored``, one ``score_revision`` up); past the window, or when this gateway
@@ -17,6 +18,7 @@ from gateway.episodes.registry import EpisodeRegistry, EpisodeState
 from gateway.errors import ConflictError, NotFoundError, ValidationFailedError
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import FeedbackRequest
+from gateway.quotas import TenantQuotas
 from gateway.settings import GatewaySettings
 from schemas import (
     AnyEvent,
@@ -45,6 +47,7 @@ class ProductionSessions:
         producer: str,
         publish: Publish,
         finish: Finish,
+        quotas: TenantQuotas | None = None,
     ) -> None:
         self.settings = settings
         self.episodes = episodes
@@ -52,14 +55,17 @@ class ProductionSessions:
         self.producer = producer
         self._publish = publish
         self._finish = finish
+        self.quotas = quotas
 
     async def episode(self, tenant: str, session_id: str | None) -> EpisodeState:
         """The open episode of a tenant's session; opens one (and publishes EpisodeStarted) if needed.
-        A call without a session is an episode of its own."""
+        A call without a session is an episode of its own. A tenant at its session cap gets a 429."""
         session_id = session_id or f"call-{new_episode_id()}"
         state = self.episodes.session(tenant, session_id)
         if state is not None:
             return state
+        if self.quotas is not None:
+            self.quotas.check_sessions(tenant, self.episodes)
         started = EpisodeStarted(
             producer=self.producer,
             episode_id=new_episode_id(),
