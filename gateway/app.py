@@ -42,6 +42,7 @@ from gateway.upstream.client import Upstream
 from infra.bus.base import Bus
 from infra.http import install_error_handlers
 from infra.logging import get_logger
+from infra.origin import HostPolicy, OriginGuard
 
 log = get_logger("gateway.app")
 
@@ -100,10 +101,15 @@ def app_for(gateway: Gateway, *, lifespan: bool = True) -> FastAPI:
     app.include_router(build_otlp_router())
     install_error_handlers(app, unexpected="internal gateway error")
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Host/Origin checks (DNS rebinding, cross-site forms) on the admin routes and the web view only:
+    # agents reach the LLM-call routes under any name (infra/origin.py)
+    policy = HostPolicy.for_server(settings.gateway_host, settings.allowed_hosts)
+    app.add_middleware(OriginGuard, policy=policy, prefixes=ADMIN_PREFIXES)
     app.hot = HotCalls(gateway, settings.max_body_bytes)  # the LLM calls, ahead of the stack above
     return app
 
 
+ADMIN_PREFIXES = ("/admin", "/ui")
 _HOT_PATH = re.compile(r"^(?:/episodes/([^/]+))?/v1/(chat/completions|completions|responses|messages)$")
 _ENDPOINTS: dict[str, Route] = {
     "chat/completions": "chat.completions",

@@ -61,6 +61,15 @@ class FlywheelSettings(BaseSettings):
     data_dir: Path = Path(".flywheel")
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db
     admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
+    # Host names the admin routes and the web view answer for besides loopback and the bound host
+    # (comma-separated; "*": any). Unset on a bind beyond loopback: any Host (infra/origin.py)
+    allowed_hosts: str = ""
+    ui_session_idle_s: float = Field(
+        default=30 * 60.0, gt=0, description="a web view sign-in ends after this long without a request"
+    )
+    ui_session_max_s: float = Field(
+        default=12 * 3600.0, gt=0, description="a web view sign-in ends this long after it began, in any case"
+    )
     # Shared by the workers and gateways: workers sign episode URLs with it, gateways admit a signed
     # episode's calls without reading flywheel.episodes (infra/tickets.py). Empty: no tickets; gateways
     # learn episodes from the topic.

@@ -15,7 +15,8 @@ import uvicorn
 from pydantic import ValidationError
 
 from flywheel.cli.common import fail, refuse_exposure, usage
-from flywheel.ui.app import create_ui_app
+from flywheel.ui.app import SignIn, create_ui_app
+from flywheel.ui.auth import SessionStore
 from infra.eventlog.errors import EventLogError, EventLogLockedError
 from infra.eventlog.lock import chdb_holder
 from infra.eventlog.settings import EventLogSettings
@@ -62,7 +63,13 @@ def ui_command(
     except (EventLogLockedError, EventLogError) as exc:
         fail(str(exc))
     try:
-        app = create_ui_app(store, settings.admin_token.get_secret_value())
+        sessions = SessionStore(idle_s=settings.ui_session_idle_s, max_s=settings.ui_session_max_s)
+        app = create_ui_app(
+            store,
+            settings.admin_token.get_secret_value(),
+            sign_in=SignIn(sessions, bound_host=host),
+            allowed_hosts=settings.allowed_hosts,
+        )
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
         )

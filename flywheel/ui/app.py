@@ -12,7 +12,10 @@
     GET|POST /ui/login, GET /ui/logout
 
 Sign-in (:mod:`flywheel.ui.auth`): the admin token as a bearer token or ``X-Admin-Token``, or
-once in the sign-in form, which sets a session cookie. Reads run on the event log API's reader threads
+once in the sign-in form, which opens a server-side session (idle and absolute expiry, revoked at
+sign-out and when the token changes) and sets its cookie. ``create_ui_app`` checks ``Host`` and, on
+``POST``, ``Origin`` for every route (:mod:`infra.origin`: 421 / 403); mounted on the gateway, the
+gateway's own :class:`infra.origin.OriginGuard` covers ``/ui``. Reads run on the event log API's reader threads
 (``infra.eventlog.api.Readers``: bounded, each with a deadline), never on the event loop. A bad filter,
 an unknown episode or path answers an HTML page with its 4xx; a busy or slow event log a 503 / 504.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from infra.eventlog.errors import EventLogError, EventLogTimeoutError
 from infra.eventlog.models import Bucket, EpisodeFilter, EpisodeSummary
 from infra.eventlog.reader import TrendReader
 from infra.http import HttpError, error_response
+from infra.origin import HostPolicy, OriginGuard
 
 PREFIX = "/ui"
 STATIC = Path(__file__).parent / "static"
@@ -82,17 +87,38 @@ def _episode_id_of(raw: str) -> str:
     return raw
 
 
-class _View:
-    """What every route of the view shares: the reader and its threads, the sign-in, the error answers."""
+TokenSource = str | Callable[[], str]
 
-    def __init__(self, reader: TrendReader, admin_token: str, prefix: str) -> None:
+
+@dataclass
+class SignIn:
+    """How the view signs people in: its sessions (``FLYWHEEL_UI_SESSION_IDLE_S`` / ``_MAX_S``) and the
+    host it is served on (beyond loopback the cookie is ``Secure``)."""
+
+    sessions: auth.SessionStore = field(default_factory=auth.SessionStore)
+    bound_host: str = "127.0.0.1"
+
+
+class _View:
+    """What every route of the view shares: the reader and its threads, the sign-in, the error answers.
+    ``admin_token`` may be a function, read at every request: a new token signs everyone out."""
+
+    def __init__(self, reader: TrendReader, admin_token: TokenSource, prefix: str, sign_in: SignIn) -> None:
         self.reader = reader
-        self.admin_token = admin_token
+        self._token = admin_token
         self.prefix = prefix
+        self.sign_in = sign_in
         self.readers = Readers()
 
+    @property
+    def admin_token(self) -> str:
+        return self._token if isinstance(self._token, str) else self._token()
+
+    def signed_in(self, request: Request) -> bool:
+        return auth.signed_in(request, self.admin_token, self.sign_in.sessions)
+
     async def html(self, request: Request, render: Callable[[], Awaitable[str]]) -> Response:
-        if not auth.signed_in(request, self.admin_token):
+        if not self.signed_in(request):
             return login_page(self.prefix)
         try:
             return HTMLResponse(await render())
@@ -103,7 +129,7 @@ class _View:
             return error_page(self.prefix, *answer)
 
     async def api(self, request: Request, build: Callable[[], Awaitable[object]]) -> Response:
-        if not auth.signed_in(request, self.admin_token):
+        if not self.signed_in(request):
             return error_response(401, "sign in first", "authentication_error", code="invalid_admin_token")
         try:
             return JSONResponse(await build())
@@ -205,8 +231,9 @@ def _versions_routes(router: APIRouter, view: _View) -> None:
         return await view.html(request, render)
 
 
-def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
+def _site_routes(router: APIRouter, view: _View) -> None:
     """The static files, sign-in and sign-out, and a 404 page for any other path (so: added last)."""
+    prefix, sessions = view.prefix, view.sign_in.sessions
     throttle = auth.SignInThrottle()
 
     @router.get(prefix + "/static/{name}")
@@ -221,11 +248,13 @@ def _site_routes(router: APIRouter, admin_token: str, prefix: str) -> None:
 
     @router.post(prefix + "/login")
     async def login(request: Request) -> Response:
-        return await auth.sign_in(request, admin_token, prefix, throttle)
+        return await auth.sign_in(
+            request, view.admin_token, prefix, throttle, sessions, bound_host=view.sign_in.bound_host
+        )
 
     @router.get(prefix + "/logout")
-    async def logout() -> Response:
-        return auth.sign_out(prefix)
+    async def logout(request: Request) -> Response:
+        return auth.sign_out(request, prefix, sessions)
 
     @router.get(prefix + "/{rest:path}")
     async def unknown(rest: str) -> Response:
@@ -263,21 +292,29 @@ class _SecureRoute(APIRoute):
         return secured
 
 
-def create_ui_router(reader: TrendReader, admin_token: str, *, prefix: str = PREFIX) -> APIRouter:
+def create_ui_router(
+    reader: TrendReader, admin_token: TokenSource, *, prefix: str = PREFIX, sign_in: SignIn | None = None
+) -> APIRouter:
     """The view's routes under ``prefix``, reading ``reader``, signed in with ``admin_token``."""
     router = APIRouter(tags=["ui"], include_in_schema=False, route_class=_SecureRoute)
-    view = _View(reader, admin_token, prefix)
+    view = _View(reader, admin_token, prefix, sign_in or SignIn())
     _episode_routes(router, view)
     _training_routes(router, view)
     _versions_routes(router, view)
-    _site_routes(router, admin_token, prefix)
+    _site_routes(router, view)
     return router
 
 
-def create_ui_app(reader: TrendReader, admin_token: str) -> FastAPI:
-    """The view alone (``flywheel ui``): its routes, and ``/`` sends the browser to them."""
+def create_ui_app(
+    reader: TrendReader, admin_token: TokenSource, *, sign_in: SignIn | None = None, allowed_hosts: str = ""
+) -> FastAPI:
+    """The view alone (``flywheel ui``): its routes, and ``/`` sends the browser to them; every route
+    behind the Host/Origin checks of a server on ``sign_in.bound_host`` (``FLYWHEEL_ALLOWED_HOSTS``:
+    ``allowed_hosts``)."""
+    sign_in = sign_in or SignIn()
     app = FastAPI(title="Flywheel", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(create_ui_router(reader, admin_token))
+    app.include_router(create_ui_router(reader, admin_token, sign_in=sign_in))
+    app.add_middleware(OriginGuard, policy=HostPolicy.for_server(sign_in.bound_host, allowed_hosts))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
