@@ -51,8 +51,10 @@ def register(app: typer.Typer) -> None:
 def agl_server_command(
     key: Annotated[str, typer.Option("--key", envvar="AGL_KEY", help="the API key (tenant 'default')")],
     model: Annotated[str, typer.Option("--model", help="the model name AGL forces into every call")],
-    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8080,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Listen port (0: any free one).")
+    ] = 8080,
+    host: Annotated[str, typer.Option("--host", help="Listen address.")] = "127.0.0.1",
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="default FLYWHEEL_DATA_DIR")] = None,
     upstream: Annotated[
         str | None, typer.Option("--upstream", help="model server base URL (…/v1) instead of the engine")
@@ -60,8 +62,12 @@ def agl_server_command(
     model_dir: Annotated[
         Path | None, typer.Option("--model-dir", help="Hugging Face model directory for the embedded engine")
     ] = None,
-    train_temperature: Annotated[float, typer.Option("--train-temperature")] = 1.0,
-    val_temperature: Annotated[float, typer.Option("--val-temperature")] = 0.7,
+    train_temperature: Annotated[
+        float, typer.Option("--train-temperature", help="Sampling temperature of training rollouts.")
+    ] = 1.0,
+    val_temperature: Annotated[
+        float, typer.Option("--val-temperature", help="Sampling temperature of validation rollouts.")
+    ] = 0.7,
     no_logprobs: Annotated[bool, typer.Option("--no-logprobs", help="train mode asks no logprobs")] = False,
     hold_s: Annotated[
         float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 import orjson
@@ -72,3 +72,9 @@ def refuse_exposure(host: str, token: str, setting: str = "FLYWHEEL_ADMIN_TOKEN"
     problem = exposure_problem(host, token, setting)
     if problem is not None:
         fail(problem)
+
+
+def register_ls(group: typer.Typer, command: Callable[..., None]) -> None:
+    """``ls`` lists a group's things; ``list`` stays a hidden alias for it (every group, one spelling)."""
+    group.command("ls")(command)
+    group.command("list", hidden=True)(command)

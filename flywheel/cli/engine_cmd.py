@@ -20,8 +20,8 @@ Model = Annotated[
     Path,
     typer.Option("--model", help="Local Hugging Face model directory (config.json, weights, tokenizer)."),
 ]
-Host = Annotated[str, typer.Option("--host")]
-Port = Annotated[int, typer.Option("--port")]
+Host = Annotated[str, typer.Option("--host", help="Listen address.")]
+Port = Annotated[int, typer.Option("--port", help="Listen port.")]
 Threads = Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: all cores).")]
 ServedName = Annotated[
     str | None, typer.Option("--served-model-name", help="Name in /v1/models (default: the directory name).")

@@ -14,12 +14,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flywheel.cli.common import fail
+from flywheel.cli.common import fail, register_ls
 from flywheel.cli.eventlog_cmd import episodes_ls
 from gateway.settings import GatewaySettings
 
 episodes_app = typer.Typer(help="Open and inspect training episodes.", no_args_is_help=True)
-episodes_app.command("ls")(episodes_ls)
+register_ls(episodes_app, episodes_ls)
 
 GatewayUrl = Annotated[
     str | None,
@@ -58,8 +58,10 @@ def admin_request(gateway: str | None, method: str, path: str, body: dict[str, A
 @episodes_app.command("open")
 def open_command(
     gateway: GatewayUrl = None,
-    task_id: Annotated[str | None, typer.Option("--task-id")] = None,
-    group_id: Annotated[str | None, typer.Option("--group-id")] = None,
+    task_id: Annotated[str | None, typer.Option("--task-id", help="The task the episode runs.")] = None,
+    group_id: Annotated[
+        str | None, typer.Option("--group-id", help="The group it belongs to (GRPO compares within one).")
+    ] = None,
 ) -> None:
     """Open a training episode and print its base URL (use it as OPENAI_BASE_URL)."""
     body = {k: v for k, v in {"task_id": task_id, "group_id": group_id}.items() if v}

@@ -116,7 +116,9 @@ def query_command(
     ],
     as_json: JsonOpt = False,
     url: UrlOpt = None,
-    max_rows: Annotated[int, typer.Option("--max-rows", min=1, max=1_000_000)] = 10_000,
+    max_rows: Annotated[
+        int, typer.Option("--max-rows", min=1, max=1_000_000, help="Return at most this many rows.")
+    ] = 10_000,
 ) -> None:
     """Run a read-only SQL query on the event log (writes are refused, exit 2)."""
     try:
@@ -190,17 +192,17 @@ def _parse_time(value: str | None, name: str) -> datetime | None:
 def episodes_ls(
     since: Annotated[str | None, typer.Option(help="ISO time or relative: 30m, 6h, 2d")] = None,
     until: Annotated[str | None, typer.Option(help="ISO time or relative: 30m, 6h, 2d")] = None,
-    tenant: Annotated[str | None, typer.Option()] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's episodes.")] = None,
     group: Annotated[str | None, typer.Option("--group", help="group_id")] = None,
     task: Annotated[str | None, typer.Option("--task", help="task_id")] = None,
     source: Annotated[str | None, typer.Option(help="live | production | replay")] = None,
     status: Annotated[str | None, typer.Option(help="ok | error | timeout | cancelled")] = None,
-    min_reward: Annotated[float | None, typer.Option("--min-reward")] = None,
-    max_reward: Annotated[float | None, typer.Option("--max-reward")] = None,
+    min_reward: Annotated[float | None, typer.Option("--min-reward", help="Reward at least this.")] = None,
+    max_reward: Annotated[float | None, typer.Option("--max-reward", help="Reward at most this.")] = None,
     weight_version: Annotated[
         int | None, typer.Option("--weight-version", help="served entirely by this version")
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=1_000_000)] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="At most this many episodes.")] = 50,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
 ) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.console import Console
 from rich.progress import Progress
 
 from flywheel.cli.common import fail, print_json, usage
@@ -107,7 +108,7 @@ def export_command(
     f: Literal["jsonl", "parquet"] = "parquet" if fmt == "parquet" else "jsonl"
     reader = open_log_reader(url)
     try:
-        with Progress(transient=True) as progress:
+        with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"exporting {kind}", total=None)
             report = export(reader, path, kind=k, fmt=f, flt=flt, on_rows=lambda n: progress.advance(task, n))
     except EventLogError as exc:

@@ -1,4 +1,4 @@
-"""``flywheel gateway``, ``flywheel keys create|list|revoke``, ``flywheel record -- CMD ARGS…``."""
+"""``flywheel gateway``, ``flywheel keys create|ls|revoke``, ``flywheel record -- CMD ARGS…``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 
 from flywheel.alone import serve_gateway
 from flywheel.assembly import RunningEngine, choose_engine
-from flywheel.cli.common import fail, refuse_exposure
+from flywheel.cli.common import JSON_HELP, fail, print_json, refuse_exposure, register_ls, usage
 from flywheel.cli.episodes_cmd import admin_request, print_calls
 from gateway.app import create_app
 from gateway.keys import KeyStore
@@ -74,8 +74,12 @@ def _upstreams(settings: GatewaySettings, urls: list[str] | None, kind: str | No
 def gateway_command(
     upstream: Upstreams = None,
     kind: Kind = None,
-    host: Annotated[str | None, typer.Option("--host")] = None,
-    port: Annotated[int | None, typer.Option("--port")] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", help="Listen address (default: FLYWHEEL_GATEWAY_HOST).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Listen port (default: FLYWHEEL_GATEWAY_PORT).")
+    ] = None,
 ) -> None:
     """Run the gateway alone against an upstream model server and the configured bus."""
     settings = _settings(gateway_host=host, gateway_port=port)
@@ -98,38 +102,66 @@ def _keystore() -> Any:
     return KeyStore(_settings().data_dir / "gateway" / "keys.json")
 
 
+TenantFilter = Annotated[str | None, typer.Option("--tenant", help="Only this tenant's keys.")]
+AsJson = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+
+
 @keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Option("--tenant", help="the tenant the key belongs to")],
+    as_json: AsJson = False,
 ) -> None:
     """Create a key for TENANT and print it (it cannot be shown again)."""
     try:
         key_id, key = _keystore().create(tenant)
     except ValueError as exc:
         fail(str(exc))
+    if as_json:
+        print_json({"key_id": key_id, "tenant": tenant, "key": key})
+        return
     typer.echo(f"key_id: {key_id}", err=True)
     typer.echo(key)
 
 
-@keys_app.command("list")
-def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
+def keys_ls(tenant: TenantFilter = None, as_json: AsJson = False) -> None:
     """List keys (ids, tenants, state; never the keys themselves)."""
-    for r in _keystore().list(tenant):
-        created = dt.datetime.fromtimestamp(r.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M")
-        typer.echo(f"{r.key_id}\t{r.tenant}\t{created}\t{'revoked' if r.revoked else 'active'}")
+    rows = [
+        {
+            "key_id": r.key_id,
+            "tenant": r.tenant,
+            "created_at": dt.datetime.fromtimestamp(r.created_at, dt.UTC).isoformat(),
+            "revoked": r.revoked,
+        }
+        for r in _keystore().list(tenant)
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    for row in rows:
+        created = dt.datetime.fromisoformat(row["created_at"]).strftime("%Y-%m-%d %H:%M")
+        typer.echo(
+            f"{row['key_id']}\t{row['tenant']}\t{created}\t{'revoked' if row['revoked'] else 'active'}"
+        )
+
+
+register_ls(keys_app, keys_ls)
 
 
 @keys_app.command("revoke")
 def keys_revoke(
     key_id: Annotated[str | None, typer.Argument(help="the key id to revoke")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="revoke all keys of this tenant")] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Revoke one key (by id) or every key of a tenant."""
     if not key_id and not tenant:
-        fail("give a key id or --tenant")
+        usage("give a key id or --tenant")
     n = _keystore().revoke(key_id, tenant=tenant)
     if n == 0:
         fail("no active key matched")
+    if as_json:
+        print_json({"revoked": n})
+        return
     typer.echo(f"revoked {n} key(s)")
 
 

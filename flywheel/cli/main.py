@@ -12,7 +12,7 @@ The demo is not part of the installed package: ``flywheel demo`` runs from a che
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer._click import Command, Context  # typer 0.29 vendors click; its types are these
@@ -177,14 +177,34 @@ class LazyGroup(TyperGroup):
 app = typer.Typer(
     name="flywheel",
     cls=LazyGroup,
-    help="Train the model behind your agent with RL from its own traffic.",
+    help="Train the model behind your agent with RL from its own traffic.\n\n"
+    "Exit codes: 0 done, 1 the operation failed, 2 the command line is wrong (docs/usage.md#the-command-line).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
 
 
+def _print_version(value: bool) -> None:
+    """``--version``: what ``flywheel version`` prints, then exit 0 before any command is loaded."""
+    if value:
+        from flywheel.cli.version_cmd import version_command
+
+        version_command(as_json=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print Flywheel's version and exit (as `flywheel version`).",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
     """Train the model behind your agent with RL from its own traffic."""
 
 

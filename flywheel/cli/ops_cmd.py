@@ -25,6 +25,7 @@ from flywheel.cli.common import (
     load_settings,
     print_json,
     quiet_libraries,
+    register_ls,
     usage,
 )
 from flywheel.ops.admin import AdminClient, AdminError
@@ -120,7 +121,6 @@ async def _remote_lags(url: str) -> dict[str, dict[str, int]]:
     return dict(data.get("topics") or {})
 
 
-@topics_app.command("ls")
 def topics_ls(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
     """List Flywheel's topics with partitions and the lag of each service's consumer group."""
     remote = admin_url(url)
@@ -308,17 +308,24 @@ def healthcheck_command(
         bool, typer.Option("--clickhouse", help="The configured ClickHouse must answer.")
     ] = False,
     timeout: TimeoutOpt = 4.0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Container health probe: exit 0 when every requested check passes, else 1 with one line."""
     if not (http or kafka or clickhouse):
         usage("nothing to check: pass --http URL, --kafka and/or --clickhouse")
     problems = asyncio.run(_health(http, kafka, clickhouse, timeout))
+    if as_json:
+        print_json({"healthy": not problems, "problems": problems})
+        if problems:
+            raise typer.Exit(1)
+        return
     if problems:
         fail("; ".join(problems))
     typer.echo("healthy")
 
 
 def register(app: typer.Typer) -> None:
+    register_ls(topics_app, topics_ls)
     app.add_typer(topics_app, name="topics")
     app.command("status")(status_command)
     app.command("doctor")(doctor_command)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.progress import Progress
 
 from flywheel.cli.common import admin_url, fail, load_settings, print_json, usage
@@ -93,7 +94,7 @@ async def _replay_kafka(
         if not dry_run:
             bus = make_bus(settings)
             await bus.start()
-        with Progress(transient=True) as progress:
+        with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("replaying", total=None)
             report = await replay(
                 reader,
@@ -120,6 +121,21 @@ async def _replay_kafka(
         reader.close()
 
 
+PROGRESS_EVERY_S = 5.0
+
+
+def progress_line(data: dict[str, Any]) -> str:
+    """One line of a paced replay's progress, from ``GET /admin/ops/replay/{run_id}``."""
+    head = f"replay {data.get('run_id', '?')}: "
+    if not data.get("selected"):
+        return head + "selecting episodes…"
+    eligible = int(data["selected"]) - sum(int(n) for n in (data.get("skipped") or {}).values())
+    line = head + f"{data.get('sent', 0)} of {eligible} episode(s) sent"
+    if data.get("steps"):
+        line += f", {data.get('steps_taken', 0)} of {data['steps']} trainer step(s) taken"
+    return line
+
+
 async def _replay_remote(
     url: str, flt: ReplayFilter, rate: float | None, pace: Pace | None, dry_run: bool
 ) -> ReplayReport:
@@ -129,10 +145,18 @@ async def _replay_remote(
     if pace is not None:
         body["pace"] = {"groups_per_step": pace.groups_per_step, "step_timeout_s": pace.step_timeout_s}
     client = AdminClient(url, token, timeout_s=600)
+    if pace is None or dry_run:
+        typer.echo(f"replaying through {url} (the stack answers when it is done)", err=True)
     try:
         data = await client.post("/admin/ops/replay", body)
-        # A paced replay runs on in the stack: follow its progress until it ends.
+        # A paced replay runs on in the stack: follow its progress until it ends, a line on stderr
+        # every PROGRESS_EVERY_S seconds (stdout keeps only the report).
+        loop = asyncio.get_running_loop()
+        shown = -PROGRESS_EVERY_S
         while data.get("state") == "running":
+            if loop.time() - shown >= PROGRESS_EVERY_S:
+                typer.echo(progress_line(data), err=True)
+                shown = loop.time()
             await asyncio.sleep(1.0)
             data = await client.get(f"/admin/ops/replay/{data['run_id']}")
     except AdminError as exc:

@@ -20,7 +20,7 @@ import typer
 from pydantic import ValidationError
 
 from flywheel.alone import serve_trainer
-from flywheel.cli.common import ADMIN_URL_HELP, admin_url, fail, load_settings, run_service
+from flywheel.cli.common import ADMIN_URL_HELP, admin_url, fail, load_settings, register_ls, run_service
 from flywheel.ops.admin import AdminClient, AdminError
 from infra.bus.base import BusError, Message
 from infra.bus.factory import make_bus
@@ -45,9 +45,10 @@ def _settings(directory: Path | None) -> TrainerSettings:
     return settings
 
 
-def _request_pause(pause: bool, reason: str, url: str | None) -> str:
+def _request_pause(pause: bool, reason: str, url: str | None) -> tuple[str, dict[str, Any]]:
     """Publish TrainerPauseRequested / TrainerResumeRequested on the control topic: through a running
-    stack's admin API when given its URL, else on Kafka. Returns where it went; fails in one line."""
+    stack's admin API when given its URL, else on Kafka. Returns where it went and the event published;
+    fails in one line."""
     settings = load_settings()
     model = _settings(None).model
     target = admin_url(url)
@@ -55,10 +56,12 @@ def _request_pause(pause: bool, reason: str, url: str | None) -> str:
         client = AdminClient(target, settings.admin_token.get_secret_value(), timeout_s=15)
         action = "pause" if pause else "resume"
         try:
-            asyncio.run(client.post(f"/admin/ops/trainer/{action}", {"model": model, "reason": reason}))
+            published = asyncio.run(
+                client.post(f"/admin/ops/trainer/{action}", {"model": model, "reason": reason})
+            )
         except AdminError as exc:
             fail(str(exc))
-        return target
+        return target, dict(published)
     if settings.bus != "kafka":
         fail(
             "the embedded stack's bus lives in the `flywheel up` process: pass --url (it prints its admin "
@@ -83,7 +86,7 @@ def _request_pause(pause: bool, reason: str, url: str | None) -> str:
         asyncio.run(_go())
     except (BusError, OSError, TimeoutError) as exc:
         fail(f"Kafka at {settings.kafka_bootstrap}: {type(exc).__name__}: {exc}")
-    return f"Kafka at {settings.kafka_bootstrap}"
+    return f"Kafka at {settings.kafka_bootstrap}", event.model_dump(mode="json")
 
 
 def _latest_step_on_bus(settings: TrainerSettings, wait_s: float = 3.0) -> dict[str, Any] | None:
@@ -141,7 +144,10 @@ def run_command(
     objective: Annotated[
         str | None, typer.Option("--objective", help="rl | sft (cross-entropy on successes).")
     ] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps")] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option("--max-steps", help="Stop after this many steps (default: run until Ctrl-C)."),
+    ] = None,
     directory: Dir = None,
     dp: Annotated[
         int | None, typer.Option("--dp", help="Data-parallel ranks on this host (torch backend).")
@@ -188,16 +194,27 @@ def run_command(
     run_service(serve_trainer(settings, max_steps))
 
 
-def pause_command(reason: Annotated[str, typer.Option("--reason")] = "operator", url: Url = None) -> None:
+def _requested(action: str, via: str, event: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"requested": action, "via": via, "event": event}, default=str))
+    else:
+        typer.echo(f"trainer {action} requested ({via})")
+
+
+def pause_command(
+    reason: Annotated[str, typer.Option("--reason", help="Why, recorded with the pause.")] = "operator",
+    url: Url = None,
+    as_json: AsJson = False,
+) -> None:
     """Stop taking training steps after the one in progress (until `flywheel trainer resume`)."""
     if not reason.strip() or len(reason) > 1024:
         fail("--reason must be 1 to 1024 characters", 2)
-    typer.echo(f"trainer pause requested ({_request_pause(True, reason, url)})")
+    _requested("pause", *_request_pause(True, reason, url), as_json)
 
 
-def resume_command(url: Url = None) -> None:
+def resume_command(url: Url = None, as_json: AsJson = False) -> None:
     """Take training steps again."""
-    typer.echo(f"trainer resume requested ({_request_pause(False, '', url)})")
+    _requested("resume", *_request_pause(False, "", url), as_json)
 
 
 def status_command(as_json: AsJson = False, directory: Dir = None) -> None:
@@ -285,4 +302,4 @@ def register(app: typer.Typer) -> None:
     trainer.command("pause")(pause_command)
     trainer.command("resume")(resume_command)
     trainer.command("status")(status_command)
-    weights.command("ls")(ls_command)
+    register_ls(weights, ls_command)

@@ -25,6 +25,7 @@ from flywheel.cli.common import (
     fail,
     load_settings,
     print_json,
+    register_ls,
     run_service,
     usage,
 )
@@ -223,7 +224,7 @@ def gates_command(
 def register(app: typer.Typer) -> None:
     versions = typer.Typer(help="Which version of each policy serves production.", no_args_is_help=True)
     app.add_typer(versions, name="versions")
-    versions.command("ls")(ls_command)
+    register_ls(versions, ls_command)
     versions.command("show")(show_command)
     versions.command("promote")(promote_command)
     versions.command("rollback")(rollback_command)

@@ -25,8 +25,8 @@ model_app = typer.Typer(help="Models a user can get without a model hub.")
 @vllm_app.command("serve")
 def serve_command(
     model: Annotated[Path, typer.Option("--model", help="Hugging Face model directory to serve.")],
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Listen port.")] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Listen address.")] = "127.0.0.1",
     served_model_name: Annotated[
         str, typer.Option("--served-model-name", help="The model name agents send (Flywheel's: policy).")
     ] = "policy",
@@ -39,7 +39,9 @@ def serve_command(
             "--env", help="vLLM's environment (default FLYWHEEL_VLLM_ENV or ~/.cache/flywheel/venv-vllm)."
         ),
     ] = None,
-    max_model_len: Annotated[int, typer.Option("--max-model-len", min=16)] = 2048,
+    max_model_len: Annotated[
+        int, typer.Option("--max-model-len", min=16, help="Longest prompt plus completion, in tokens.")
+    ] = 2048,
     kv_cache_gib: Annotated[int, typer.Option("--kv-cache-gib", min=1, help="CPU only: KV cache size.")] = 1,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Default: float32 on CPU, auto on GPU.")
@@ -57,7 +59,9 @@ def serve_command(
         ),
     ] = None,
     log: Annotated[Path | None, typer.Option("--log", help="vLLM's log (default: next to its env).")] = None,
-    ready_timeout_s: Annotated[float, typer.Option("--ready-timeout", min=1.0)] = 600.0,
+    ready_timeout_s: Annotated[
+        float, typer.Option("--ready-timeout", min=1.0, help="Seconds to wait for the server to answer.")
+    ] = 600.0,
 ) -> None:
     """Start vLLM with Flywheel's flags (dev routes, processed logprobs, tool parser), wait until it is
     healthy, print its URL, and serve until interrupted."""

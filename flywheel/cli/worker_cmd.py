@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 from rich.progress import Progress
 
 from flywheel.alone import serve_reward, serve_worker
-from flywheel.cli.common import run_service
+from flywheel.cli.common import EXIT_USAGE, JSON_HELP, run_service
 from flywheel.cli.vllm_cmd import bfcl_command
 from flywheel.taskfile import guess_agent_kind, read_task_file
 from infra.bus.factory import make_bus
@@ -78,8 +79,13 @@ def submit_command(
     mode: Annotated[str, typer.Option(help="train | val")] = "train",
     model: Annotated[str, typer.Option(help="model name the agent asks for")] = "policy",
     pool: Annotated[str | None, typer.Option(help="publish to flywheel.tasks.<pool>")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Publish n RolloutRequested per task line; bad lines are reported and not published."""
+    """Publish n RolloutRequested per task line; bad lines are reported and not published.
+
+    Exit 0 all published; 1 nothing published (no valid line, the broker down); 2 bad options, a missing
+    file, or some lines were bad (the rest published).
+    """
     code = submit(
         file,
         agent=agent,
@@ -90,6 +96,7 @@ def submit_command(
         mode=mode,
         model=model,
         pool=pool,
+        as_json=as_json,
     )
     raise typer.Exit(code)
 
@@ -148,7 +155,8 @@ async def _publish(settings: FlywheelSettings, topic: str, requests: list[Rollou
     await bus.start()
     try:
         await bus.ensure_topics([topic])
-        with Progress(transient=False) as progress:
+        # the bar goes to stderr: stdout holds only the result (one JSON document with --json)
+        with Progress(console=Console(stderr=True), transient=False) as progress:
             bar = progress.add_task("publishing", total=len(requests))
             for chunk_start in range(0, len(requests), 64):
                 chunk = requests[chunk_start : chunk_start + 64]
@@ -169,8 +177,10 @@ def submit(
     mode: str,
     model: str,
     pool: str | None,
+    as_json: bool = True,
 ) -> int:
-    """Exit code: 0 all published, 1 nothing to publish / bad options, 2 some lines were bad."""
+    """Exit code: 0 all published; 1 nothing published (no valid line, no broker); 2 bad options, a
+    missing file, or some lines were bad (the rest published)."""
     try:
         agent_ref = AgentRef(kind=AgentKind(kind), spec=agent)
         mode_value = Mode(mode)
@@ -178,10 +188,10 @@ def submit(
             raise ValueError("need 1 ≤ --n ≤ 4096, --deadline > 0, 1 ≤ --max-attempts ≤ 100")
     except ValueError as exc:
         _error(f"error: {exc}")
-        return 1
+        return EXIT_USAGE
     if not file.is_file():
         _error(f"error: {file} is not a file")
-        return 1
+        return EXIT_USAGE
     try:
         tasks, errors = read_tasks(file)
     except ValueError as exc:  # TaskFileError: unreadable
@@ -214,9 +224,16 @@ def submit(
     except Exception as exc:  # the broker is down, a topic cannot be created, ...: one clear line
         _error(f"error: publishing to {topic} failed: {type(exc).__name__}: {exc}")
         return 1
-    typer.echo(
-        json.dumps(
-            {"published": len(requests), "tasks": len(tasks), "groups": len(tasks), "bad_lines": len(errors)}
-        )
-    )
+    result = {
+        "published": len(requests),
+        "tasks": len(tasks),
+        "groups": len(tasks),
+        "bad_lines": len(errors),
+        "topic": topic,
+    }
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        bad = f"; {len(errors)} bad line(s) left out" if errors else ""
+        typer.echo(f"published {len(requests)} rollout(s): {len(tasks)} task(s) × {n} to {topic}{bad}")
     return 2 if errors else 0

@@ -262,10 +262,10 @@ def test_the_cpu_profile_trains_from_the_host(stack: Stack) -> None:
     )
     submit = stack.compose(
         "run", "--rm", "-T", "--no-deps", "-v", f"{tasks}:/tasks.jsonl:ro", "topics",
-        "tasks", "submit", "/tasks.jsonl", "--agent", AGENT, "--n", "4", "--deadline", "120",
+        "tasks", "submit", "/tasks.jsonl", "--agent", AGENT, "--n", "4", "--deadline", "120", "--json",
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-2000:]
-    assert json.loads(submit.stdout.strip().splitlines()[-1])["published"] == 8
+    assert json.loads(submit.stdout)["published"] == 8
 
     def trained() -> bool:
         state = _admin_state(stack)

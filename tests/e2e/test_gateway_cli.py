@@ -52,17 +52,17 @@ def _run(args: list[str], env: dict[str, str]) -> _Result:
 
 
 @pytest.mark.timeout(60)
-def test_keys_create_list_revoke(tmp_path):
+def test_keys_create_list_revoke(tmp_path: Path) -> None:
     env = _env(tmp_path)
     created = _run(["keys", "create", "--tenant", "acme"], env)
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
     assert key.startswith("fw_") and key not in (tmp_path / "gateway" / "keys.json").read_text()
     key_id = created.stderr.split("key_id:")[1].split()[0]
-    listed = _run(["keys", "list"], env)
+    listed = _run(["keys", "ls"], env)
     assert key_id in listed.stdout and "acme" in listed.stdout and key not in listed.stdout
     assert _run(["keys", "revoke", key_id], env).returncode == 0
-    assert "revoked" in _run(["keys", "list", "--tenant", "acme"], env).stdout
+    assert "revoked" in _run(["keys", "list", "--tenant", "acme"], env).stdout  # the old name, hidden
     bad = _run(["keys", "create", "--tenant", "no spaces"], env)
     assert bad.returncode == 1 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 

@@ -231,7 +231,8 @@ def test_status_and_replay_through_the_running_stack(
     monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "s3cret-admin-token-for-tests")
     result = cli.invoke(app, ["replay", "--since", "1d", "--url", running_stack, "--no-pace", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["sent"] == 8
+    assert json.loads(result.stdout)["sent"] == 8  # stdout: the report alone; stderr: what it is doing
+    assert f"replaying through {running_stack}" in result.stderr
     result = cli.invoke(app, ["status", "--url", running_stack, "--json"])
     assert result.exit_code == 0, result.output
     status = json.loads(result.output)
@@ -263,11 +264,13 @@ def test_a_paced_replay_with_no_trainer_stepping_stops_with_one_line(
     args = ["replay", "--since", "1d", "--url", running_stack, "--step-groups", "1", "--step-timeout", "1"]
     result = cli.invoke(app, args)
     assert result.exit_code == 1
-    error = _one_line_error(result)
+    *progress, error = [line for line in result.stderr.splitlines() if line.strip()]
+    assert progress and all(line.startswith("replay ") for line in progress), result.stderr  # while it ran
+    assert error.startswith("error: ") and not result.stdout.strip()
     assert "replay stalled after" in error and "no trainer step within 1 s after sending step 1 of" in error
     result = cli.invoke(app, [*args, "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)
+    plan = json.loads(result.stdout)
     assert plan["paced"] is True and plan["steps"] >= 1 and plan["sent"] == 0
     result = cli.invoke(app, ["replay", "--step-groups", "0", "--url", running_stack])
     assert result.exit_code == 2 and "at least 1" in result.output
@@ -289,7 +292,11 @@ def test_trainer_pause_and_resume_through_the_running_stack(
     result = cli.invoke(app, ["trainer", "pause", "--reason", "maintenance", "--url", running_stack])
     assert result.exit_code == 0 and f"trainer pause requested ({running_stack})" in result.output
     assert pause_requested() == "maintenance"
-    assert cli.invoke(app, ["trainer", "resume", "--url", running_stack]).exit_code == 0
+    result = cli.invoke(app, ["trainer", "resume", "--url", running_stack, "--json"])
+    assert result.exit_code == 0, result.output
+    resumed = json.loads(result.stdout)
+    assert resumed["requested"] == "resume" and resumed["via"] == running_stack
+    assert resumed["event"]["type"] == "trainer_resume_requested"
     assert pause_requested() is None
 
     headers = {"Authorization": "Bearer s3cret-admin-token-for-tests"}

@@ -61,6 +61,6 @@ def test_cli_errors_are_one_line(tasks_file: Path, tmp_path: Path, monkeypatch: 
     res = runner.invoke(app, ["tasks", "submit", str(tasks_file), "--agent", "python a.py"])
     assert res.exit_code == 1 and "FLYWHEEL_BUS=kafka" in res.output and f"{tasks_file}:3:" in res.output
     res = runner.invoke(app, ["tasks", "submit", str(tmp_path / "missing.jsonl"), "--agent", "m:f"])
-    assert res.exit_code == 1 and "is not a file" in res.output
+    assert res.exit_code == 2 and "is not a file" in res.output
     res = runner.invoke(app, ["tasks", "submit", str(tasks_file), "--agent", "m:f", "--n", "0"])
-    assert res.exit_code == 1 and "--n" in res.output
+    assert res.exit_code == 2 and "--n" in res.output
