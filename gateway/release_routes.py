@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.errors import ConflictError, InvalidRequestError, NotFoundError
 from gateway.releases import ReleaseRouter
 from gateway.service import Gateway
-from infra.http import require_admin_token
+from infra.http import require_admin
 from infra.releases import InvalidReleaseRequest, ReleaseError, UnknownVersionError
 from schemas import VersionCanary, VersionPinned, VersionPromoted, VersionRolledBack
 
@@ -64,7 +64,7 @@ def _json(data: Any) -> Response:
 
 def _router_of(request: Request) -> tuple[Gateway, ReleaseRouter]:
     gw: Gateway = request.app.state.gateway
-    require_admin_token(request.headers, gw.settings.admin_token.get_secret_value())
+    require_admin(request, gw.settings.admin_token.get_secret_value())
     if gw.releases is None:
         raise NotFoundError(  # nothing to find here: a 4xx, as for any route a gateway does not serve
             "releases are off on this gateway (FLYWHEEL_RELEASES=gated turns them on)",

@@ -32,7 +32,8 @@ from gateway.protocols.responses import ResponsesExchange, ResponsesRequest
 from gateway.release_routes import release_routes
 from gateway.service import Gateway
 from gateway.serving import Answer, Call, StreamAnswer
-from infra.http import bearer_token, require_admin_token
+from infra.http import bearer_token, token_matches
+from infra.http import require_admin as admin_check
 from schemas import AglRecorded
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -71,7 +72,8 @@ def tenant_for_key(gw: Gateway, key: str | None) -> str:
 
 
 def require_admin(request: Request) -> None:
-    require_admin_token(request.headers, _gw(request).settings.admin_token.get_secret_value())
+    """The admin token, throttled per client address (``infra.http.require_admin``)."""
+    admin_check(request, _gw(request).settings.admin_token.get_secret_value())
 
 
 def _parse(raw: bytes, endpoint: Route) -> tuple[dict[str, Any], Any]:
@@ -93,15 +95,15 @@ async def serve_call(
     Free of the HTTP framework: ``handle_call`` (the FastAPI routes) and ``gateway.app.HotCalls`` (the
     same paths straight from the ASGI server) both end here and only shape the answer differently.
     A production call is authenticated and held to its tenant's quotas before its body is read (a
-    429 past one, gateway/quotas.py). A Responses or Messages API call is
+    429 past one, gateway/quotas.py); a training call's episode is found (or a 404) before it is read. A Responses or Messages API call is
     served as the chat call its exchange translates it into (gateway/protocols/dialects.py).
     """
     if not gw.caught_up.is_set():  # only right after start (see Gateway._catch_up)
         await gw.wait_caught_up()
     if episode_id is not None:
+        episode = await gw.training_episode(episode_id)  # an unknown one is a 404 before its body is read
         raw = await read_body()
         data, request = _parse(raw, endpoint)
-        episode = await gw.training_episode(episode_id)
     else:
         tenant = tenant_for_key(gw, _bearer(headers))
         gw.quotas.admit(tenant)  # its requests and tokens per minute, before any work (gateway/quotas.py)
@@ -311,7 +313,11 @@ def _operation_routes(router: APIRouter) -> None:
 
     @router.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
+        """Prometheus text; the scrape-only ``FLYWHEEL_METRICS_TOKEN`` or the admin token as a bearer."""
         gw = _gw(request)
+        scrape = gw.settings.metrics_token.get_secret_value()
+        if not (scrape and token_matches(bearer_token(request.headers), scrape)):
+            require_admin(request)  # metrics name tenants, episodes in flight and the served versions
         gw.metrics.spool_depth.set(gw.recorder.spool_depth)
         gw.metrics.in_flight.set(gw.admission.in_flight)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")

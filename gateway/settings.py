@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from gateway.upstream.routing import parse_routes
 from infra.settings import FlywheelSettings
@@ -21,6 +21,8 @@ class GatewaySettings(FlywheelSettings):
     # HTTP
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8100
+    # a scrape-only bearer token /metrics takes besides the admin token (/metrics needs one of them)
+    metrics_token: SecretStr = SecretStr("")
     gateway_id: str = Field(default_factory=_default_gateway_id)
     public_url: str = ""  # how agents reach this gateway (for printed episode URLs); empty: host:port
     max_body_bytes: int = 8 * 1024 * 1024

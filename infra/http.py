@@ -14,7 +14,8 @@ engine)::
 * :func:`bearer_token` and :func:`token_matches`: ``Authorization: Bearer <token>`` read one way, and
   compared in constant time; an empty expected token matches nothing. :func:`require_admin_token` is
   the one admin check (``FLYWHEEL_ADMIN_TOKEN`` as a bearer token or in ``X-Admin-Token``), a 401
-  ``invalid_admin_token`` otherwise.
+  ``invalid_admin_token`` otherwise, and with an :class:`infra.throttle.FailureThrottle` a 429 for an
+  address that sent wrong tokens too often.
 
 The engine keeps vLLM's flavour of the same shape (``type`` such as ``BadRequestError``, ``code`` the
 status) so clients written against vLLM read it unchanged; it builds its bodies with
@@ -24,6 +25,7 @@ status) so clients written against vLLM read it unchanged; it builds its bodies 
 from __future__ import annotations
 
 import hmac
+import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +35,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from infra.throttle import FailureThrottle
 
 log = structlog.get_logger("flywheel.http")
 
@@ -109,15 +113,57 @@ def token_matches(given: str, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given.encode(), expected.encode())
 
 
-def require_admin_token(headers: Mapping[str, str], expected: str) -> None:
-    """Every admin API's check: the admin token as a bearer token or in ``X-Admin-Token``."""
-    if not token_matches(bearer_token(headers, "x-admin-token"), expected):
+def require_admin_token(
+    headers: Mapping[str, str],
+    expected: str,
+    *,
+    throttle: FailureThrottle | None = None,
+    client: str | None = None,
+) -> None:
+    """Every admin API's check: the admin token as a bearer token or in ``X-Admin-Token``.
+
+    With a ``throttle``, a ``client`` address that presented a wrong token too often is answered 429
+    ``too_many_failed_tokens`` (with ``Retry-After``) before its token is looked at; a request with no
+    token at all is not counted (it guesses nothing)."""
+    given = bearer_token(headers, "x-admin-token")
+    if throttle is not None and client is not None:
+        wait = throttle.retry_after(client)
+        if wait is not None:
+            raise HttpError(
+                "too many requests with a wrong admin token from this address; try again later",
+                status_code=429,
+                error_type="rate_limit_error",
+                code="too_many_failed_tokens",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+    if not token_matches(given, expected):
+        if throttle is not None and client is not None and given:
+            throttle.failed(client)
         raise HttpError(
             "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)",
             status_code=401,
             error_type="authentication_error",
             code="invalid_admin_token",
         )
+
+
+ADMIN_FAILURES_PER_MINUTE = 20
+
+
+def admin_throttle(request: Request) -> FailureThrottle:
+    """The app's one throttle of wrong admin tokens (made on first use; every admin router of the app
+    shares it)."""
+    state = request.app.state
+    throttle: FailureThrottle | None = getattr(state, "admin_throttle", None)
+    if throttle is None:
+        throttle = state.admin_throttle = FailureThrottle(limit=ADMIN_FAILURES_PER_MINUTE)
+    return throttle
+
+
+def require_admin(request: Request, expected: str) -> None:
+    """:func:`require_admin_token` for a request, throttled per client address (:func:`admin_throttle`)."""
+    client = request.client.host if request.client else None
+    require_admin_token(request.headers, expected, throttle=admin_throttle(request), client=client)
 
 
 def validation_message(errors: Sequence[Any], *, skip: tuple[str, ...] = ("body",)) -> tuple[str, str | None]:

@@ -91,7 +91,7 @@ class HttpServer:
             port=port,
             log_level=log_level,
             access_log=False,
-            proxy_headers=False,  # nothing reads the client's address: no X-Forwarded-* rewriting
+            proxy_headers=False,  # the client is the direct peer (the token throttles key on it)
             lifespan=lifespan,
             timeout_graceful_shutdown=5,
             # Longer than clients keep an idle pooled connection (httpx and openai: 5 s, uvicorn's own

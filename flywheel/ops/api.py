@@ -36,7 +36,7 @@ from flywheel.replay import (
 )
 from infra.bus.base import Bus, BusError, Subscription
 from infra.eventlog.errors import EventLogError
-from infra.http import HttpErrorRoute, error_response, require_admin_token
+from infra.http import HttpErrorRoute, error_response, require_admin
 from schemas import CONTROL, TrainerPauseRequested, TrainerResumeRequested
 
 PREFIX = "/admin/ops"
@@ -135,14 +135,14 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 def create_ops_router(ctx: OpsContext) -> APIRouter:
     router = APIRouter(prefix=PREFIX, tags=["admin"], route_class=HttpErrorRoute)
 
-    def require_admin(request: Request) -> None:
-        require_admin_token(request.headers, ctx.admin_token)
+    def admin_only(request: Request) -> None:
+        require_admin(request, ctx.admin_token)
 
-    @router.get("/status", dependencies=[Depends(require_admin)])
+    @router.get("/status", dependencies=[Depends(admin_only)])
     async def status() -> JSONResponse:
         return JSONResponse((await ctx.status()).as_dict())
 
-    @router.post("/replay", dependencies=[Depends(require_admin)])
+    @router.post("/replay", dependencies=[Depends(admin_only)])
     async def replay_route(request: Request) -> JSONResponse:
         try:
             body = ReplayRequest.model_validate_json(await request.body())
@@ -170,14 +170,14 @@ def create_ops_router(ctx: OpsContext) -> APIRouter:
             return _error(503, "bus_unavailable", str(exc))
         return JSONResponse(report.as_dict())
 
-    @router.get("/replay/{run_id}", dependencies=[Depends(require_admin)])
+    @router.get("/replay/{run_id}", dependencies=[Depends(admin_only)])
     async def replay_progress(run_id: str) -> JSONResponse:
         run = ctx.replays.get(run_id)
         if run is None:
             return _error(404, "not_found", f"no paced replay {run_id!r} in this stack")
         return JSONResponse(run.as_dict())
 
-    @router.post("/trainer/{action}", dependencies=[Depends(require_admin)])
+    @router.post("/trainer/{action}", dependencies=[Depends(admin_only)])
     async def trainer_route(action: str, request: Request) -> JSONResponse:
         """The trainer's one pause channel, for a stack whose bus lives in its own process."""
         if action not in ("pause", "resume"):

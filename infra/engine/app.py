@@ -7,11 +7,15 @@ bad input → 400, a failed weight load → 400 (old weights keep serving), anyt
 Dev endpoints (as vLLM's with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep``,
 ``POST /resume``, ``GET /is_paused``; plus ``POST /load_weights {"path", "version"}``, ``POST /load_adapter
 {"name", "path", "version"}`` (a LoRA adapter served as model ``name``: infra/engine/adapters.py), ``GET /health``,
-``GET /version``. With ``admin_token`` set, pause/resume/load_weights need ``Authorization: Bearer``.
+``GET /version``. With ``admin_token`` set, pause/resume/load_weights need ``Authorization: Bearer``;
+an address that sent a wrong token ``infra.http.ADMIN_FAILURES_PER_MINUTE`` times in a minute gets a 429
+(``infra/throttle.py``). Every body is bounded at ``MAX_BODY_BYTES`` before a route reads it
+(``infra/body.py``: by its Content-Length, or counted when chunked).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -20,6 +24,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from infra.body import BodyBound
 from infra.engine.core import EngineStepError, InferenceEngine
 from infra.engine.protocol import (
     ChatCompletionRequest,
@@ -30,7 +35,15 @@ from infra.engine.protocol import (
 from infra.engine.sampling import InvalidRequestError
 from infra.engine.serving import EngineServing
 from infra.engine.weight_loading import WeightLoadError
-from infra.http import HttpError, bearer_token, error_response, token_matches, validation_message
+from infra.http import (
+    ADMIN_FAILURES_PER_MINUTE,
+    HttpError,
+    bearer_token,
+    error_response,
+    token_matches,
+    validation_message,
+)
+from infra.throttle import FailureThrottle
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -38,6 +51,10 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
     """vLLM's flavour of the OpenAI error body (``type`` such as ``BadRequestError``, ``code`` the status)."""
     return error_response(status, message, kind, code=status, param=param)
+
+
+def _too_large(max_bytes: int) -> bytes:
+    return bytes(_error(413, f"request body larger than {max_bytes} bytes", "BadRequestError").body)
 
 
 def _package_version() -> str:
@@ -56,8 +73,26 @@ def create_engine_app(
     app.state.engine = engine
     app.state.serving = serving
 
+    app.add_middleware(BodyBound, max_bytes=MAX_BODY_BYTES, answer=_too_large)
+    throttle = FailureThrottle(limit=ADMIN_FAILURES_PER_MINUTE)
+
     def admin(request: Request) -> None:
-        if admin_token and not token_matches(bearer_token(request.headers), admin_token):
+        if not admin_token:
+            return
+        client = request.client.host if request.client else ""
+        wait = throttle.retry_after(client)
+        if wait is not None:
+            raise HttpError(
+                "too many requests with a wrong admin token from this address; try again later",
+                status_code=429,
+                error_type="RateLimitError",
+                code=429,
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        given = bearer_token(request.headers)
+        if not token_matches(given, admin_token):
+            if given:
+                throttle.failed(client)
             raise HttpError(
                 "admin token required", status_code=401, error_type="AuthenticationError", code=401
             )
@@ -132,15 +167,7 @@ def create_engine_app(
 
 
 def _handle_errors(app: FastAPI, engine: InferenceEngine) -> None:
-    """The body-size limit and one handler per error: each becomes an OpenAI-format error body."""
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return _error(413, f"request body larger than {MAX_BODY_BYTES} bytes", "BadRequestError")
-        response: Response = await call_next(request)
-        return response
+    """One handler per error: each becomes an OpenAI-format error body."""
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -50,7 +50,7 @@ from infra.eventlog.models import (
     StatsPoint,
 )
 from infra.eventlog.store import EventStore
-from infra.http import HttpError, HttpErrorRoute, require_admin_token, validation_message
+from infra.http import HttpError, HttpErrorRoute, require_admin, validation_message
 from infra.logging import get_logger
 
 log = get_logger(__name__)
@@ -163,11 +163,11 @@ def create_eventlog_router(
     """Routes under ``/admin/eventlog`` reading ``store``; all of them need ``admin_token``."""
     readers = Readers(max_reads, deadline_s)
 
-    def require_admin(request: Request) -> None:
-        require_admin_token(request.headers, admin_token)
+    def admin_only(request: Request) -> None:
+        require_admin(request, admin_token)
 
     router = APIRouter(
-        prefix=PREFIX, route_class=_EventLogRoute, dependencies=[Depends(require_admin)], tags=["eventlog"]
+        prefix=PREFIX, route_class=_EventLogRoute, dependencies=[Depends(admin_only)], tags=["eventlog"]
     )
 
     @router.post("/query", response_model=QueryResult)

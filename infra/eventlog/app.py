@@ -11,12 +11,15 @@ import asyncio
 
 from fastapi import FastAPI
 
+from infra.body import BodyBound
 from infra.bus.base import Bus
 from infra.eventlog.api import create_eventlog_router
 from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
 from infra.eventlog.store import EventStore, open_store
 from schemas import tasks_topic
+
+MAX_BODY_BYTES = 1 << 20  # the recorder's API takes queries and filters, never data
 
 
 class RecorderProcess:
@@ -37,6 +40,7 @@ class RecorderProcess:
 
     def api(self, admin_token: str) -> FastAPI:
         app = FastAPI(title="Flywheel recorder")
+        app.add_middleware(BodyBound, max_bytes=MAX_BODY_BYTES)
         app.include_router(create_eventlog_router(self.store, admin_token))
         stats = self.recorder.stats
 

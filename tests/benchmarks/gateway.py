@@ -608,7 +608,9 @@ async def export_counts(url: str, gateway: Proc) -> dict[str, float]:
     sink, count_url, base = EXPORTS.pop(url)
     try:
         async with httpx.AsyncClient() as c:
-            text = (await c.get(f"{base}/metrics", timeout=10)).text
+            text = (
+                await c.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+            ).text
             calls = sum(
                 float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines()

@@ -59,6 +59,7 @@ def test_openai_sync_plain_stream_and_tools(gw, monkeypatch):
         ],
         tools=[TOOL],
     )
+    client.close()
     calls = gw.calls(ep, 4)
     for c in calls:
         _faithful(c)

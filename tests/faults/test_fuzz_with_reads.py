@@ -46,7 +46,12 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
         errors: list[str] = []
 
         def agent() -> None:
-            client = openai.OpenAI(base_url=gw.episode_url(gw.open_episode()), api_key="x", max_retries=0)
+            with openai.OpenAI(
+                base_url=gw.episode_url(gw.open_episode()), api_key="x", max_retries=0
+            ) as client:
+                _calls(client)
+
+        def _calls(client: openai.OpenAI) -> None:
             while not stop.is_set():
                 try:
                     raw = client.chat.completions.with_raw_response.create(
@@ -62,7 +67,6 @@ def test_fuzzer_with_concurrent_reads_gets_no_5xx(tmp_path: Path) -> None:
                 except openai.OpenAIError as exc:
                     errors.append(f"agent: {exc!r}"[:200])
                     return
-            client.close()
 
         def reader() -> None:
             bodies = [FUZZ_BODY, {"limit": 1000}]

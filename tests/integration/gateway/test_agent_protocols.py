@@ -150,10 +150,11 @@ def test_responses_production_previous_response_id_continues_the_session(gw: Any
     assert r1.headers["x-flywheel-episode"] == r2.headers["x-flywheel-episode"]
     calls = gw.calls(r1.headers["x-flywheel-episode"], 2)
     assert calls[1].extends_previous is True and calls[0].tenant == "acme-responses"
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{gw.url}/v1", api_key="wrong", max_retries=0).responses.create(
-            model="policy", input="hi"
-        )
+    with (
+        openai.OpenAI(base_url=f"{gw.url}/v1", api_key="wrong", max_retries=0) as wrong,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        wrong.responses.create(model="policy", input="hi")
     client.close()
 
 

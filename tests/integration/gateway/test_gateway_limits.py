@@ -60,16 +60,16 @@ def test_deep_json_is_a_400_on_every_call_route(gw: BackgroundGateway, depth: in
 
 
 def test_deep_json_through_the_openai_sdk(gw: BackgroundGateway) -> None:
-    client = openai.OpenAI(base_url=gw.episode_url(gw.open_episode()), api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="policy", messages=MSGS, extra_body={"x": _nested(300)})  # type: ignore[arg-type]
-    assert info.value.code == "json_too_deep"
-    # at the limit it still works
-    answer = client.chat.completions.create(
-        model="policy",
-        messages=MSGS,
-        extra_body={"x": _nested(MAX_JSON_DEPTH - 3)},  # type: ignore[arg-type]
-    )
+    with openai.OpenAI(base_url=gw.episode_url(gw.open_episode()), api_key="x", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="policy", messages=MSGS, extra_body={"x": _nested(300)})  # type: ignore[arg-type]
+        assert info.value.code == "json_too_deep"
+        # at the limit it still works
+        answer = client.chat.completions.create(
+            model="policy",
+            messages=MSGS,
+            extra_body={"x": _nested(MAX_JSON_DEPTH - 3)},  # type: ignore[arg-type]
+        )
     assert answer.choices
 
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.gateway_harness import BackgroundGateway
+from tests.fakes.gateway_harness import ADMIN, BackgroundGateway
 
 pytestmark = pytest.mark.timeout(90)
 MSGS = [{"role": "user", "content": "What is 2+2?"}]
@@ -45,7 +45,7 @@ def _refused(r: httpx.Response, code: str) -> dict[str, Any]:
 
 
 def _refusals(gw: BackgroundGateway) -> dict[tuple[str, str], float]:
-    text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    text = httpx.get(f"{gw.url}/metrics", headers=ADMIN, timeout=10).text
     return {
         (s.labels["tenant"], s.labels["quota"]): s.value
         for family in text_string_to_metric_families(text)
@@ -121,7 +121,7 @@ def test_a_tenant_flooding_the_response_store_keeps_to_its_own_bytes(tmp_path: P
         assert store.bytes <= store.max_bytes
         b4 = client_b.responses.create(model="policy", input="And 10.", previous_response_id=b3.id)
         assert b4.previous_response_id == b3.id
-        metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{gw.url}/metrics", headers=ADMIN, timeout=10).text
         assert 'flywheel_gateway_quota_evictions_total{tenant="tenant-a"}' in metrics
         assert 'flywheel_gateway_quota_evictions_total{tenant="tenant-b"}' not in metrics
 

@@ -222,7 +222,9 @@ async def test_the_gateway_keeps_serving_when_its_export_child_dies(tmp_path: Pa
             dropped = 0.0
             async with httpx.AsyncClient() as c:
                 for _ in range(100):  # the consumer reads the calls' events within its batch wait
-                    metrics = (await c.get(f"{url}/metrics", timeout=5)).text
+                    metrics = (
+                        await c.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5)
+                    ).text
                     name = "flywheel_otel_forward_dropped_events_total "
                     dropped = sum(float(x.split()[-1]) for x in metrics.splitlines() if x.startswith(name))
                     if dropped >= 3:

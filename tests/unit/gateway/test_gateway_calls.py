@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from schemas import EPISODES, EpisodeFinished, LLMCallRecorded, UpstreamKind
-from tests.fakes.gateway_harness import GatewayHarness
+from tests.fakes.gateway_harness import ADMIN, GatewayHarness
 from tests.fakes.upstream import FakeUpstreamConfig, render_prompt
 from tests.fakes.waiting import wait_until
 
@@ -74,7 +74,7 @@ async def test_extension_and_prefix_mismatch(tmp_path):
         assert by_seq[1].extends_previous is True and not by_seq[1].prefix_mismatch
         assert by_seq[2].extends_previous is False and by_seq[2].prefix_mismatch
         assert h.gateway.episodes.get(ep).prefix_mismatches == 1
-        metrics = (await h.client.get("/metrics")).text
+        metrics = (await h.client.get("/metrics", headers=ADMIN)).text
         assert "flywheel_gateway_prefix_mismatches_total 1.0" in metrics
 
 

@@ -11,7 +11,7 @@ from gateway.recording.publishing import Spool
 from infra.bus.base import BusUnavailableError
 from infra.bus.memory import MemoryBus
 from schemas import LLMCallRecorded
-from tests.fakes.gateway_harness import GatewayHarness
+from tests.fakes.gateway_harness import ADMIN, GatewayHarness
 from tests.fakes.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,7 +43,7 @@ async def test_outage_spools_then_drains_in_order(tmp_path):
             for _ in range(3):
                 assert (await h.client.post(url, json={"messages": MSGS})).status_code == 200
             assert h.gateway.recorder.spool_depth == 3 and not h.events.of(LLMCallRecorded)
-            metrics = (await h.client.get("/metrics")).text
+            metrics = (await h.client.get("/metrics", headers=ADMIN)).text
             assert "flywheel_gateway_spool_depth 3.0" in metrics
             bus.down = False
             calls = await h.events.wait_for(lambda e: isinstance(e, LLMCallRecorded), count=3)
