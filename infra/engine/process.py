@@ -108,8 +108,16 @@ class EngineProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "FLYWHEEL_ENGINE_ADMIN_TOKEN": token, PARENT_ENV: str(os.getpid())}
         with log_path.open("ab") as log:
+            # a session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground group) is the
+            # stack's to handle; the stack stops the engine after the parts that still call it, and a
+            # parent that died stops it through ``exit_with_parent``
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL, env=env
+                *cmd,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
         self = cls(proc, f"http://127.0.0.1:{port}", token, log_path)
         try:

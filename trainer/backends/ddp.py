@@ -40,8 +40,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -53,7 +51,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from trainer.backends.base import BackendError
-from trainer.backends.process import _CALLS, ProcessBackend, serve_backend
+from trainer.backends.process import _CALLS, ProcessBackend, exit_with_parent, serve_backend
 from trainer.backends.torch_backend import TorchBackend, load_backend
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
@@ -275,17 +273,6 @@ def _build_replica(model_dir: Path, algo: AlgorithmConfig, device: str, threads:
     return load_backend(model_dir, algo, device=device, torch_threads=threads)
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit when the process that started this rank is gone (no rank outlives a killed trainer)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -392,7 +379,7 @@ def _serve_rank0(conn: Connection, args: argparse.Namespace) -> None:
 
 
 def _follow_rank(args: argparse.Namespace) -> None:
-    _watch_parent(os.getppid())
+    exit_with_parent(os.getppid())
     device = _rank_device(args.device, args.rank)
     init_group(args.rank, args.world, "127.0.0.1", args.port, device, args.timeout_s)
     algo = AlgorithmConfig.model_validate(json.loads(args.algo))
@@ -418,7 +405,7 @@ def main() -> None:
     if args.rank == 0:
         if args.fd is None:
             parser.error("rank 0 needs --fd")
-        _watch_parent(os.getppid())
+        exit_with_parent(os.getppid())
         _serve_rank0(Connection(args.fd), args)
     else:
         _follow_rank(args)

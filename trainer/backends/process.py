@@ -10,9 +10,16 @@ How: :class:`ProcessBackend` starts ``python -m trainer.backends.process`` (a fr
 ``multiprocessing`` re-import of the caller's ``__main__``), which builds a :class:`TorchBackend` from
 the model directory and answers calls over a socket pair, one at a time: ``train_step``, ``sft_step``,
 ``export_weights``, ``save_checkpoint``, ``load_checkpoint`` and ``state_dict`` (sent as safetensors
-bytes). Batches and metrics are plain data. The child exits when the pipe closes, so it does not outlive
-a killed trainer. An exception in the child, a child that died, or a call that outlives
-``call_timeout_s`` raises :class:`BackendError`, which the service treats as a failed step.
+bytes). Batches and metrics are plain data. An exception in the child, a child that died, or a call that
+outlives ``call_timeout_s`` raises :class:`BackendError`, which the service treats as a failed step.
+
+Signals: the child runs in a session of its own, so a terminal's Ctrl-C (SIGINT to every process of the
+foreground group) or a ``kill`` of the trainer's group reaches the trainer alone, which finishes its step,
+has the child write the final checkpoint and only then closes it; in the trainer's group, the child died of
+the KeyboardInterrupt first and the last checkpoint was lost. The parent's death is the child's only
+signal: it exits when the pipe closes, or, in the middle of a call, as soon as its parent is gone
+(:func:`exit_with_parent`), so it never outlives a killed trainer nor a second Ctrl-C
+(``tests/e2e/test_up_sigint.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,6 +46,19 @@ from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig
 
 _CALLS = frozenset({"train_step", "sft_step", "export_weights", "save_checkpoint", "load_checkpoint"})
+
+
+def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
+    """In a child: exit at once when ``parent`` (the process that started it) is gone, even in the middle
+    of a call, whose answer no one would read (a checkpoint is renamed into place by the parent, so one
+    cut short is never taken for a complete one)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, threads: int) -> None:
@@ -111,7 +132,10 @@ class ProcessBackend:
         ours, theirs = socket.socketpair()
         argv = self._child_argv(theirs.fileno(), model_dir, algo, device, torch_threads)
         with ours, theirs:
-            self._proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+            # a session of its own: the group's Ctrl-C is the trainer's to handle (see the module docstring)
+            self._proc = subprocess.Popen(
+                argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, start_new_session=True
+            )
             self._conn = Connection(os.dup(ours.fileno()))
         self._version = 0
         self._vocab_size: int | None = None
@@ -214,6 +238,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    exit_with_parent(os.getppid())
     _serve(Connection(args.fd), args.model_dir, json.loads(args.algo), args.device, args.threads)
 
 
