@@ -9,9 +9,13 @@ a form to the server (a cross-site request, carrying an ``Origin`` that is not t
 * **421** ``host_not_allowed`` (``invalid_request_error``): the ``Host`` header names none of the allowed
   hosts. 421 (Misdirected Request) says "this server does not answer for that name", which is the case.
 * **403** ``cross_origin_request`` (``permission_error``): a ``POST``, ``PUT``, ``PATCH`` or ``DELETE``
-  whose ``Origin`` is neither this server's own (the ``Host`` it was sent to) nor an allowed host
-  named in ``FLYWHEEL_ALLOWED_HOSTS``; ``Origin: null`` included. A request without ``Origin`` (curl,
-  the SDKs, other services) is not a browser's cross-site request and passes.
+  that a browser sent from another origin (:meth:`HostPolicy.state_change_allowed`, the rule of Go's
+  ``net/http.CrossOriginProtection``): an ``Origin`` on a host named in ``FLYWHEEL_ALLOWED_HOSTS``
+  passes; else ``Sec-Fetch-Site`` (which pages cannot set) must say ``same-origin`` or ``none``; a browser
+  too old to send it must send an ``Origin`` that is the server's own (the ``Host`` it was sent to).
+  ``Origin: null`` alone is refused; Chromium sends it with ``Sec-Fetch-Site: same-origin`` for the
+  view's own sign-in form, since the view's answers say ``Referrer-Policy: no-referrer``. A request with
+  neither header (curl, the SDKs, other services) is no browser's cross-site request and passes.
 
 The allowed hosts (:meth:`HostPolicy.for_server`): the loopback names (``localhost``, any
 ``127.0.0.0/8`` address, ``[::1]``), the host the server is bound to, the address the connection
@@ -88,6 +92,23 @@ class HostPolicy:
             return True
         return reached is not None and host == reached.lower()
 
+    def state_change_allowed(self, origin: str | None, fetch_site: str | None, host_header: str) -> bool:
+        """Whether a state-changing request with these ``Origin`` and ``Sec-Fetch-Site`` headers (None:
+        absent) sent to ``host_header`` comes from the server's own pages (module docstring)."""
+        if origin is not None and self.trusted_origin(origin):
+            return True
+        if fetch_site is not None:
+            return fetch_site.strip().lower() in ("same-origin", "none")
+        return origin is None or self.origin_allowed(origin, host_header)
+
+    def trusted_origin(self, origin: str) -> bool:
+        """``origin`` is on a host named in ``FLYWHEEL_ALLOWED_HOSTS`` (a front end of its own)."""
+        try:
+            host = urlsplit(origin.strip().lower()).hostname
+        except ValueError:
+            return False
+        return host is not None and host in self.origins
+
     def origin_allowed(self, origin: str, host_header: str) -> bool:
         """``origin`` (an ``Origin`` header) is the server's own (``host_header``'s) or an allowed host."""
         try:
@@ -137,11 +158,8 @@ class OriginGuard:
                 "host_not_allowed",
             )
             return
-        origin = headers.get("origin")
-        if (
-            scope["method"] in STATE_CHANGING
-            and origin is not None
-            and not self.policy.origin_allowed(origin, host_header)
+        if scope["method"] in STATE_CHANGING and not self.policy.state_change_allowed(
+            headers.get("origin"), headers.get("sec-fetch-site"), host_header
         ):
             await _refuse(
                 send, 403, "cross-origin request refused", "permission_error", "cross_origin_request"

@@ -91,6 +91,11 @@ def test_a_cross_origin_post_to_an_admin_route_changes_nothing(gw: BackgroundGat
                 403,
                 "cross_origin_request",
             )
+        _refused(
+            c.post("/admin/pause", headers={**ADMIN, "Sec-Fetch-Site": "cross-site"}),
+            403,
+            "cross_origin_request",
+        )
         assert gw.h.gateway.state()["paused"] is False
         # a GET is not a state change (SameSite and the token guard reads); the same origin may post
         assert c.get("/admin/state", headers={**ADMIN, "Origin": f"http://{EVIL}"}).status_code == 200
@@ -166,3 +171,14 @@ def test_the_policy_of_each_bind() -> None:
     assert loopback.origin_allowed("https://localhost:443", "localhost")
     assert not loopback.origin_allowed("http://localhost:8101", "localhost:8100")
     assert not loopback.origin_allowed("http://[::1", "localhost")
+    # state changes: Sec-Fetch-Site decides where a browser sent it, else Origin; neither: no browser
+    same = "127.0.0.1:8100"
+    assert loopback.state_change_allowed(None, None, same)
+    assert loopback.state_change_allowed("null", "same-origin", same)
+    assert loopback.state_change_allowed(None, "none", same)  # typed by the user
+    assert not loopback.state_change_allowed("http://127.0.0.1:8100", "cross-site", same)
+    assert not loopback.state_change_allowed(None, "same-site", same)
+    assert not loopback.state_change_allowed("null", None, same)
+    assert loopback.state_change_allowed("http://127.0.0.1:8100", None, same)
+    assert named.state_change_allowed("https://flywheel.internal", "cross-site", "10.0.0.5:8100")
+    assert not named.trusted_origin("http://[::1")

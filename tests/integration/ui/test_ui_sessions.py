@@ -214,3 +214,11 @@ async def test_a_rebinding_host_and_a_cross_origin_post_are_refused() -> None:
             follow_redirects=False,
         )
         assert same.status_code == 303  # the view's own form
+        # what Chromium sends for the view's own form (its answers say Referrer-Policy: no-referrer)
+        own = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}
+        r = await client.post("/ui/login", data={"token": TOKEN}, headers=own, follow_redirects=False)
+        assert r.status_code == 303
+        for site in ("cross-site", "same-site"):  # a page elsewhere, or on another port of this host
+            r = await client.post("/ui/login", data={"token": TOKEN}, headers={"Sec-Fetch-Site": site})
+            assert r.status_code == 403, site
+            assert r.json()["error"]["code"] == "cross_origin_request"
