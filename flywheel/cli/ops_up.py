@@ -38,7 +38,8 @@ from flywheel.cli.common import fail, refuse_exposure, usage
 from flywheel.ops.api import OpsContext, create_ops_router
 from flywheel.stack import EmbeddedStack, StackError, StackSettings
 from flywheel.taskfile import TaskFileError, guess_agent_kind, load_task_file
-from flywheel.ui.app import create_ui_router
+from flywheel.ui.app import SignIn, create_ui_router
+from flywheel.ui.auth import SessionStore
 from infra.eventlog.errors import EventLogUnavailableError
 from infra.logging import configure_logging
 from schemas import AgentRef
@@ -167,7 +168,10 @@ async def _run(stack: EmbeddedStack, train: bool, max_steps: int | None) -> int:
         await ctx.watch_control()
         stack.gateway_app.include_router(create_ops_router(ctx))
         if stack.store is not None:  # the web view (flywheel/ui) on the same port, under /ui
-            stack.gateway_app.include_router(create_ui_router(stack.store, ctx.admin_token))
+            settings = stack.settings
+            sessions = SessionStore(idle_s=settings.ui_session_idle_s, max_s=settings.ui_session_max_s)
+            sign_in = SignIn(sessions, bound_host=settings.gateway.gateway_host)
+            stack.gateway_app.include_router(create_ui_router(stack.store, ctx.admin_token, sign_in=sign_in))
         stack.ready()
         training = stack.start_training(max_steps) if train and stack.trainer is not None else None
         url = stack.gateway_url

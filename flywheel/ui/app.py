@@ -40,6 +40,7 @@ from flywheel.ui.list_page import list_page, rows_html
 from flywheel.ui.params import BadInput, parse_list_query
 from flywheel.ui.training_page import training_data, training_page
 from flywheel.ui.versions_page import parse_release_query, read_release_events, versions_page
+from infra.body import BodyBound
 from infra.eventlog.api import Readers
 from infra.eventlog.errors import EventLogError, EventLogTimeoutError
 from infra.eventlog.models import Bucket, EpisodeFilter, EpisodeSummary
@@ -49,6 +50,7 @@ from infra.origin import HostPolicy, OriginGuard
 
 PREFIX = "/ui"
 STATIC = Path(__file__).parent / "static"
+MAX_BODY_BYTES = 64 * 1024  # the view takes forms, never data
 STATIC_FILES = {"chart.umd.min.js": "text/javascript", "ui.js": "text/javascript", "ui.css": "text/css"}
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 BUCKETS: tuple[Bucket, ...] = ("minute", "hour", "day")
@@ -314,6 +316,7 @@ def create_ui_app(
     sign_in = sign_in or SignIn()
     app = FastAPI(title="Flywheel", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(create_ui_router(reader, admin_token, sign_in=sign_in))
+    app.add_middleware(BodyBound, max_bytes=MAX_BODY_BYTES)  # forms only: sign-in, sign-out, versions
     app.add_middleware(OriginGuard, policy=HostPolicy.for_server(sign_in.bound_host, allowed_hosts))
 
     @app.get("/", include_in_schema=False)

@@ -22,7 +22,7 @@ import math
 import os
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -33,6 +33,7 @@ from fastapi.responses import RedirectResponse, Response
 from flywheel.ui.html import login_page
 from infra.http import bearer_token, token_matches
 from infra.settings import is_loopback
+from infra.throttle import FailureThrottle
 
 COOKIE = "flywheel_ui"
 MAX_FORM = 4096
@@ -111,32 +112,9 @@ def signed_in(request: Request, admin_token: str, sessions: SessionStore) -> boo
     return sessions.check(request.cookies.get(COOKIE, ""), admin_token)
 
 
-class SignInThrottle:
+class SignInThrottle(FailureThrottle):
     """At most ``limit`` failed sign-ins per client address in ``window_s``; past that, 429 until the
-    window has passed (guessing the token costs a minute per ``limit`` tries). Remembers at most
-    ``max_clients`` addresses (the oldest forgotten first), so it holds a bounded amount of memory."""
-
-    def __init__(self, limit: int = 10, window_s: float = 60.0, max_clients: int = 10_000) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self.max_clients = max_clients
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def retry_after(self, client: str, now: float | None = None) -> float | None:
-        """Seconds until ``client`` may try again, or None when it may now."""
-        now = time.monotonic() if now is None else now
-        failures = self._failures.get(client)
-        while failures and now - failures[0] > self.window_s:
-            failures.popleft()
-        if failures is None or len(failures) < self.limit:
-            return None
-        return self.window_s - (now - failures[0])
-
-    def failed(self, client: str, now: float | None = None) -> None:
-        self._failures.setdefault(client, deque()).append(time.monotonic() if now is None else now)
-        self._failures.move_to_end(client)
-        while len(self._failures) > self.max_clients:
-            self._failures.popitem(last=False)
+    window has passed (``infra/throttle.py``: bounded memory whatever a client sends)."""
 
 
 async def read_bounded(request: Request, limit: int) -> bytes | None:
