@@ -1,17 +1,19 @@
 """What a client without credentials can cost a server (docs/operating.md, "Tenancy and access").
 
 Through real servers on loopback ports: ``/metrics`` needs a token (the scrape-only one or the admin
-token); wrong admin tokens are throttled per client address (the
-gateway's admin API and the engine's control routes: 401 until the limit, then 429 with Retry-After,
-for the right token too; no token at all is not counted; another address is not affected); the engine
-answers a chunked body past its limit 413 without reading the rest; a training-episode URL whose
-episode does not exist is answered 404 before its body is read (a client that declares 5 MB and
-sends 10 bytes gets its answer at once).
+token); wrong admin tokens are throttled per client address (the gateway's admin API and the engine's
+control routes: 401 until the limit, then 429 with Retry-After, for the right token too; no token at
+all is not counted; another address is not affected); a training-episode URL whose episode does not
+exist is answered 404 before its body is read (a client that declares 5 MB and sends 10 bytes gets its
+answer at once); oversized chunked bodies from eight clients at once cost the gateway a bounded peak of
+memory; the engine answers a chunked body past its limit 413 (what follows is discarded, not held).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -85,6 +87,56 @@ def test_an_unknown_episode_is_answered_before_its_body_is_read(gw: BackgroundGa
     started = time.monotonic()
     assert _raw_status(gw.url, request, within_s=5) == 404  # the other 4,999,990 bytes never sent
     assert time.monotonic() - started < 5
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+async def test_oversized_bodies_cost_bounded_memory(gw: BackgroundGateway) -> None:
+    """Eight clients at once each stream 48 MiB, chunked (no length to refuse them by), to the call
+    routes: without a key (401), to an unknown episode (404), and with a key (413 once past the 8 MiB
+    limit). 384 MiB sent; the process (gateway and clients) grows by far less."""
+    _, key = gw.h.keystore.create("big-bodies")
+    size_mib = 48
+
+    async def chunks() -> AsyncIterator[bytes]:
+        block = b" " * (1 << 20)
+        for _ in range(size_mib):
+            yield block
+
+    async def send(c: httpx.AsyncClient, i: int) -> int:
+        url, headers = [
+            ("/v1/chat/completions", {}),
+            ("/episodes/ep_unknown/v1/chat/completions", {}),
+            ("/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
+        ][i % 3]
+        try:
+            return (await c.post(url, content=chunks(), headers=headers)).status_code
+        except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError):
+            return 0  # answered and closed while the client was still sending: refused all the same
+
+    before, peak, done = _rss_mib(), [0.0], threading.Event()
+
+    def sample() -> None:  # the peak while the bodies come in (freed memory leaves RSS at once)
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], _rss_mib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+            statuses = await asyncio.gather(*(send(c, i) for i in range(8)))
+    finally:
+        done.set()
+        sampler.join(5)
+    grown = peak[0] - before
+    assert set(statuses) <= {0, 401, 404, 413} and 413 in statuses, statuses
+    assert grown < 8 * size_mib / 3, f"RSS grew {grown:.0f} MiB for {8 * size_mib} MiB sent"
 
 
 @pytest.fixture(scope="module")
