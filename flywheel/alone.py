@@ -169,8 +169,11 @@ async def serve_recorder(settings: EventLogSettings, stop: asyncio.Event | None 
     http = None
     if settings.recorder_port:
         token = settings.admin_token.get_secret_value()
+        host, allowed = settings.recorder_host, settings.allowed_hosts
         http = service.Http(
-            lambda process: process.api(token), host=settings.recorder_host, port=settings.recorder_port
+            lambda process: process.api(token, bound_host=host, allowed_hosts=allowed),
+            host=host,
+            port=settings.recorder_port,
         )
     await service.serve(
         settings, lambda bus: assembly.build_recorder(settings, bus), name="recorder", http=http, stop=stop

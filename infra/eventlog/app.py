@@ -17,6 +17,7 @@ from infra.eventlog.api import create_eventlog_router
 from infra.eventlog.recorder import ALL_TOPICS, Recorder
 from infra.eventlog.settings import EventLogSettings
 from infra.eventlog.store import EventStore, open_store
+from infra.origin import HostPolicy, OriginGuard
 from schemas import tasks_topic
 
 MAX_BODY_BYTES = 1 << 20  # the recorder's API takes queries and filters, never data
@@ -38,9 +39,12 @@ class RecorderProcess:
         finally:
             await asyncio.to_thread(self.store.close)
 
-    def api(self, admin_token: str) -> FastAPI:
+    def api(self, admin_token: str, *, bound_host: str = "127.0.0.1", allowed_hosts: str = "") -> FastAPI:
+        """The event-log admin API of this process: bodies bounded, Host and Origin checked as the
+        gateway's admin routes are (``infra/origin.py``)."""
         app = FastAPI(title="Flywheel recorder")
         app.add_middleware(BodyBound, max_bytes=MAX_BODY_BYTES)
+        app.add_middleware(OriginGuard, policy=HostPolicy.for_server(bound_host, allowed_hosts))
         app.include_router(create_eventlog_router(self.store, admin_token))
         stats = self.recorder.stats
 

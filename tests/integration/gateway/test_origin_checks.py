@@ -6,7 +6,8 @@ A gateway served by uvicorn on a loopback port (``BackgroundGateway``), with the
 ``host_not_allowed`` on ``/admin/...`` and ``/ui/...``, while ``/healthz``, ``/v1/models`` and the calls
 are served; a ``POST`` to an admin route with a foreign ``Origin`` gets 403 ``cross_origin_request`` and
 changes nothing. ``FLYWHEEL_ALLOWED_HOSTS`` names more hosts, or ``*``; a gateway bound beyond loopback
-without it answers under any name (compose and Kubernetes reach it as ``gateway:8100``).
+without it answers under any name (compose and Kubernetes reach it as ``gateway:8100``). The recorder's
+own admin API (``flywheel recorder``) makes the same checks and bounds its bodies.
 """
 
 from __future__ import annotations
@@ -182,3 +183,39 @@ def test_the_policy_of_each_bind() -> None:
     assert loopback.state_change_allowed("http://127.0.0.1:8100", None, same)
     assert named.state_change_allowed("https://flywheel.internal", "cross-site", "10.0.0.5:8100")
     assert not named.trusted_origin("http://[::1")
+
+
+async def test_the_recorders_own_admin_api_checks_host_and_origin() -> None:
+    """``flywheel recorder`` serves the event-log API on its own port: the same checks."""
+    from types import SimpleNamespace
+
+    from infra.eventlog.app import RecorderProcess
+    from infra.eventlog.recorder import Recorder
+    from infra.eventlog.store import EventStore
+    from infra.service import HttpServer
+
+    recorder = cast(Recorder, SimpleNamespace(stats=SimpleNamespace(events=0, last_error=None)))
+    process = RecorderProcess(recorder, cast(EventStore, _EmptyLog()))
+    server = HttpServer(process.api("test-admin", bound_host="127.0.0.1"), host="127.0.0.1", port=0)
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            assert (await c.get("/healthz")).status_code == 200
+            _refused(await c.get("/healthz", headers={"Host": EVIL}), 421, "host_not_allowed")
+            query = {"sql": "SELECT 1"}
+            _refused(
+                await c.post("/admin/eventlog/query", json=query, headers={**ADMIN, "Host": EVIL}),
+                421,
+                "host_not_allowed",
+            )
+            _refused(
+                await c.post(
+                    "/admin/eventlog/query", json=query, headers={**ADMIN, "Origin": f"http://{EVIL}"}
+                ),
+                403,
+                "cross_origin_request",
+            )
+            big = await c.post("/admin/eventlog/query", content=b" " * (2 << 20), headers=ADMIN)
+            _refused(big, 413, "body_too_large")
+    finally:
+        await server.stop()
