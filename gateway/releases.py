@@ -11,8 +11,10 @@ With releases on (``FLYWHEEL_RELEASES=gated``) the gateway keeps the release boo
 - every other call (training rollouts) as before, to the trainer's latest weights.
 
 Whole-model versions are served by **slots**: engines of their own (the embedded stack starts them in
-process; elsewhere ``FLYWHEEL_RELEASE_SLOT_URLS`` names ``flywheel engine`` servers), each
-loading one version's weights over ``POST /load_weights``. The first slot serves production; the
+process; elsewhere ``FLYWHEEL_RELEASE_SLOT_URLS`` names ``flywheel engine`` servers, each loading one
+version's weights over ``POST /load_weights``, or with ``FLYWHEEL_RELEASE_SLOT_KIND=vllm`` vLLM servers
+of their own, reloaded in place from the version's directory through vLLM's dev routes,
+``infra/vllm/reload.py``). The first slot serves production; the
 second, when given, serves the versions named by evaluation rollouts. A slot drains its calls before it
 loads (its own :class:`Admission`), so every call is answered by, and recorded with, one version.
 A LoRA adapter's versions need no slot: each is loaded into the policy's engine under its own name
@@ -27,6 +29,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -37,6 +40,7 @@ from gateway.settings import GatewaySettings
 from gateway.upstream.client import Upstream, make_upstream
 from infra.logging import get_logger
 from infra.releases import ReleaseBook, parse_versioned, versioned_name
+from infra.vllm.reload import VllmReloader, VllmReloadError
 from schemas import EpisodeSource, UpstreamKind
 from schemas.control import ReleaseEvent
 
@@ -70,10 +74,18 @@ class Slot:
     """An engine that serves one whole-model version at a time; loading drains its calls first."""
 
     def __init__(
-        self, name: str, upstream: Upstream, *, admin_token: str, hold_s: float, drain_s: float
+        self,
+        name: str,
+        upstream: Upstream,
+        *,
+        admin_token: str,
+        hold_s: float,
+        drain_s: float,
+        kind: Literal["engine", "vllm"] = "engine",
     ) -> None:
         self.name = name
         self.upstream = upstream
+        self.kind = kind
         self.admission = Admission(weight_version=0, hold_s=hold_s)
         self.admin_token = admin_token
         self.drain_s = drain_s
@@ -91,13 +103,25 @@ class Slot:
             await self.admission.pause(version, self.drain_s)
             loaded = self.version
             try:
-                await _post(
-                    self.upstream, "/load_weights", {"path": path, "version": version}, self.admin_token
-                )
+                if self.kind == "vllm":
+                    await self._reload_vllm(version, path)
+                else:
+                    await _post(
+                        self.upstream, "/load_weights", {"path": path, "version": version}, self.admin_token
+                    )
                 loaded = version
             finally:
                 self.admission.resume(loaded)
             log.info("slot loaded", slot=self.name, version=version, path=path)
+
+    async def _reload_vllm(self, version: int, path: str) -> None:
+        """vLLM's dev-mode reload (``infra/vllm/reload.py``): the directory of ``path``'s safetensors."""
+        root = str(self.upstream.client.base_url)
+        reloader = VllmReloader(root, self.upstream.client, token=self.admin_token or None)
+        try:
+            await reloader.reload(Path(path), str(version))
+        except VllmReloadError as exc:
+            raise SlotLoadError(f"{self.upstream.url}: {exc}") from exc
 
 
 class ReleaseRouter:
@@ -250,8 +274,9 @@ def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = 
         )
     token = settings.admin_token.get_secret_value()
     if not slots and settings.release_slot_urls:
+        kind = UpstreamKind.vllm if settings.release_slot_kind == "vllm" else UpstreamKind.embedded
         slots = [
-            make_upstream(url.strip(), kind=UpstreamKind.embedded, timeout_s=settings.upstream_timeout_s)
+            make_upstream(url.strip(), kind=kind, timeout_s=settings.upstream_timeout_s)
             for url in settings.release_slot_urls.split(",")
             if url.strip()
         ]
@@ -264,6 +289,7 @@ def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = 
                 admin_token=token,
                 hold_s=settings.pause_hold_s,
                 drain_s=settings.pause_drain_timeout_s,
+                kind=settings.release_slot_kind if settings.release_slot_urls else "engine",
             )
             for i, up in enumerate(slots)
         ],

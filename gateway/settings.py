@@ -51,6 +51,10 @@ class GatewaySettings(FlywheelSettings):
     # requested model name → its own upstream, "name=url,..." (gateway/upstream/routing.py); others:
     # the default
     gateway_model_routes: str = ""
+    # a call whose model the policy's engine does not serve (an agent's "gpt-4o-mini"): "served" sends
+    # it under the engine's served name (FLYWHEEL_MODEL, or the base its /v1/models lists) and answers
+    # with the name asked; "passthrough" sends the agent's name as it is (gateway/upstream/model_names.py)
+    model_names: Literal["served", "passthrough"] = "served"
 
     @field_validator("gateway_model_routes")
     @classmethod
@@ -87,5 +91,8 @@ class GatewaySettings(FlywheelSettings):
     # `flywheel engine` servers (comma-separated .../v1 URLs) that serve fixed whole-model versions:
     # the first production's, the second the versions evaluation rollouts name; none: adapters only
     release_slot_urls: str = ""
+    # what those slots are: `flywheel engine` servers (POST /load_weights) or vLLM servers in dev mode
+    # (VLLM_SERVER_DEV_MODE=1: pause, reload_weights from the version's directory, resume)
+    release_slot_kind: Literal["engine", "vllm"] = "engine"
     # the starting weights (version 0, a model directory) a slot loads when production returns to it
     release_base_path: str = ""

@@ -5,7 +5,7 @@
 
 Wires, in this process: the bus (in-process by default; Kafka with ``FLYWHEEL_BUS=kafka``), the
 recorder writing every topic to the event log (embedded chdb under the data dir; on Kafka the
-``flywheel eventlog`` recorder does it), the gateway's recording machinery, the default upstream (the
+``flywheel recorder`` does it), the gateway's recording machinery, the default upstream (the
 embedded engine on ``--model-dir``, a toy model without one, or ``--upstream``), the journal the AGL
 state is rebuilt from on start, and the AGL app (``gateway/agl``) on ``--host:--port``. The event log
 is readable at ``/admin/eventlog/...`` with the admin token. SIGTERM/Ctrl-C stop it cleanly.

@@ -1,6 +1,7 @@
 """Production sessions: the episodes a tenant's calls open, their end, and the feedback users give.
 
-A production call names its session (``X-Flywheel-Session`` or the body's ``user``/``session_id``); the
+A production call names its session (``X-Flywheel-Session``, else the body's ``metadata.session_id``,
+``metadata.session`` or ``metadata.conversation_id``, else its ``user``: ``gateway.routes._session_of``); the
 first call of a session opens its episode (``EpisodeStarted``, source ``production``), later ones extend
 it, and ``POST /v1/sessions/{id}/end`` (or the reward service's idle timeout) ends it. A tenant holding
 ``tenant_max_sessions`` open sessions cannot open another (429, gateway/quotas.py). Feedback
