@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +45,17 @@ def exposure_problem(host: str, token: str, setting: str = "FLYWHEEL_ADMIN_TOKEN
     )
 
 
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/flywheel``, else ``~/.local/share/flywheel``: absolute, one per user.
+
+    Not relative to the working directory, so the keys ``flywheel keys create`` writes in one directory
+    are the keys ``flywheel up`` started in another serves. A relative ``XDG_DATA_HOME`` is ignored, as
+    the XDG Base Directory specification asks. Containers set ``FLYWHEEL_DATA_DIR=/data``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "flywheel"
+
+
 class FlywheelSettings(BaseSettings):
     """Shared settings, read from ``FLYWHEEL_*`` environment variables (and ``.env``)."""
 
@@ -58,7 +70,11 @@ class FlywheelSettings(BaseSettings):
     # a publish that the bus has not acknowledged in this long fails (the gateway then spools the event)
     publish_timeout_s: float = Field(default=10.0, gt=0)
     topic_prefix: str = ""
-    data_dir: Path = Path(".flywheel")
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="where local state lives: chdb, the gateway's spool and keys, journals, checkpoints "
+        "(unset: $XDG_DATA_HOME/flywheel, else ~/.local/share/flywheel, whatever the working directory)",
+    )
     clickhouse_url: str = ""  # empty: embedded chdb under data_dir/chdb; else http://user:pw@host:8123/db
     admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
     # Host names the admin routes and the web view answer for besides loopback and the bound host

@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import gc
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["tests.kafka_fixtures"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``XDG_DATA_HOME`` of this whole run: a temporary directory, never the real home's.
+
+    A setting left at its default puts Flywheel's data under ``$XDG_DATA_HOME/flywheel``
+    (``infra.settings.default_data_dir``); this points it, for this process and every child started
+    with its environment (``clean_env()`` helpers drop ``FLYWHEEL_*``, never ``XDG_DATA_HOME``), at a
+    temporary directory. A ``FLYWHEEL_DATA_DIR`` inherited from the developer's shell goes too.
+    ``tests/unit/test_data_dir.py`` checks that this holds."""
+    home = tmp_path_factory.mktemp("xdg-data-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_DATA_HOME", str(home))
+        mp.delenv("FLYWHEEL_DATA_DIR", raising=False)
+        yield home
 
 
 @pytest.hookimpl(trylast=True)
