@@ -43,6 +43,7 @@ from gateway.releases import build_release_router
 from gateway.serving import CallService
 from gateway.settings import GatewaySettings
 from gateway.upstream.client import Upstream
+from gateway.upstream.model_names import build_model_names
 from gateway.upstream.routing import RoutedPool, build_pool
 from infra.bus.base import Bus, Message, Subscription
 from infra.logging import get_logger
@@ -120,6 +121,7 @@ class Gateway:
             tokens_in=settings.tokens_in,
             policies=PolicyMap.parse(settings.policies),
             releases=self.releases,
+            model_names=build_model_names(settings, self.pool),
         )
         # what a Responses API previous_response_id resolves to, bounded per tenant too
         self.responses = ResponseStore(

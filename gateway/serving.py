@@ -42,8 +42,9 @@ from gateway.recording.prepare import (
     sampling_temperature,
 )
 from gateway.recording.publishing import Recorder
-from gateway.releases import ReleaseRouter
+from gateway.releases import ReleaseRouter, Routed
 from gateway.upstream.client import Upstream, UpstreamPool, UpstreamResponse
+from gateway.upstream.model_names import ModelNames
 from gateway.upstream.tokens_in import prompt_prefix, turn_of, vllm_prompt_ids
 from infra.logging import get_logger
 from infra.policies import PolicyMap
@@ -95,6 +96,7 @@ class _Ctx:
     admission: Admission | None = None  # the base's, or the call's adapter's (left when the call ends)
     adapter: str | None = None  # the policy's LoRA adapter that serves the call (infra/policies.py)
     adapter_version: int | None = None
+    echo: str | None = None  # the model name the answer names when the engine was asked for another
 
 
 class CallService:
@@ -112,8 +114,10 @@ class CallService:
         tokens_in: bool = True,
         policies: PolicyMap | None = None,
         releases: ReleaseRouter | None = None,
+        model_names: ModelNames | None = None,
     ) -> None:
         self.pool = pool
+        self.model_names = model_names  # None: every call asks for the agent's own model name
         self.releases = releases
         self.episodes = episodes
         self.recorder = recorder
@@ -172,8 +176,9 @@ class CallService:
             body, asked = prepare_body(
                 sent, call.endpoint, upstream.kind, weight_versions=upstream.request_weight_versions
             )
-            if adapter is not None:  # the engine serves the adapter under the policy's name
-                body["model"] = routed.model if routed and routed.model else adapter
+            requested = str(call.data.get("model") or "")
+            if (model := await self._model(upstream, adapter, routed, requested)) is not None:
+                body["model"] = model
             if upstream.kind is UpstreamKind.embedded and call.endpoint == "chat.completions":
                 body.pop("prompt_prefix", None)  # the gateway's to set, never the agent's
                 prefix = self._prefix(call, sent)
@@ -226,6 +231,7 @@ class CallService:
             except UpstreamError as exc:
                 await self._record_failure(ctx, exc.status_code, exc.message, stream)
                 raise
+            ctx.echo = requested if requested and body.get("model") != requested else None
             if stream:
                 handed_off = True
                 return StreamAnswer(self._stream(ctx, response), ctx.call_id)
@@ -244,10 +250,20 @@ class CallService:
                 return Answer(orjson.dumps(answer), ctx.call_id)
             await self._record(ctx, captured, streamed=False)
             strip_response(data, call.endpoint, asked)
+            if ctx.echo is not None:
+                data["model"] = ctx.echo
             return Answer(orjson.dumps(data), ctx.call_id)
         finally:
             if not handed_off:
                 admission.leave()
+
+    async def _model(
+        self, up: Upstream, adapter: str | None, routed: Routed | None, asked: str
+    ) -> str | None:
+        """The name ``up`` is asked for instead of ``asked`` (None: ``asked``): the adapter's, or model_names'."""
+        if adapter is not None:
+            return routed.model if routed is not None and routed.model else adapter
+        return await self.model_names.replacement(up, asked) if self.model_names is not None else None
 
     async def _base_for_unloaded(self, ctx: _Ctx, exc: UpstreamError) -> str | None:
         """The base's name at the upstream when it refused ``ctx``'s adapter as an unknown model, else None.
@@ -305,6 +321,8 @@ class CallService:
                         outs = events.feed(chunk)
                     else:
                         strip_response(chunk, endpoint, ctx.asked)
+                        if ctx.echo is not None and "model" in chunk:
+                            chunk["model"] = ctx.echo
                         outs = [b"data: " + orjson.dumps(chunk) + b"\n\n"]
                     if asm.is_final(chunk):
                         held.extend(outs)

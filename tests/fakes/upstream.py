@@ -52,6 +52,9 @@ class FakeUpstreamConfig:
     requests: list[dict[str, Any]] = field(default_factory=list)
     keep_requests: bool = True
     model: str = "fake-model"
+    # as vLLM: only these names are served (the first the base, the rest listed as its adapters), any
+    # other is a 404 "The model `x` does not exist."; None: any name is served (as the embedded engine)
+    served_names: list[str] | None = None
 
 
 def _text(content: Any) -> str:
@@ -113,6 +116,9 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
     async def gate(body: dict[str, Any]) -> Response | None:
         if cfg.keep_requests:
             cfg.requests.append(body)
+        if cfg.served_names is not None and body.get("model") not in cfg.served_names:
+            message = f"The model `{body.get('model')}` does not exist."
+            return JSONResponse({"error": {"message": message, "type": "NotFoundError", "code": 404}}, 404)
         if cfg.hang_next > 0:
             cfg.hang_next -= 1
             await asyncio.sleep(3600)
@@ -159,7 +165,12 @@ def create_fake_upstream(cfg: FakeUpstreamConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
+        if cfg.served_names is None:
+            return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
+        base, *adapters = cfg.served_names
+        entries = [{"id": base, "object": "model", "parent": None}]
+        entries += [{"id": name, "object": "model", "parent": base} for name in adapters]
+        return {"object": "list", "data": entries}
 
     @app.exception_handler(Exception)
     async def _bad_request(_: Request, exc: Exception) -> JSONResponse:
