@@ -8,7 +8,9 @@ on every engine alike. A name is kept when it is
 
 - the served name (``FLYWHEEL_MODEL``), a policy's name (``FLYWHEEL_POLICIES``) or a routed name
   (``FLYWHEEL_GATEWAY_MODEL_ROUTES``, which goes to its own upstream as asked);
-- a versioned name (``policy@v12``, ``terse@v3``: the release router's, ``gateway/releases.py``);
+- an adapter's versioned name (``terse@v3``: the release router's, ``gateway/releases.py``). A
+  whole-model version (``policy@v12``) is served by a slot under the slot's own name (a vLLM slot
+  serves only ``policy``), so it goes by the rule like any other name;
 - listed in the upstream's ``/v1/models`` (its base and the adapters loaded there; read at most once
   per ``ttl_s`` per upstream, and only for a name not kept already).
 
@@ -80,7 +82,10 @@ class ModelNames:
 
     def kept(self, asked: str) -> bool:
         """Whether ``asked`` is sent as it is without asking the upstream."""
-        return self.mode == "passthrough" or asked in self.keep or parse_versioned(asked) is not None
+        if self.mode == "passthrough" or asked in self.keep:
+            return True
+        versioned = parse_versioned(asked)
+        return versioned is not None and versioned[0] != self.served
 
     async def replacement(self, upstream: Upstream, asked: str) -> str | None:
         """The name to send ``upstream`` instead of ``asked``; None: send ``asked``."""

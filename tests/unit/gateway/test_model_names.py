@@ -47,11 +47,12 @@ async def test_names_the_upstream_does_not_list_go_under_its_base() -> None:
     up = make_upstream("http://vllm/v1", transport=transport)
     clock = Clock()
     names = ModelNames("policy", keep=["writer", "checker"], clock=clock, ttl_s=30.0)
-    # kept without asking the upstream: the served name, policies, routes, versioned names
-    for kept in ("policy", "writer", "checker", "policy@v12", "terse@v3"):
+    # kept without asking the upstream: the served name, policies, routes, an adapter's versions
+    for kept in ("policy", "writer", "checker", "terse@v3"):
         assert await names.replacement(up, kept) is None
     assert reads == []
     assert await names.replacement(up, "gpt-4o-mini") == "SmolLM2"  # the listed base, not FLYWHEEL_MODEL
+    assert await names.replacement(up, "policy@v12") == "SmolLM2"  # a slot serves its version by its name
     assert await names.replacement(up, "") == "SmolLM2"
     assert await names.replacement(up, "terse") is None  # an adapter loaded there
     assert await names.replacement(up, "SmolLM2") is None
