@@ -37,7 +37,7 @@ from gateway.control import Admission
 from gateway.episodes.registry import EpisodeState
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
-from gateway.upstream.client import Upstream, make_upstream
+from gateway.upstream.client import Upstream, UpstreamPool, make_upstream
 from infra.logging import get_logger
 from infra.releases import ReleaseBook, parse_versioned, versioned_name
 from infra.vllm.reload import VllmReloader, VllmReloadError
@@ -141,6 +141,13 @@ class ReleaseRouter:
         self.admin_token = admin_token
         self._adapters_loaded: set[tuple[str, str]] = set()  # (upstream URL, adapter@vN)
         self._adapter_locks: dict[str, asyncio.Lock] = {}
+        self.owned: list[Upstream] = []  # slot upstreams made from FLYWHEEL_RELEASE_SLOT_URLS: closed here
+
+    async def aclose(self) -> None:
+        """Close the connections of the slots this router made (a host's own slots are the host's)."""
+        owned, self.owned = self.owned, []
+        if owned:
+            await UpstreamPool(owned).aclose()
 
     @property
     def served_slot(self) -> Slot | None:
@@ -273,14 +280,15 @@ def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = 
             "(or FLYWHEEL_POLICIES: LoRA adapters over a frozen base need none)"
         )
     token = settings.admin_token.get_secret_value()
+    owned: list[Upstream] = []
     if not slots and settings.release_slot_urls:
         kind = UpstreamKind.vllm if settings.release_slot_kind == "vllm" else UpstreamKind.embedded
-        slots = [
+        slots = owned = [
             make_upstream(url.strip(), kind=kind, timeout_s=settings.upstream_timeout_s)
             for url in settings.release_slot_urls.split(",")
             if url.strip()
         ]
-    return ReleaseRouter(
+    router = ReleaseRouter(
         ReleaseBook(settings.model, settings.data_dir / "gateway" / "releases.json"),
         slots=[
             Slot(
@@ -296,3 +304,5 @@ def build_release_router(settings: GatewaySettings, slots: Sequence[Upstream] = 
         base_path=settings.release_base_path or None,
         admin_token=token,
     )
+    router.owned = owned
+    return router

@@ -270,6 +270,8 @@ class Gateway:
         self._subs.clear()
         await self.recorder.stop()
         await self.pool.aclose()
+        if self.releases is not None:
+            await self.releases.aclose()  # the slots it connected to itself
         self.recorder.spool.close()
         if self.episodes.journal is not None:
             self.episodes.journal.close()
