@@ -145,7 +145,7 @@ async def _replay_remote(
     if pace is not None:
         body["pace"] = {"groups_per_step": pace.groups_per_step, "step_timeout_s": pace.step_timeout_s}
     client = AdminClient(url, token, timeout_s=600)
-    if pace is None or dry_run:
+    if pace is None and not dry_run:  # a dry run answers at once; a paced one reports progress below
         typer.echo(f"replaying through {url} (the stack answers when it is done)", err=True)
     try:
         data = await client.post("/admin/ops/replay", body)
