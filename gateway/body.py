@@ -23,6 +23,7 @@ from gateway.limits import (
     check_json,
     too_deep_for_parser,
 )
+from infra.body import declared_length
 
 
 class Disconnected(Exception):
@@ -83,17 +84,6 @@ def check_json_body(raw: bytes) -> None:
     except InvalidRequestError as exc:
         if exc.code == "json_too_deep":
             raise
-
-
-def declared_length(scope: Scope) -> int:
-    """The request's Content-Length, 0 when absent or unreadable (the body is then counted as it comes)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return 0
-    return 0
 
 
 class BodyLimit:

@@ -25,7 +25,8 @@ def openai_too_large(max_bytes: int) -> bytes:
     return orjson.dumps(error_body(message, "invalid_request_error", code="body_too_large"))
 
 
-def _declared(scope: Scope) -> int:
+def declared_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 when absent or unreadable (the body is then counted as it comes)."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -49,7 +50,7 @@ class BodyBound:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _declared(scope) > self.max_bytes:
+        if declared_length(scope) > self.max_bytes:
             await self._too_large(send)
             return
         chunks: list[bytes] = []

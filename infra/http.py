@@ -113,6 +113,24 @@ def token_matches(given: str, expected: str) -> bool:
     return bool(expected) and hmac.compare_digest(given.encode(), expected.encode())
 
 
+def admin_token_problem(
+    given: str, expected: str, *, throttle: FailureThrottle | None = None, client: str | None = None
+) -> tuple[int, dict[str, str]] | None:
+    """None when ``given`` is the admin token; else the status to answer and its headers: 429 with
+    ``Retry-After`` for a ``client`` the ``throttle`` holds back (before its token is looked at, so the
+    throttle answers no guesses), 401 otherwise. A wrong token counts against ``client``; none at all
+    does not (it guesses nothing)."""
+    if throttle is not None and client is not None:
+        wait = throttle.retry_after(client)
+        if wait is not None:
+            return 429, {"Retry-After": str(max(1, math.ceil(wait)))}
+    if token_matches(given, expected):
+        return None
+    if throttle is not None and client is not None and given:
+        throttle.failed(client)
+    return 401, {}
+
+
 def require_admin_token(
     headers: Mapping[str, str],
     expected: str,
@@ -120,31 +138,29 @@ def require_admin_token(
     throttle: FailureThrottle | None = None,
     client: str | None = None,
 ) -> None:
-    """Every admin API's check: the admin token as a bearer token or in ``X-Admin-Token``.
-
-    With a ``throttle``, a ``client`` address that presented a wrong token too often is answered 429
-    ``too_many_failed_tokens`` (with ``Retry-After``) before its token is looked at; a request with no
-    token at all is not counted (it guesses nothing)."""
-    given = bearer_token(headers, "x-admin-token")
-    if throttle is not None and client is not None:
-        wait = throttle.retry_after(client)
-        if wait is not None:
-            raise HttpError(
-                "too many requests with a wrong admin token from this address; try again later",
-                status_code=429,
-                error_type="rate_limit_error",
-                code="too_many_failed_tokens",
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            )
-    if not token_matches(given, expected):
-        if throttle is not None and client is not None and given:
-            throttle.failed(client)
+    """Every admin API's check: the admin token as a bearer token or in ``X-Admin-Token``; with a
+    ``throttle``, 429 ``too_many_failed_tokens`` for an address that sent wrong ones too often
+    (:func:`admin_token_problem`)."""
+    problem = admin_token_problem(
+        bearer_token(headers, "x-admin-token"), expected, throttle=throttle, client=client
+    )
+    if problem is None:
+        return
+    status, extra = problem
+    if status == 429:
         raise HttpError(
-            "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)",
-            status_code=401,
-            error_type="authentication_error",
-            code="invalid_admin_token",
+            "too many requests with a wrong admin token from this address; try again later",
+            status_code=429,
+            error_type="rate_limit_error",
+            code="too_many_failed_tokens",
+            headers=extra,
         )
+    raise HttpError(
+        "admin token required (Authorization: Bearer <FLYWHEEL_ADMIN_TOKEN>)",
+        status_code=401,
+        error_type="authentication_error",
+        code="invalid_admin_token",
+    )
 
 
 ADMIN_FAILURES_PER_MINUTE = 20

@@ -15,7 +15,6 @@ an address that sent a wrong token ``infra.http.ADMIN_FAILURES_PER_MINUTE`` time
 
 from __future__ import annotations
 
-import math
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -38,9 +37,9 @@ from infra.engine.weight_loading import WeightLoadError
 from infra.http import (
     ADMIN_FAILURES_PER_MINUTE,
     HttpError,
+    admin_token_problem,
     bearer_token,
     error_response,
-    token_matches,
     validation_message,
 )
 from infra.throttle import FailureThrottle
@@ -80,22 +79,13 @@ def create_engine_app(
         if not admin_token:
             return
         client = request.client.host if request.client else ""
-        wait = throttle.retry_after(client)
-        if wait is not None:
-            raise HttpError(
-                "too many requests with a wrong admin token from this address; try again later",
-                status_code=429,
-                error_type="RateLimitError",
-                code=429,
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            )
         given = bearer_token(request.headers)
-        if not token_matches(given, admin_token):
-            if given:
-                throttle.failed(client)
-            raise HttpError(
-                "admin token required", status_code=401, error_type="AuthenticationError", code=401
-            )
+        problem = admin_token_problem(given, admin_token, throttle=throttle, client=client)
+        if problem is not None:
+            status, headers = problem
+            message = "admin token required" if status == 401 else "too many wrong admin tokens; try later"
+            kind = "AuthenticationError" if status == 401 else "RateLimitError"
+            raise HttpError(message, status_code=status, error_type=kind, code=status, headers=headers)
 
     _handle_errors(app, engine)
 
