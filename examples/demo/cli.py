@@ -139,6 +139,14 @@ GatesOpt = Annotated[
 ReleaseEveryOpt = Annotated[
     int, typer.Option(min=1, help="--gates: a candidate every N versions (per adapter)")
 ]
+AlgoOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--algo",
+        help="a trainer algorithm knob, KEY=VALUE (repeatable): FLYWHEEL_TRAINER_ALGO__KEY's fields "
+        "(docs/configuration.md), e.g. --algo behaviour_weight=truncated",
+    ),
+]
 UsersRuleOpt = Annotated[
     UsersRuleChoice,
     typer.Option(help="--tenants: users like a right answer in their form, or judge the form alone"),
@@ -193,6 +201,7 @@ def demo(
     gates: GatesOpt = False,
     release_every: ReleaseEveryOpt = 10,
     users_rule: UsersRuleOpt = UsersRuleChoice.right,
+    algo: AlgoOpt = None,
 ) -> None:
     """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
 
@@ -232,6 +241,7 @@ def demo(
         gates=gates,
         release_every=release_every,
         users_rule=users_rule,
+        algo=tuple(algo or ()),
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from examples.demo.agents import DemoAgent, demo_agent
 from examples.demo.production import FeedbackDelay, FeedbackDelayError
@@ -20,6 +23,7 @@ from examples.demo.run import DemoConfig
 from examples.demo.tenants import LORA_LEARNING_RATE
 from examples.demo.warmconfig import GateConfig, WarmStartConfig
 from examples.demo.warmstart import DEFAULT_CACHE
+from trainer.config import AlgorithmConfig
 
 
 class AgentChoice(StrEnum):
@@ -108,6 +112,7 @@ class DemoOptions:
     gates: bool = False
     release_every: int = 10
     users_rule: UsersRuleChoice = UsersRuleChoice.right
+    algo: tuple[str, ...] = ()  # --algo KEY=VALUE: the trainer's algorithm knobs
 
     def resolve(self) -> DemoPlan:
         """The plan every seed runs; :class:`DemoOptionError` for the first options that clash."""
@@ -121,7 +126,27 @@ class DemoOptions:
         roles = self._roles(chosen)
         stage = self._prompt_stage()
         self._check_sources()
+        self.algorithm()
         return self._sized(chosen, roles, stage)
+
+    def algorithm(self) -> dict[str, Any]:
+        """``--algo KEY=VALUE``s as AlgorithmConfig fields (checked: a known field, a value it takes)."""
+        out: dict[str, Any] = {}
+        for item in self.algo or ():
+            key, sep, value = item.partition("=")
+            key = key.strip().lower()
+            if not sep or key not in AlgorithmConfig.model_fields:
+                raise DemoOptionError(
+                    f"error: --algo {item!r}: expected KEY=VALUE with KEY one of the trainer's algorithm "
+                    "knobs (docs/configuration.md, FLYWHEEL_TRAINER_ALGO__<KEY>)"
+                )
+            try:
+                AlgorithmConfig.model_validate({key: value.strip()})
+            except ValidationError as exc:
+                reason = exc.errors()[0]["msg"]
+                raise DemoOptionError(f"error: --algo {item!r}: {reason}") from None
+            out[key] = value.strip()
+        return out
 
     def _roles(self, chosen: DemoAgent) -> RolePolicies | None:
         if self.policies is None:
@@ -162,12 +187,11 @@ class DemoOptions:
         elif self.users_rule is not UsersRuleChoice.right and self.tenants is None:
             message = "--users-rule is for --tenants"
         elif self.gates and (
-            source is SourceChoice.replay
-            or self.engine is not EngineChoice.embedded
+            self.engine is not EngineChoice.embedded
             or self.agent is not AgentChoice.calc
             or self.optimize_prompt
         ):
-            message = "--gates runs the calculator agent from rollouts or production, on the embedded engine"
+            message = "--gates runs the calculator agent on the embedded engine, without --optimize-prompt"
         else:
             try:
                 FeedbackDelay.parse(self.feedback_delay)
@@ -262,6 +286,7 @@ class DemoPlan:
             gates=o.gates,
             release_every=o.release_every,
             users_rule=o.users_rule.value,
+            algorithm=o.algorithm(),
         )
 
     def title(self, seed: int) -> str:
@@ -275,6 +300,8 @@ class DemoPlan:
             title += f", LoRA: {self.roles.config} ({', '.join(sorted(self.roles.policies))})"
         if o.users_rule is UsersRuleChoice.form:
             title += ", users judge the form alone"
+        if o.algo or ():
+            title += f", {' '.join(o.algo)}"
         if o.gates:
             title += f", gated releases (a candidate every {o.release_every} versions)"
         return title

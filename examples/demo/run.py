@@ -108,6 +108,7 @@ class DemoConfig:
 
 
 Say = Callable[[str], None]
+REPLAY_KL_COEF = 0.05  # --source replay: the k3 penalty to the warm start (docs/replay.md, long replays)
 
 
 def stack_settings(
@@ -118,9 +119,10 @@ def stack_settings(
         {
             "learning_rate": cfg.learning_rate,
             "reference_kl": replay,  # the replay's per-step KL from the warm start (its report)
-            # a whole recorded run: negative samples tapered by their whole response's ratio, which kept
-            # a 544-step replay from falling after its peak (docs/replay.md)
-            **({"behaviour_weight": "tapered_sequence"} if replay else {}),
+            # a whole recorded run: negative samples tapered by their whole response's ratio, and a KL
+            # penalty to the warm start, which kept 461- to 650-step replays from falling after their
+            # peak (docs/replay.md)
+            **({"behaviour_weight": "tapered_sequence", "kl_coef": REPLAY_KL_COEF} if replay else {}),
             **cfg.algorithm,
         }
     )
@@ -185,6 +187,8 @@ async def run_seed(
     stack, lora, fixed, vllm = await _start_stack(seed, policies, data_dir, trainer_dir)
     assert stack.bus is not None and stack.trainer is not None
     report: dict[str, Any] = {"seed": cfg.seed, "source": cfg.source, "engine": cfg.engine}
+    if cfg.algorithm:  # --algo: the trainer's knobs this run set
+        report["algorithm"] = cfg.algorithm
     if cfg.agent != "calc":
         report["agent"] = cfg.agent
         report.update(roles.report_fields(policies, lora))

@@ -7,7 +7,8 @@ those sessions alone. The toy model never answers right, so the tiny preset's us
 of the sessions (``user_mistake_rate``): the rewards vary and production samples must be trained.
 
 The production run's recording is then replayed into a fresh warm start: its rated sessions train as
-sessions, against the tenant's baseline (``recorded_source=production``).
+sessions, against the tenant's baseline (``recorded_source=production``), with gated releases: the
+replay's candidates are judged by the gates before any could serve production.
 
 Replay: a tiny training-demo run is recorded, then replayed from its event log into a fresh copy of
 its warm start. The toy's groups are all-fail, so they carry no GRPO signal: the replay must read every
@@ -85,10 +86,21 @@ def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cach
 
     # Replayed into a fresh warm start, the recorded production sessions train as sessions: each a
     # group of one against the tenant's running baseline (recorded_source=production), not a flat group.
-    # every recorded session (the tiny preset's two steps would replay only the first, all-alike ones)
+    # every recorded session (the tiny preset's two steps would replay only the first, all-alike ones),
+    # with gated releases and a trainer knob from the command line (what the gated long replays use)
     replayed = _demo(
-        tmp_path / "replayed", cache, "--source", "replay", "--from", str(out), "--max-steps", "16"
+        tmp_path / "replayed",
+        cache,
+        *("--source", "replay", "--from", str(out), "--max-steps", "16"),
+        *("--gates", "--release-every", "2", "--algo", "behaviour_weight=truncated"),
     )
+    assert replayed["algorithm"] == {"behaviour_weight": "truncated"}
+    releases = replayed["releases"]["policy"]
+    assert releases["proposed"] and releases["evaluations"], releases  # the replay's candidates were judged
+    # the toy scores 0 on the validation tasks: under the gates' minimum, every candidate is refused and
+    # the warm start keeps serving
+    assert releases["refused"] == [e["version"] for e in releases["evaluations"]], releases
+    assert releases["served"] == 0 and replayed["served"]["version"] == 0, releases
     replay = replayed["replay"]
     assert replay["production"] >= 16 and replay["signal_groups"] == replay["production"], replay
     assert replay["too_little_signal"] is False and replay["sent"] > 0, replay

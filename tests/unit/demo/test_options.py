@@ -10,8 +10,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from examples.demo import cli
-from examples.demo.options import AgentChoice, DemoOptionError, DemoOptions, SourceChoice, TenantsChoice
+from examples.demo import cli, run
+from examples.demo.options import (
+    AgentChoice,
+    DemoOptionError,
+    DemoOptions,
+    EngineChoice,
+    SourceChoice,
+    TenantsChoice,
+)
 
 
 def _app() -> typer.Typer:
@@ -77,6 +84,34 @@ def test_the_options_object_holds_every_option_of_the_command() -> None:
             "error: --feedback-delay '0.5:0,0.4:60-30': shares must be >= 0 and add up to 1, and each LOW <= HIGH",
             False,
         ),
+        (
+            {"gates": True, "engine": EngineChoice.vllm},
+            "--gates runs the calculator agent on the embedded engine, without --optimize-prompt",
+            True,
+        ),
+        (
+            {"algo": ("nope=1",)},
+            "error: --algo 'nope=1': expected KEY=VALUE with KEY one of the trainer's algorithm knobs "
+            "(docs/configuration.md, FLYWHEEL_TRAINER_ALGO__<KEY>)",
+            False,
+        ),
+        (
+            {"algo": ("kl_coef",)},
+            "error: --algo 'kl_coef': expected KEY=VALUE with KEY one of the trainer's algorithm knobs "
+            "(docs/configuration.md, FLYWHEEL_TRAINER_ALGO__<KEY>)",
+            False,
+        ),
+        (
+            {"algo": ("kl_coef=-1",)},
+            "error: --algo 'kl_coef=-1': Input should be greater than or equal to 0",
+            False,
+        ),
+        (
+            {"algo": ("behaviour_weight=sometimes",)},
+            "error: --algo 'behaviour_weight=sometimes': Input should be 'truncated', 'tapered' or "
+            "'tapered_sequence'",
+            False,
+        ),
     ],
 )
 def test_clashing_options_fail_in_one_line(
@@ -92,6 +127,26 @@ def test_the_command_exits_2_with_the_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), ["demo", "--source", "replay", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "--source replay needs --from" in result.output
+
+
+def test_algo_knobs_reach_the_trainer_and_a_replay_may_be_gated(tmp_path: Path) -> None:
+    options = _options(
+        tmp_path,
+        source=SourceChoice.replay,
+        replay_from=tmp_path,
+        gates=True,
+        algo=("behaviour_weight=truncated", "KL_COEF=0.2"),
+    )
+    cfg = options.resolve().config(1)
+    assert cfg.algorithm == {"behaviour_weight": "truncated", "kl_coef": "0.2"}
+    assert cfg.gates and cfg.source == "replay"
+    settings = run.stack_settings(cfg, tmp_path / "data", tmp_path / "trainer")
+    # the replay's own choices (tapered_sequence, kl_coef 0.05) give way to the command line's
+    algo = settings.trainer.trainer_algo
+    assert (algo.behaviour_weight, algo.kl_coef) == ("truncated", 0.2)
+    plain = _options(tmp_path, source=SourceChoice.replay, replay_from=tmp_path).resolve().config(1)
+    algo = run.stack_settings(plain, tmp_path / "data", tmp_path / "trainer").trainer.trainer_algo
+    assert (algo.behaviour_weight, algo.kl_coef, algo.reference_kl) == ("tapered_sequence", 0.05, True)
 
 
 def test_tiny_shrinks_the_run_and_the_agent_sets_the_rest(tmp_path: Path) -> None:
