@@ -78,6 +78,11 @@ Optimisation
     learning_rate, weight_decay, betas: Adam(W). A prototype on a 3 M model found 1e-4 stable and 5e-4
         collapsing.
     max_grad_norm: global gradient-norm clipping.
+    lr_decay_steps / lr_final_ratio: a run of known length anneals: the policy's learning rate falls
+        linearly from ``learning_rate`` at version 0 to ``lr_final_ratio`` times it at version
+        ``lr_decay_steps``, and stays there (the linear schedule of fixed-length fine-tuning). ``None``
+        (the default) keeps it constant, as an open-ended online run must; ``flywheel demo --source
+        replay`` sets it to the recorded run's steps (docs/replay.md).
     token_budget: microbatch size in tokens (rows × padded length); gradients accumulate across
         microbatches so the budget only trades memory for speed.
 
@@ -137,6 +142,8 @@ class AlgorithmConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(default=1.0, gt=0)
+    lr_decay_steps: int | None = Field(default=None, ge=1)
+    lr_final_ratio: float = Field(default=0.1, gt=0, le=1)
     token_budget: int = Field(default=8192, ge=16)
     # production sessions
     production_baseline: Literal["ema", "batch"] = "ema"

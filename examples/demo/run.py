@@ -89,6 +89,7 @@ class DemoConfig:
     user_mistake_rate: float = 0.0  # share of sessions users rate the wrong way (examples/demo/production.py)
     feedback_delay: str = ""  # when users rate (production.FeedbackDelay's spec); "": at once
     recorded_source: str = ""  # replay: the source the recorded run trained from (its report's)
+    recorded_steps: int = 0  # replay: the recorded run's steps, which the replay anneals its rate over
     # more AlgorithmConfig fields, for the comparisons on docs/replay.md (e.g. {"m2_threshold": None})
     algorithm: dict[str, Any] = field(default_factory=dict)
     replay_from: Path | None = None  # replay: the recorded ``flywheel demo --out`` directory
@@ -115,6 +116,7 @@ def stack_settings(
     cfg: DemoConfig, data_dir: Path, trainer_dir: Path, agent: DemoAgent | None = None
 ) -> StackSettings:
     replay = cfg.source == "replay"
+    decay = min(cfg.max_steps or cfg.recorded_steps, cfg.recorded_steps) if replay else 0
     algo = AlgorithmConfig.model_validate(
         {
             "learning_rate": cfg.learning_rate,
@@ -123,6 +125,8 @@ def stack_settings(
             # penalty to the warm start, which kept 461- to 650-step replays from falling after their
             # peak (docs/replay.md)
             **({"behaviour_weight": "tapered_sequence", "kl_coef": REPLAY_KL_COEF} if replay else {}),
+            # a replay's length is known: its learning rate anneals over it (docs/replay.md)
+            **({"lr_decay_steps": decay} if decay else {}),
             **cfg.algorithm,
         }
     )
@@ -174,7 +178,11 @@ async def run_seed(
     data_dir = cfg.out / "data"
     recorded, loaded = await _recorded_episodes(cfg, data_dir, say)
     if recorded is not None:  # a production recording replays as sessions, B × G of them a step
-        cfg = replace(cfg, recorded_source=str(recorded.report.get("source", "rollouts")))
+        source, steps = (
+            str(recorded.report.get("source", "rollouts")),
+            int(recorded.report.get("rl_steps") or 0),
+        )
+        cfg = replace(cfg, recorded_source=source, recorded_steps=steps)
     agent = demo_agent(cfg.agent, cfg.cache)
     policies = _role_policies(cfg, agent)
     warm_cfg = WarmStartConfig(**{**cfg.warm.__dict__, "seed": cfg.seed})

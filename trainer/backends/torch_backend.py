@@ -131,6 +131,14 @@ class TorchBackend:
             for p in self.reference.parameters():
                 p.requires_grad_(False)
 
+    def policy_lr(self) -> float:
+        """The policy's learning rate for the step from this version (``lr_decay_steps``' schedule)."""
+        base, steps = self._lrs[0], self.cfg.lr_decay_steps
+        if steps is None:
+            return base
+        done = min(1.0, self._version / steps)
+        return base * (1.0 - (1.0 - self.cfg.lr_final_ratio) * done)
+
     @property
     def version(self) -> int:
         return self._version
@@ -242,6 +250,7 @@ class TorchBackend:
             if self.reduce_grads is not None:
                 self.reduce_grads()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+            self.optimizer.param_groups[0]["lr"] = self.policy_lr()
             self.optimizer.step()
         self._version += 1
         seconds = time.perf_counter() - t0
@@ -260,6 +269,7 @@ class TorchBackend:
             "m2_masked_fraction": totals["m2_masked"] / n,
             **({"reference_kl": totals["kl"] / n} if self.reference is not None else {}),
             "grad_norm": grad_norm,
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
             "response_tokens": totals["tokens"] / self.cfg.ppo_epochs,
             "train_seconds": seconds,
             "train_tokens_per_s": real / seconds if seconds > 0 else 0.0,

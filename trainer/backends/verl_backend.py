@@ -122,6 +122,8 @@ class VerlBackend:
     ) -> None:
         if algo.kl_coef > 0:
             raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
+        if algo.lr_decay_steps is not None:
+            raise BackendError("the verl backend keeps its learning rate constant: unset lr_decay_steps")
         if algo.behaviour_weight != "truncated" or algo.m2_threshold is not None:
             # verl's own rollout correction is the truncated weight: say so rather than train otherwise
             log.warning(

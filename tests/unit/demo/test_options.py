@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +145,12 @@ def test_algo_knobs_reach_the_trainer_and_a_replay_may_be_gated(tmp_path: Path) 
     algo = settings.trainer.trainer_algo
     assert (algo.behaviour_weight, algo.kl_coef) == ("truncated", 0.2)
     plain = _options(tmp_path, source=SourceChoice.replay, replay_from=tmp_path).resolve().config(1)
+    plain = replace(plain, recorded_steps=461)  # the recorded run's (its report's rl_steps)
     algo = run.stack_settings(plain, tmp_path / "data", tmp_path / "trainer").trainer.trainer_algo
     assert (algo.behaviour_weight, algo.kl_coef, algo.reference_kl) == ("tapered_sequence", 0.05, True)
+    assert algo.lr_decay_steps == 461  # a replay anneals over the recorded run's length
+    short = run.stack_settings(replace(plain, max_steps=16), tmp_path / "d", tmp_path / "t")
+    assert short.trainer.trainer_algo.lr_decay_steps == 16  # or over the steps it was given
 
 
 def test_tiny_shrinks_the_run_and_the_agent_sets_the_rest(tmp_path: Path) -> None:

@@ -50,6 +50,24 @@ def test_policy_moves_toward_rewarded_response() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_run_of_known_length_anneals_its_learning_rate() -> None:
+    cfg = AlgorithmConfig(learning_rate=1e-3, lr_decay_steps=4, lr_final_ratio=0.1)
+    backend = TorchBackend(tiny_model(), cfg)
+    rates = []
+    for step in range(6):
+        batch = build_batch([_bandit_group(f"g{step}", backend.version)], cfg, backend.version)
+        rates.append(backend.train_step(batch)["learning_rate"])
+    assert rates == pytest.approx([1e-3, 7.75e-4, 5.5e-4, 3.25e-4, 1e-4, 1e-4])
+    # an SFT step runs at its own rate and leaves the schedule where it was
+    backend.sft_step(sft_samples([(PROMPT, GOOD)]))
+    batch = build_batch([_bandit_group("g6", backend.version)], cfg, backend.version)
+    assert backend.train_step(batch)["learning_rate"] == pytest.approx(1e-4)
+    constant = TorchBackend(tiny_model(), AlgorithmConfig(learning_rate=1e-3))
+    batch = build_batch([_bandit_group("c", 0)], constant.cfg, 0)
+    assert constant.train_step(batch)["learning_rate"] == 1e-3
+
+
+@pytest.mark.timeout(60)
 def test_ppo_epochs_clip_and_kl_are_reported() -> None:
     cfg = AlgorithmConfig(m2_threshold=None, learning_rate=2e-2, ppo_epochs=4, kl_coef=0.1, tis_cap=None)
     backend = TorchBackend(tiny_model(), cfg)
