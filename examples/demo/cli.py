@@ -144,7 +144,7 @@ AlgoOpt = Annotated[
     typer.Option(
         "--algo",
         help="a trainer algorithm knob, KEY=VALUE (repeatable): FLYWHEEL_TRAINER_ALGO__KEY's fields "
-        "(docs/configuration.md), e.g. --algo behaviour_weight=truncated",
+        "(docs/configuration.md), e.g. --algo behaviour_weight=truncated; KEY=none unsets one",
     ),
 ]
 UsersRuleOpt = Annotated[

@@ -140,12 +140,13 @@ class DemoOptions:
                     f"error: --algo {item!r}: expected KEY=VALUE with KEY one of the trainer's algorithm "
                     "knobs (docs/configuration.md, FLYWHEEL_TRAINER_ALGO__<KEY>)"
                 )
+            parsed = None if value.strip().lower() == "none" else value.strip()  # unset, where a knob may be
             try:
-                AlgorithmConfig.model_validate({key: value.strip()})
+                AlgorithmConfig.model_validate({key: parsed})
             except ValidationError as exc:
                 reason = exc.errors()[0]["msg"]
                 raise DemoOptionError(f"error: --algo {item!r}: {reason}") from None
-            out[key] = value.strip()
+            out[key] = parsed
         return out
 
     def _roles(self, chosen: DemoAgent) -> RolePolicies | None:

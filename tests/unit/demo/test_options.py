@@ -107,6 +107,11 @@ def test_the_options_object_holds_every_option_of_the_command() -> None:
             False,
         ),
         (
+            {"algo": ("kl_coef=none",)},
+            "error: --algo 'kl_coef=none': Input should be a valid number",
+            False,
+        ),
+        (
             {"algo": ("behaviour_weight=sometimes",)},
             "error: --algo 'behaviour_weight=sometimes': Input should be 'truncated', 'tapered' or "
             "'tapered_sequence'",
@@ -135,15 +140,20 @@ def test_algo_knobs_reach_the_trainer_and_a_replay_may_be_gated(tmp_path: Path) 
         source=SourceChoice.replay,
         replay_from=tmp_path,
         gates=True,
-        algo=("behaviour_weight=truncated", "KL_COEF=0.2"),
+        algo=("behaviour_weight=truncated", "KL_COEF=0.2", "lr_decay_steps=none"),
     )
     cfg = options.resolve().config(1)
-    assert cfg.algorithm == {"behaviour_weight": "truncated", "kl_coef": "0.2"}
+    assert cfg.algorithm == {"behaviour_weight": "truncated", "kl_coef": "0.2", "lr_decay_steps": None}
     assert cfg.gates and cfg.source == "replay"
     settings = run.stack_settings(cfg, tmp_path / "data", tmp_path / "trainer")
     # the replay's own choices (tapered_sequence, kl_coef 0.05) give way to the command line's
     algo = settings.trainer.trainer_algo
     assert (algo.behaviour_weight, algo.kl_coef) == ("truncated", 0.2)
+    # "none" unsets a knob that may be unset, even one the replay sets itself
+    algo = run.stack_settings(
+        replace(cfg, recorded_steps=40), tmp_path / "d", tmp_path / "t"
+    ).trainer.trainer_algo
+    assert algo.lr_decay_steps is None
     plain = _options(tmp_path, source=SourceChoice.replay, replay_from=tmp_path).resolve().config(1)
     plain = replace(plain, recorded_steps=461)  # the recorded run's (its report's rl_steps)
     algo = run.stack_settings(plain, tmp_path / "data", tmp_path / "trainer").trainer.trainer_algo
