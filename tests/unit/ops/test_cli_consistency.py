@@ -54,6 +54,9 @@ REPORTING = frozenset(
         ("versions", "rollback"),
         ("versions", "pin"),
         ("versions", "canary"),
+        ("episodes", "open"),
+        ("model", "smollm2"),
+        ("model", "fingerprint"),
     }
 )
 
