@@ -109,7 +109,6 @@ class DemoConfig:
 
 
 Say = Callable[[str], None]
-REPLAY_KL_COEF = 0.05  # --source replay: the k3 penalty to the warm start (docs/replay.md, long replays)
 
 
 def stack_settings(
@@ -121,10 +120,9 @@ def stack_settings(
         {
             "learning_rate": cfg.learning_rate,
             "reference_kl": replay,  # the replay's per-step KL from the warm start (its report)
-            # a whole recorded run: negative samples tapered by their whole response's ratio, and a KL
-            # penalty to the warm start, which kept 461- to 650-step replays from falling after their
-            # peak (docs/replay.md)
-            **({"behaviour_weight": "tapered_sequence", "kl_coef": REPLAY_KL_COEF} if replay else {}),
+            # a whole recorded run: negative samples tapered by their whole response's ratio, which kept
+            # a 544-step replay from falling after its peak (docs/replay.md)
+            **({"behaviour_weight": "tapered_sequence"} if replay else {}),
             # a replay's length is known: its learning rate anneals over it (docs/replay.md)
             **({"lr_decay_steps": decay} if decay else {}),
             **cfg.algorithm,

@@ -146,7 +146,7 @@ def test_algo_knobs_reach_the_trainer_and_a_replay_may_be_gated(tmp_path: Path) 
     assert cfg.algorithm == {"behaviour_weight": "truncated", "kl_coef": "0.2", "lr_decay_steps": None}
     assert cfg.gates and cfg.source == "replay"
     settings = run.stack_settings(cfg, tmp_path / "data", tmp_path / "trainer")
-    # the replay's own choices (tapered_sequence, kl_coef 0.05) give way to the command line's
+    # the replay's own choices (tapered_sequence, an annealed rate) give way to the command line's
     algo = settings.trainer.trainer_algo
     assert (algo.behaviour_weight, algo.kl_coef) == ("truncated", 0.2)
     # "none" unsets a knob that may be unset, even one the replay sets itself
@@ -157,7 +157,7 @@ def test_algo_knobs_reach_the_trainer_and_a_replay_may_be_gated(tmp_path: Path) 
     plain = _options(tmp_path, source=SourceChoice.replay, replay_from=tmp_path).resolve().config(1)
     plain = replace(plain, recorded_steps=461)  # the recorded run's (its report's rl_steps)
     algo = run.stack_settings(plain, tmp_path / "data", tmp_path / "trainer").trainer.trainer_algo
-    assert (algo.behaviour_weight, algo.kl_coef, algo.reference_kl) == ("tapered_sequence", 0.05, True)
+    assert (algo.behaviour_weight, algo.kl_coef, algo.reference_kl) == ("tapered_sequence", 0.0, True)
     assert algo.lr_decay_steps == 461  # a replay anneals over the recorded run's length
     short = run.stack_settings(replace(plain, max_steps=16), tmp_path / "d", tmp_path / "t")
     assert short.trainer.trainer_algo.lr_decay_steps == 16  # or over the steps it was given
