@@ -5,12 +5,14 @@ a Kafka image standing in for apache/kafka); compose starts Kafka, the topics jo
 on a tiny model, the gateway, worker, reward service, the chdb recorder and the trainer as containers.
 The test then does what the docs tell a user to do: submits tasks with `flywheel tasks submit` in a
 one-off container on the stack's network, a command agent in the worker container calls the gateway
-container, the reward service scores each episode with a user scorer mounted into its container, the
-trainer steps and the engine container activates the new weights (the gateway's admin state says so),
-and the recorder's admin API (published port) returns the recorded events. Then, on the same stack,
-the fault suite's accounting (tests/faults/test_broker_kill.py) with containers: agents on the host call
-the gateway while `docker kill` takes the broker container down and `docker-compose restart gateway`
-restarts the gateway; every call answered 200 is in the event log once after dedup by ``event_id``.
+container (an OpenAI SDK agent: the user's agent folder is the one thing mounted, the SDK is in the
+image), the reward service scores each episode with a built-in scorer, the trainer steps and the engine
+container activates the new weights (the gateway's admin state says so), and the recorder's admin API
+(published port) returns the recorded events. Then, on the same stack, the fault suite's accounting
+(tests/faults/test_broker_kill.py) with containers: agents on the host call the gateway while
+`docker kill` takes the broker container down and `docker-compose restart gateway` restarts the
+gateway; every call answered 200 is in the event log once after dedup by ``event_id``. (The test runs
+docker-compose v1, Debian's; `docker compose` v2 takes the same arguments, as docs/operating.md says.)
 
 The engine comes from infra/scripts/docker_engine.sh (the test command starts it and exports
 DOCKER_HOST). No engine: skipped, except with CI=true, where it is a failure.
@@ -46,8 +48,13 @@ TOKEN = "compose-stack-admin-token-0123456789abcdef"
 MODEL_CACHE = Path.home() / ".cache" / "flywheel" / "models" / "ops-e2e-tiny"
 CORPUS = [f"What is {a} plus {b}? The answer is {a + b}." for a in range(12) for b in range(12)]
 AGENTS = 4  # host-side agents of the fault run
-AGENT = "python /app/examples/agents_for_tests/tiny_http_agent.py"
-SCORER = {"name": "function", "ref": "tests.e2e.ops_scorers:alternating"}
+AGENT_DIR = REPO / "examples" / "compose_agent"  # the user's agent folder, mounted into the worker as /agent
+AGENT = "python /agent/agent.py"
+# A built-in scorer that gives a random model's groups varied rewards (a real model: `numeric` against the
+# task's answer): an even-length answer scores 1, about half of the tiny model's replies. Zero variance in
+# a group of 8 has odds 1/128, in both groups of the batch (no training step) 1/16384.
+SCORER = {"name": "regex", "options": {"pattern": "(?s)(..)*", "full": True}}
+ROLLOUTS = 8
 # the compose file's engine command, on one torch thread (two shared cores)
 ENGINE_COMMAND = (
     "engine --model /models/policy --served-model-name policy --host 0.0.0.0 --port 8000 --threads 1"
@@ -124,17 +131,12 @@ def _images() -> dict[str, str]:
 
 
 def _override(tmp: Path) -> Path:
-    """What a user adds for this run: their agent and scorer mounted in, a trainer that steps on 2 groups."""
-    mounts = {
-        "worker": [f"{REPO / 'examples'}:/app/examples:ro"],
-        "reward": [f"{REPO / 'tests'}:/app/tests:ro"],
-    }
+    """What a user adds for this run: their agent folder mounted in, a trainer that steps on 2 groups."""
     override = {
         "services": {
-            "worker": {"volumes": mounts["worker"]},
+            "worker": {"volumes": [f"{AGENT_DIR}:/agent:ro"]},
             # while the broker is down a publish fails after 3 s and the call is spooled (then answered)
             "gateway": {"environment": {"FLYWHEEL_PUBLISH_TIMEOUT_S": "3"}},
-            "reward": {"volumes": mounts["reward"], "environment": {"PYTHONPATH": "/app"}},
             "engine": {
                 "command": ENGINE_COMMAND.split(),
                 "environment": {"OMP_NUM_THREADS": "1"},
@@ -262,10 +264,11 @@ def test_the_cpu_profile_trains_from_the_host(stack: Stack) -> None:
     )
     submit = stack.compose(
         "run", "--rm", "-T", "--no-deps", "-v", f"{tasks}:/tasks.jsonl:ro", "topics",
-        "tasks", "submit", "/tasks.jsonl", "--agent", AGENT, "--n", "4", "--deadline", "120", "--json",
+        "tasks", "submit", "/tasks.jsonl", "--agent", AGENT, "--n", str(ROLLOUTS), "--deadline", "120",
+        "--json",
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-2000:]
-    assert json.loads(submit.stdout)["published"] == 8
+    assert json.loads(submit.stdout)["published"] == 2 * ROLLOUTS
 
     def trained() -> bool:
         state = _admin_state(stack)
@@ -274,8 +277,14 @@ def test_the_cpu_profile_trains_from_the_host(stack: Stack) -> None:
 
     _wait(stack, "a new weight version in the engine container", trained, 600)
 
-    # 2 tasks x 4 rollouts, 3 calls each: every event recorded in chdb on the recorder's volume
-    wanted = {"weights_activated": 1, "episode_scored": 8, "episode_finished": 8, "llm_call_recorded": 24}
+    # 2 tasks x 8 rollouts, one call each: every event recorded in chdb on the recorder's volume
+    episodes = 2 * ROLLOUTS
+    wanted = {
+        "weights_activated": 1,
+        "episode_scored": episodes,
+        "episode_finished": episodes,
+        "llm_call_recorded": episodes,
+    }
     reader = HttpEventLogReader(stack.recorder, TOKEN)
     counts: dict[str, int] = {}
     try:
