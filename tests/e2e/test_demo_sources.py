@@ -101,6 +101,9 @@ def test_demo_production_tiny_trains_on_production_sessions(tmp_path: Path, cach
     # the warm start keeps serving
     assert releases["refused"] == [e["version"] for e in releases["evaluations"]], releases
     assert releases["served"] == 0 and replayed["served"]["version"] == 0, releases
+    # the replay knows its length (the recorded run's steps): its learning rate anneals over it
+    rates = [step["learning_rate"] for step in replayed["steps"]]
+    assert rates[0] > rates[-1] and rates == sorted(rates, reverse=True), rates
     replay = replayed["replay"]
     assert replay["production"] >= 16 and replay["signal_groups"] == replay["production"], replay
     assert replay["too_little_signal"] is False and replay["sent"] > 0, replay
