@@ -301,7 +301,7 @@ class DemoPlan:
             title += f", LoRA: {self.roles.config} ({', '.join(sorted(self.roles.policies))})"
         if o.users_rule is UsersRuleChoice.form:
             title += ", users judge the form alone"
-        if o.algo or ():
+        if o.algo:
             title += f", {' '.join(o.algo)}"
         if o.gates:
             title += f", gated releases (a candidate every {o.release_every} versions)"
