@@ -35,6 +35,13 @@ from rich.table import Table
 
 from flywheel.assembly import TINY_CACHE, TINY_CORPUS, tiny_model
 from flywheel.cli.common import fail, refuse_exposure, usage
+from flywheel.cli.vllm_options import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_TOOL_CALL_PARSER,
+    MaxModelLen,
+    ToolCallParser,
+    tool_call_parser,
+)
 from flywheel.ops.api import OpsContext, create_ops_router
 from flywheel.stack import EmbeddedStack, StackError, StackSettings
 from flywheel.taskfile import TaskFileError, guess_agent_kind, load_task_file
@@ -240,6 +247,8 @@ def up_command(
             "environment: infra/scripts/vllm_env.sh).",
         ),
     ] = "embedded",
+    max_model_len: MaxModelLen = None,
+    tool_parser: ToolCallParser = None,
 ) -> None:
     """Run the whole embedded stack (gateway, engine, worker, reward, recorder, trainer) in one process."""
     if (tasks is None) != (agent is None):
@@ -254,6 +263,9 @@ def up_command(
         usage("--vllm names a running server; --engine vllm starts one: give one of them")
     if (vllm is not None or engine == "vllm") and model is None:
         usage("--vllm and --engine vllm need --model DIR (the weights vLLM serves and the trainer trains)")
+    if (max_model_len is not None or tool_parser is not None) and engine != "vllm":
+        usage("--max-model-len and --tool-call-parser are how --engine vllm starts vLLM; give --engine vllm")
+    parser = tool_call_parser(tool_parser)
     overrides: dict[str, Any] = {"gateway_port": port, "gateway_host": host, "run_trainer": not no_trainer}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
@@ -268,7 +280,8 @@ def up_command(
     task_iter, agent_ref = None, None
     if tasks is not None and agent is not None:
         task_iter, agent_ref = _tasks_and_agent(tasks, agent)
-    with _vllm_server(model, settings, start=engine == "vllm") as started:
+    context = max_model_len or DEFAULT_MAX_MODEL_LEN
+    with _vllm_server(model, settings, engine == "vllm", context, parser) as started:
         stack = EmbeddedStack(
             settings,
             model_dir=model,
@@ -284,9 +297,17 @@ def up_command(
     raise typer.Exit(code)
 
 
-def vllm_launch(model: Path, settings: Any, port: int) -> VllmLaunch:
+def vllm_launch(
+    model: Path,
+    settings: Any,
+    port: int,
+    *,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    tool_call_parser: str | None = DEFAULT_TOOL_CALL_PARSER,
+) -> VllmLaunch:
     """How ``--engine vllm`` starts vLLM for the stack's ``settings``: ``model`` served as the stack's
-    model name; with a policy map, LoRA enabled (runtime loading allowed), up to the adapters' rank."""
+    model name, with ``--max-model-len`` and ``--tool-call-parser`` (``None``: no tool parsing); with a
+    policy map, LoRA enabled (runtime loading allowed), up to the adapters' rank."""
     # lazy: infra.engine's package imports torch, which `flywheel up --help` must not wait for
     from infra.engine.vllm_server import VllmLaunch
 
@@ -294,13 +315,17 @@ def vllm_launch(model: Path, settings: Any, port: int) -> VllmLaunch:
         model=model.resolve(),
         served_model_name=settings.model,
         port=port,
+        max_model_len=max_model_len,
+        tool_call_parser=tool_call_parser,
         enable_lora=bool(settings.policies),
         max_lora_rank=max(16, settings.trainer.trainer_lora.rank),
     )
 
 
 @contextlib.contextmanager
-def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | None]:
+def _vllm_server(
+    model: Path, settings: Any, start: bool, max_model_len: int, tool_call_parser: str | None
+) -> Iterator[str | None]:
     """``--engine vllm``: a vLLM server on ``model`` (served as the stack's model name) for the stack's
     lifetime, on a free loopback port; its log is ``<data_dir>/vllm.log``. With a policy map
     (``FLYWHEEL_POLICIES``) it serves LoRA adapters, loadable at runtime, up to the adapters' rank."""
@@ -317,7 +342,12 @@ def _vllm_server(model: Path, settings: Any, *, start: bool) -> Iterator[str | N
     log_path = settings.data_dir / "vllm.log"
     typer.echo(f"starting vLLM on {model} (2-4 minutes on a CPU); log: {log_path}", err=True)
     try:
-        server = VllmServer.start(vllm_launch(model, settings, port), log_path=log_path)
+        server = VllmServer.start(
+            vllm_launch(
+                model, settings, port, max_model_len=max_model_len, tool_call_parser=tool_call_parser
+            ),
+            log_path=log_path,
+        )
     except VllmServerError as exc:
         fail(str(exc))
     try:

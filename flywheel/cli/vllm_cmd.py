@@ -14,6 +14,8 @@ import typer
 
 from flywheel.bfcl import BfclError, bfcl_tasks
 from flywheel.cli.common import fail, usage
+from flywheel.cli.vllm_options import DEFAULT_MAX_MODEL_LEN, MaxModelLen, ToolCallParser
+from flywheel.cli.vllm_options import tool_call_parser as checked_parser
 from infra.tokenizer_fingerprint import fingerprint_of
 from trainer.models.smollm2 import ModelBuildError, build_smollm2
 
@@ -40,9 +42,8 @@ def serve_command(
             "--env", help="vLLM's environment (default FLYWHEEL_VLLM_ENV or ~/.cache/flywheel/venv-vllm)."
         ),
     ] = None,
-    max_model_len: Annotated[
-        int, typer.Option("--max-model-len", min=16, help="Longest prompt plus completion, in tokens.")
-    ] = 2048,
+    max_model_len: MaxModelLen = None,
+    tool_call_parser: ToolCallParser = None,
     kv_cache_gib: Annotated[int, typer.Option("--kv-cache-gib", min=1, help="CPU only: KV cache size.")] = 1,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Default: float32 on CPU, auto on GPU.")
@@ -71,6 +72,7 @@ def serve_command(
 
     if device not in (None, "cpu", "gpu"):
         usage(f"--device is cpu or gpu, not {device}")
+    parser = checked_parser(tool_call_parser)
     python = (env or default_env_dir()) / "bin" / "python"
     launch = VllmLaunch(
         model=model.resolve(),
@@ -80,7 +82,8 @@ def serve_command(
         device="cpu" if device == "cpu" else "gpu" if device == "gpu" else None,
         python=python,
         dtype=dtype,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
+        tool_call_parser=parser,
         kv_cache_gib=kv_cache_gib,
         enable_lora=enable_lora,
         extra_args=("--gpu-memory-utilization", str(gpu_memory_utilization))

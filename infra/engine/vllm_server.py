@@ -14,7 +14,9 @@ and runs it:
   model's ``generation_config.json`` (vLLM's default ``auto``; Qwen's sets temperature 0.7, top-p 0.8): a
   request without a temperature is sampled at 1.0, which is what the gateway records for it and what the
   trainer divides the logits by;
-- ``--enable-auto-tool-choice --tool-call-parser hermes``: tool calls parsed for agents;
+- ``--enable-auto-tool-choice --tool-call-parser hermes``: tool calls parsed for agents (``tool_call_parser``:
+  another of vLLM's parsers for a model whose chat template writes tool calls another way; ``None``: no
+  tool parsing);
 - runtime LoRA loading allowed (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) when ``--enable-lora`` is asked;
 - offline (``HF_HUB_OFFLINE=1``, no usage stats), compile caches in a scratch directory of its own.
 
@@ -69,6 +71,7 @@ class VllmLaunch:
     python: Path = field(default_factory=lambda: default_env_dir() / "bin" / "python")
     dtype: str | None = None  # None: float32 on the CPU, vLLM's "auto" on a GPU
     max_model_len: int = 2048
+    tool_call_parser: str | None = "hermes"  # the built models' template writes Hermes <tool_call> blocks
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
     enable_lora: bool = False
     max_lora_rank: int = 16
@@ -104,14 +107,13 @@ class VllmLaunch:
             self.dtype or ("float32" if cpu else "auto"),
             "--max-model-len",
             str(self.max_model_len),
-            "--enable-auto-tool-choice",
-            "--tool-call-parser",
-            "hermes",
             "--logprobs-mode",
             "processed_logprobs",
             "--generation-config",
             "vllm",
         ]
+        if self.tool_call_parser is not None:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         if cpu:
             cmd.append("--enforce-eager")
         if self.enable_lora:
@@ -228,9 +230,13 @@ def healthy(url: str) -> bool:
 
 
 def last_line(path: Path) -> str:
-    """The log's last non-empty line (vLLM ends a failed start with the exception)."""
+    """The log's last non-empty line (vLLM ends a failed start with the exception), its head kept when it
+    is long: ``KeyError: 'invalid tool call parser: NAME (chose from { ...60 names... })'``."""
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return ""
-    return lines[-1][-400:] if lines else ""
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= 400 else f"{line[:300]} ... {line[-90:]}"

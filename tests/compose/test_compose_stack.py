@@ -141,7 +141,7 @@ def _override(tmp: Path) -> Path:
                 "command": ENGINE_COMMAND.split(),
                 "environment": {"OMP_NUM_THREADS": "1"},
             },
-            "trainer": {
+            "trainer-cpu": {
                 "environment": {
                     "FLYWHEEL_TRAINER_MODE": "sync",
                     "FLYWHEEL_TRAINER_BATCH_GROUPS": "2",
@@ -299,7 +299,7 @@ def test_the_cpu_profile_trains_from_the_host(stack: Stack) -> None:
         reader.close()
     ps = stack.compose("ps", "--services", "--filter", "status=running")
     running = set(ps.stdout.split())
-    assert {"kafka", "engine", "gateway", "worker", "reward", "recorder-chdb", "trainer"} <= running, (
+    assert {"kafka", "engine", "gateway", "worker", "reward", "recorder-chdb", "trainer-cpu"} <= running, (
         ps.stdout
     )
 

@@ -27,7 +27,7 @@ from tests.integration.ops.deploy_tools import (
 pytestmark = pytest.mark.timeout(60)
 
 TOKEN = {"FLYWHEEL_ADMIN_TOKEN": "s3cret-test-token"}
-FLYWHEEL_SERVICES = {"gateway", "worker", "reward", "recorder", "trainer"}
+FLYWHEEL_SERVICES = {"gateway", "worker", "reward", "recorder", "trainer", "trainer-cpu"}
 
 
 _CONFIGS: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -80,10 +80,9 @@ def test_compose_services_are_one_flywheel_command_each_with_healthchecks() -> N
         assert env["FLYWHEEL_ENV"] == "production"
         assert env["FLYWHEEL_KAFKA_BOOTSTRAP"] == "kafka:9092"
         assert svc["depends_on"]["kafka"]["condition"] == "service_healthy"
-    assert services["trainer"]["command"] == ["trainer", "run"]
-    assert {services[n]["command"][0] for n in FLYWHEEL_SERVICES - {"trainer"}} == FLYWHEEL_SERVICES - {
-        "trainer"
-    }
+    trainers = {"trainer", "trainer-cpu"}
+    assert all(services[n]["command"] == ["trainer", "run"] for n in trainers)
+    assert {services[n]["command"][0] for n in FLYWHEEL_SERVICES - trainers} == FLYWHEEL_SERVICES - trainers
 
 
 def test_compose_commands_exist_in_the_cli() -> None:
@@ -132,6 +131,51 @@ def test_compose_inference_profiles() -> None:
     for svc in (vllm, engine):
         assert "inference" in svc["networks"]["default"]["aliases"]
     assert services["gateway"]["environment"]["FLYWHEEL_UPSTREAM_URLS"] == "http://inference:8000/v1"
+
+
+def test_compose_gpu_profile_serves_as_flywheel_vllm_serve_does() -> None:
+    """The gpu profile's vLLM is the pinned version (the one infra/scripts/vllm_env.sh installs) started
+    with every flag and environment variable `flywheel vllm serve` starts vLLM with on a GPU (dev mode,
+    processed logprobs, neutral sampling defaults, hermes tool calls, offline), but for the address it
+    listens on and its context length (a compose setting, VLLM_MAX_MODEL_LEN)."""
+    from infra.engine.vllm_server import VllmLaunch
+
+    vllm = _config("--profile", "gpu")["services"]["vllm"]
+    pinned = re.search(r"VLLM_VERSION:-([0-9.]+)", (REPO / "infra/scripts/vllm_env.sh").read_text())
+    assert (
+        pinned is not None and vllm["image"] == f"vllm/vllm-openai:v{pinned[1]}" == "vllm/vllm-openai:v0.33.0"
+    )
+    launch = VllmLaunch(model=Path("/models/policy"), device="gpu", python=Path("/env/bin/python"))
+    ours, command = launch.command()[5:], vllm["command"]  # after `python -m ... serve --model DIR`
+    assert vllm["entrypoint"] == ["vllm", "serve"] and command[0] == "/models/policy"
+    for i, arg in enumerate(ours):
+        if arg.startswith("--") and arg not in ("--host", "--dtype", "--max-model-len"):
+            assert arg in command, arg
+            value = ours[i + 1] if i + 1 < len(ours) and not ours[i + 1].startswith("--") else None
+            assert value is None or command[command.index(arg) + 1] == value, arg
+    assert command[command.index("--tool-call-parser") + 1] == "hermes"
+    assert command[command.index("--max-model-len") + 1] == "8192"
+    wanted = launch.environment({})
+    for name in set(wanted) - {"TMPDIR", "VLLM_CACHE_ROOT"}:  # the launcher's scratch directories
+        assert vllm["environment"][name] == wanted[name], name
+
+
+def test_compose_gpu_profile_trains_on_cuda_and_the_cpu_profile_on_the_cpu() -> None:
+    services = _config("--profile", "gpu", "--profile", "cpu")["services"]
+    gpu, cpu = services["trainer"], services["trainer-cpu"]
+    assert gpu["profiles"] == ["gpu"] and cpu["profiles"] == ["cpu"]
+    assert gpu["environment"]["FLYWHEEL_TRAINER_DEVICE"] == "cuda"
+    assert gpu["environment"]["FLYWHEEL_TRAINER_ENGINE_KIND"] == "vllm"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert gpu["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert cpu["environment"]["FLYWHEEL_TRAINER_DEVICE"] == "cpu"
+    assert cpu["environment"]["FLYWHEEL_TRAINER_ENGINE_KIND"] == "flywheel"
+    assert "deploy" not in cpu
+    shared = ("image", "command", "volumes", "healthcheck")
+    assert {k: gpu[k] for k in shared} == {k: cpu[k] for k in shared}
+    for name in ("FLYWHEEL_TRAINER_BASE_MODEL", "FLYWHEEL_TRAINER_DIR", "FLYWHEEL_TRAINER_ENGINE_URL"):
+        assert gpu["environment"][name] == cpu["environment"][name], name
 
 
 def test_compose_rejects_a_broken_file(tmp_path: Path) -> None:
