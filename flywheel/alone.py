@@ -228,6 +228,7 @@ async def serve_trainer(settings: TrainerSettings, max_steps: int | None = None)
             settings.trainer_algo,
             device=settings.trainer_device,
             torch_threads=settings.trainer_torch_threads,
+            model_options=settings.trainer_model_options,
         )
         if rank0 is None:
             return

@@ -179,6 +179,7 @@ def start_trainer_backend(settings: TrainerSettings, model_dir: Path, *, torch_t
         process=settings.trainer_backend_process,
         dp=settings.trainer_dp,
         kind=settings.trainer_backend,
+        model_options=settings.trainer_model_options,
     )
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from infra.bus.base import Bus
 from trainer.backends.base import Backend
 from trainer.backends.process import ProcessBackend
 from trainer.backends.torch_backend import load_backend
 from trainer.checkpoints import CheckpointStore
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, ModelOptions
 from trainer.groups import Intake
 from trainer.loop import LoopConfig
 from trainer.metrics import TrainerMetrics, make_tracker
@@ -38,23 +39,28 @@ def start_backend(
     process: bool = True,
     dp: int = 1,
     kind: str = "torch",
+    model_options: ModelOptions | None = None,
 ) -> Backend:
     """The training backend: in a child process (the default, see :mod:`trainer.backends.process`) or
     in this one, over ``dp`` data-parallel ranks (:mod:`trainer.backends.ddp`), or verl's
-    (:mod:`trainer.backends.verl_backend`); ``close()`` it at the end."""
+    (:mod:`trainer.backends.verl_backend`); ``close()`` it at the end. ``model_options``: the training
+    dtype and gradient checkpointing (:mod:`trainer.backends.precision`)."""
     if kind == "verl":
         from trainer.backends.verl_backend import VerlBackend
 
-        return VerlBackend(model_dir, algo, gpus=dp, device=device)
+        return VerlBackend(model_dir, algo, gpus=dp, device=device, model_options=model_options)
+    common: dict[str, Any] = {
+        "device": device,
+        "torch_threads": torch_threads,
+        "model_options": model_options,
+    }
     if dp > 1:
         from trainer.backends.ddp import DataParallelProcessBackend
 
-        return DataParallelProcessBackend(
-            model_dir, algo, world=dp, device=device, torch_threads=torch_threads
-        )
+        return DataParallelProcessBackend(model_dir, algo, world=dp, **common)
     if process:
-        return ProcessBackend(model_dir, algo, device=device, torch_threads=torch_threads)
-    return load_backend(model_dir, algo, device=device, torch_threads=torch_threads)
+        return ProcessBackend(model_dir, algo, **common)
+    return load_backend(model_dir, algo, **common)
 
 
 def loop_config(settings: TrainerSettings) -> LoopConfig:

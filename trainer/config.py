@@ -185,3 +185,13 @@ class LoraOptions(BaseModel):
                 f"target_modules are some of {', '.join(LORA_TARGETS)}; got {', '.join(value) or 'none'}"
             )
         return value
+
+
+class ModelOptions(BaseModel):
+    """How the model is held while it trains (``FLYWHEEL_TRAINER_DTYPE``,
+    ``FLYWHEEL_TRAINER_GRADIENT_CHECKPOINTING``; :mod:`trainer.backends.precision` says what each does)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False

@@ -45,9 +45,10 @@ from transformers import AutoModelForCausalLM
 
 from infra.logging import get_logger
 from trainer.backends.base import BackendError
+from trainer.backends.precision import freeze_to
 from trainer.backends.torch_backend import OPTIMIZER_FILE, TorchBackend
 from trainer.batching import Sample, TrainBatch
-from trainer.config import AlgorithmConfig, LoraOptions
+from trainer.config import AlgorithmConfig, LoraOptions, ModelOptions
 
 log = get_logger(__name__)
 
@@ -154,7 +155,10 @@ class LoraPolicies:
         *,
         device: str = "cpu",
         pad_id: int = 0,
+        model_options: ModelOptions | None = None,
     ) -> None:
+        """``model_options``: bf16 stores the frozen base in bf16 (the adapters stay fp32) and trains
+        under autocast; gradient checkpointing recomputes the base's layers (:mod:`trainer.backends.precision`)."""
         if not names:
             raise BackendError("LoRA training needs at least one policy")
         self.options = options or LoraOptions()
@@ -173,11 +177,20 @@ class LoraPolicies:
             peft_model = get_peft_model(model, conf, adapter_name=names[0])
             for name in names[1:]:
                 peft_model.add_adapter(name, conf)
+        model_options = model_options or ModelOptions()
+        freeze_to(peft_model, model_options, keep="lora_")  # the base only: nothing updates it
         self.model = peft_model
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         self.adapters = {
             name: AdapterBackend(
-                peft_model, name, cfg, self.options, device=device, pad_id=pad_id, vocab_size=vocab
+                peft_model,
+                name,
+                cfg,
+                self.options,
+                device=device,
+                pad_id=pad_id,
+                vocab_size=vocab,
+                model_options=model_options,
             )
             for name in names
         }
@@ -233,10 +246,14 @@ def load_policies(
     *,
     device: str = "cpu",
     torch_threads: int = 0,
+    model_options: ModelOptions | None = None,
 ) -> LoraPolicies:
     """The Hugging Face causal LM in ``model_dir`` with one adapter per name."""
     if torch_threads:
         torch.set_num_threads(torch_threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pad = getattr(model.config, "pad_token_id", None)
-    return LoraPolicies(model, names, algo, options, device=device, pad_id=int(pad) if pad is not None else 0)
+    pad_id = int(pad) if pad is not None else 0
+    return LoraPolicies(
+        model, names, algo, options, device=device, pad_id=pad_id, model_options=model_options
+    )

@@ -348,6 +348,7 @@ def start_policies(settings: TrainerSettings, model_dir: Path | None = None) -> 
         settings.trainer_lora,
         device=settings.trainer_device,
         torch_threads=settings.trainer_torch_threads,
+        model_options=settings.trainer_model_options,
     )
 
 

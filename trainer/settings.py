@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from infra.settings import FlywheelSettings
-from trainer.config import AlgorithmConfig, LoraOptions
+from trainer.config import AlgorithmConfig, LoraOptions, ModelOptions
 
 
 class TrainerSettings(FlywheelSettings):
@@ -45,6 +45,10 @@ class TrainerSettings(FlywheelSettings):
     trainer_tracker: Literal["none", "tensorboard", "wandb"] = "none"
     trainer_device: str = "cpu"
     trainer_torch_threads: int = Field(default=0, ge=0)  # 0: torch's default
+    # bfloat16: mixed precision, fp32 weights and Adam, bf16 autocast (trainer/backends/precision.py)
+    trainer_dtype: Literal["float32", "bfloat16"] = "float32"
+    # recompute each decoder layer in the backward pass: less activation memory, about 1/3 more compute
+    trainer_gradient_checkpointing: bool = False
     # train in a child process (trainer.backends.process): the step never waits for this process's GIL
     trainer_backend_process: bool = True
     # data-parallel ranks (trainer.backends.ddp): N > 1 trains each batch split over N processes
@@ -56,6 +60,13 @@ class TrainerSettings(FlywheelSettings):
     # the LoRA adapters when FLYWHEEL_POLICIES names policies (trainer/lora.py), FLYWHEEL_TRAINER_LORA__<FIELD>:
     # rank 8, alpha 16, target_modules q_proj,v_proj, learning_rate 2e-4, dropout 0
     trainer_lora: LoraOptions = LoraOptions()
+
+    @property
+    def trainer_model_options(self) -> ModelOptions:
+        """The torch backend's dtype and gradient checkpointing (full model and LoRA alike)."""
+        return ModelOptions(
+            dtype=self.trainer_dtype, gradient_checkpointing=self.trainer_gradient_checkpointing
+        )
 
     @property
     def trainer_root(self) -> Path:

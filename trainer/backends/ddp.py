@@ -54,7 +54,7 @@ from trainer.backends.base import BackendError
 from trainer.backends.process import _CALLS, ProcessBackend, exit_with_parent, serve_backend
 from trainer.backends.torch_backend import TorchBackend, load_backend
 from trainer.batching import Sample, TrainBatch
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, ModelOptions
 
 # metrics that add up over ranks; the token-weighted ones are averaged by response tokens
 _SUMMED = ("loss", "response_tokens", "microbatches", "sft_loss")
@@ -269,8 +269,10 @@ def _rank_device(device: str, local_rank: int) -> str:
     return f"cuda:{local_rank}" if device == "cuda" else device
 
 
-def _build_replica(model_dir: Path, algo: AlgorithmConfig, device: str, threads: int) -> TorchBackend:
-    return load_backend(model_dir, algo, device=device, torch_threads=threads)
+def _build_replica(
+    model_dir: Path, algo: AlgorithmConfig, device: str, threads: int, options: ModelOptions | None = None
+) -> TorchBackend:
+    return load_backend(model_dir, algo, device=device, torch_threads=threads, model_options=options)
 
 
 def _free_port() -> int:
@@ -300,7 +302,12 @@ def torchrun_world() -> tuple[int, int, int] | None:
 
 
 def start_torchrun_rank(
-    model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
+    model_dir: Path,
+    algo: AlgorithmConfig,
+    *,
+    device: str = "cpu",
+    torch_threads: int = 0,
+    model_options: ModelOptions | None = None,
 ) -> DataParallelBackend | None:
     """Under ``torchrun``: join the group; rank 0 gets its backend, every other rank follows and
     returns None when rank 0 closes the group."""
@@ -312,7 +319,7 @@ def start_torchrun_rank(
     if dev.startswith("cuda"):
         torch.cuda.set_device(local_rank)
     dist.init_process_group(_backend_name(dev))  # env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
-    local = _build_replica(model_dir, algo, dev, torch_threads)
+    local = _build_replica(model_dir, algo, dev, torch_threads, model_options)
     if rank == 0:
         return DataParallelBackend(local)
     try:
@@ -354,17 +361,19 @@ def _serve_rank0(conn: Connection, args: argparse.Namespace) -> None:
                 *(sys.executable, "-m", "trainer.backends.ddp", "--rank", str(r), "--world", str(args.world)),
                 *("--port", str(port), "--model-dir", args.model_dir, "--algo", args.algo),
                 *("--device", args.device, "--threads", str(args.threads)),
+                *("--model-options", args.model_options),
             ],
             stdin=subprocess.DEVNULL,
         )
         for r in range(1, args.world)
     ]
     algo = AlgorithmConfig.model_validate(json.loads(args.algo))
+    options = ModelOptions.model_validate_json(args.model_options)
 
     def build() -> DataParallelBackend:
         init_group(0, args.world, "127.0.0.1", port, _rank_device(args.device, 0), args.timeout_s)
         return DataParallelBackend(
-            _build_replica(Path(args.model_dir), algo, _rank_device(args.device, 0), args.threads)
+            _build_replica(Path(args.model_dir), algo, _rank_device(args.device, 0), args.threads, options)
         )
 
     try:
@@ -383,7 +392,8 @@ def _follow_rank(args: argparse.Namespace) -> None:
     device = _rank_device(args.device, args.rank)
     init_group(args.rank, args.world, "127.0.0.1", args.port, device, args.timeout_s)
     algo = AlgorithmConfig.model_validate(json.loads(args.algo))
-    replica = _Replica(_build_replica(Path(args.model_dir), algo, device, args.threads))
+    options = ModelOptions.model_validate_json(args.model_options)
+    replica = _Replica(_build_replica(Path(args.model_dir), algo, device, args.threads, options))
     try:
         follow(replica)
     finally:
@@ -400,6 +410,7 @@ def main() -> None:
     parser.add_argument("--algo", required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--model-options", default="{}")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     if args.rank == 0:

@@ -43,7 +43,7 @@ from safetensors.torch import load, save
 from trainer.backends.base import BackendError
 from trainer.backends.torch_backend import load_backend
 from trainer.batching import Sample, TrainBatch
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, ModelOptions
 
 _CALLS = frozenset({"train_step", "sft_step", "export_weights", "save_checkpoint", "load_checkpoint"})
 
@@ -61,12 +61,18 @@ def exit_with_parent(parent: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def _serve(conn: Connection, model_dir: str, algo: dict[str, Any], device: str, threads: int) -> None:
+def _serve(
+    conn: Connection, model_dir: str, algo: dict[str, Any], device: str, threads: int, options: str
+) -> None:
     """The child: build the backend, then answer ``(method, args)`` until the pipe closes or ``None``."""
     serve_backend(
         conn,
         lambda: load_backend(
-            Path(model_dir), AlgorithmConfig.model_validate(algo), device=device, torch_threads=threads
+            Path(model_dir),
+            AlgorithmConfig.model_validate(algo),
+            device=device,
+            torch_threads=threads,
+            model_options=ModelOptions.model_validate_json(options),
         ),
     )
 
@@ -123,6 +129,7 @@ class ProcessBackend:
         *,
         device: str = "cpu",
         torch_threads: int = 0,
+        model_options: ModelOptions | None = None,
         start_timeout_s: float = 120.0,
         call_timeout_s: float = 600.0,
     ) -> None:
@@ -131,6 +138,7 @@ class ProcessBackend:
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair()
         argv = self._child_argv(theirs.fileno(), model_dir, algo, device, torch_threads)
+        argv += ["--model-options", (model_options or ModelOptions()).model_dump_json()]
         with ours, theirs:
             # a session of its own: the group's Ctrl-C is the trainer's to handle (see the module docstring)
             self._proc = subprocess.Popen(
@@ -237,9 +245,11 @@ def main() -> None:
     parser.add_argument("--algo", required=True)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--model-options", default="{}")
     args = parser.parse_args()
     exit_with_parent(os.getppid())
-    _serve(Connection(args.fd), args.model_dir, json.loads(args.algo), args.device, args.threads)
+    algo = json.loads(args.algo)
+    _serve(Connection(args.fd), args.model_dir, algo, args.device, args.threads, args.model_options)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM
 from infra.logging import get_logger
 from trainer.backends.attention import use_gqa_attention
 from trainer.backends.base import BackendError
+from trainer.backends.precision import autocast, freeze_to, prepare_model
 from trainer.backends.prefix import (
     SharedRows,
     pack_clusters,
@@ -33,7 +34,7 @@ from trainer.backends.prefix import (
     supports_shared_prompts,
 )
 from trainer.batching import Sample, TrainBatch
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, ModelOptions
 from trainer.loss import gather_logprobs, policy_loss, sft_loss
 from trainer.ppo import VALUE_HEAD_FILE, gae, make_value_head, value_loss
 
@@ -88,20 +89,26 @@ class TorchBackend:
         share_prompts: bool = True,
         params: Sequence[torch.nn.Parameter] | None = None,
         reference: torch.nn.Module | None = None,
+        model_options: ModelOptions | None = None,
     ) -> None:
         """``params``: what the optimiser updates (default: every parameter of ``model``; a LoRA
         adapter's own, :mod:`trainer.lora`); ``reference``: the frozen reference of the KL terms
-        (default: a copy of ``model`` as given)."""
+        (default: a copy of ``model`` as given); ``model_options``: dtype and gradient checkpointing
+        (:mod:`trainer.backends.precision`)."""
         self.cfg = cfg
+        self.model_options = model_options or ModelOptions()
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.model.train()
         use_gqa_attention(self.model)
+        prepare_model(self.model, self.model_options)
         self.pad_id = pad_id
         self._version = version
         config = getattr(model, "config", None)
         self._vocab_size = vocab_size or getattr(config, "vocab_size", None)
-        self.share_prompts = share_prompts and supports_shared_prompts(self.model)
+        # a checkpointed layer keeps no KV cache, and a shared prompt is one (trainer.backends.precision)
+        checkpointed = self.model_options.gradient_checkpointing
+        self.share_prompts = share_prompts and not checkpointed and supports_shared_prompts(self.model)
         self.value_head: torch.nn.Linear | None = None
         trained = list(params) if params is not None else list(self.model.parameters())
         groups: list[dict[str, Any]] = [{"params": trained, "lr": cfg.learning_rate}]
@@ -130,6 +137,7 @@ class TorchBackend:
             self.reference = copy.deepcopy(self.model).eval()
             for p in self.reference.parameters():
                 p.requires_grad_(False)
+            freeze_to(self.reference, self.model_options)  # frozen: bf16 storage when training in bf16
 
     def policy_lr(self) -> float:
         """The policy's learning rate for the step from this version (``lr_decay_steps``' schedule)."""
@@ -175,15 +183,17 @@ class TorchBackend:
     def _logprobs_values(self, rows: _Rows | SharedRows) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's logprobs and the value head's values, from one forward pass (PPO)."""
         assert isinstance(rows, _Rows) and self.value_head is not None
-        out = self.model(input_ids=rows.ids, attention_mask=rows.attn, output_hidden_states=True)
+        with autocast(self.model_options, self.device):
+            out = self.model(input_ids=rows.ids, attention_mask=rows.attn, output_hidden_states=True)
         values = self.value_head(out.hidden_states[-1][:, :-1].float()).squeeze(-1)
         return gather_logprobs(out.logits[:, :-1], rows.targets, rows.temperature), values
 
     def _logprobs(self, model: torch.nn.Module, rows: _Rows | SharedRows) -> torch.Tensor:
-        if isinstance(rows, SharedRows):
-            return shared_logprobs(model, rows)
-        logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
-        return gather_logprobs(logits, rows.targets, rows.temperature)
+        with autocast(self.model_options, self.device):  # fp32 log-probs: gather_logprobs upcasts the logits
+            if isinstance(rows, SharedRows):
+                return shared_logprobs(model, rows)
+            logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
+            return gather_logprobs(logits, rows.targets, rows.temperature)
 
     # ------------------------------------------------------------------ steps
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -404,11 +414,18 @@ class TorchBackend:
 
 
 def load_backend(
-    model_dir: Path, algo: AlgorithmConfig, *, device: str = "cpu", torch_threads: int = 0
+    model_dir: Path,
+    algo: AlgorithmConfig,
+    *,
+    device: str = "cpu",
+    torch_threads: int = 0,
+    model_options: ModelOptions | None = None,
 ) -> TorchBackend:
-    """A torch backend around the Hugging Face causal LM in ``model_dir``."""
+    """A torch backend around the Hugging Face causal LM in ``model_dir`` (fp32 weights: the trained
+    parameters stay fp32 in bf16 mode too, :mod:`trainer.backends.precision`)."""
     if torch_threads:
         torch.set_num_threads(torch_threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pad = getattr(model.config, "pad_token_id", None)
-    return TorchBackend(model, algo, device=device, pad_id=int(pad) if pad is not None else 0)
+    pad_id = int(pad) if pad is not None else 0
+    return TorchBackend(model, algo, device=device, pad_id=pad_id, model_options=model_options)

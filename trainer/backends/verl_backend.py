@@ -59,7 +59,7 @@ from infra.logging import get_logger
 from trainer.backends.base import BackendError
 from trainer.backends.verl_convert import batch_temperature, to_verl_batch
 from trainer.batching import Sample, TrainBatch
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, ModelOptions
 
 log = get_logger(__name__)
 
@@ -119,11 +119,16 @@ class VerlBackend:
         gpus: int = 1,
         strategy: str = "fsdp2",
         device: str = "cuda",
+        model_options: ModelOptions | None = None,
     ) -> None:
         if algo.kl_coef > 0:
             raise BackendError("the verl backend does not wire a reference model yet: set kl_coef=0")
         if algo.lr_decay_steps is not None:
             raise BackendError("the verl backend keeps its learning rate constant: unset lr_decay_steps")
+        if model_options is not None and model_options != ModelOptions():
+            raise BackendError(
+                "the verl backend does not wire trainer_dtype / trainer_gradient_checkpointing: use the torch backend"
+            )
         if algo.behaviour_weight != "truncated" or algo.m2_threshold is not None:
             # verl's own rollout correction is the truncated weight: say so rather than train otherwise
             log.warning(
