@@ -89,6 +89,7 @@ class Report:
     demo_headline: str = ""
     headline_runs: tuple[tuple[str, str], ...] = ()  # (what, a format string over a run's figures)
     digits: int | None = None  # significant digits of its runs' figures (default: two decimals)
+    model: str = ""  # the model and task the figures come from (the README's table shows it)
 
 
 _KEYS = {
@@ -106,6 +107,7 @@ _KEYS = {
     "demo_headline",
     "headline_runs",
     "digits",
+    "model",
 }
 
 
@@ -160,6 +162,8 @@ def load(path: Path) -> Report:
         raise ReportError(
             f"{path.name}: unknown keys {sorted(unknown)} or a missing title/command/produced_by/tables"
         )
+    if (raw.get("headline") or raw.get("headline_runs") or raw.get("demo_headline")) and not raw.get("model"):
+        raise ReportError(f"{path.name}: a report with README rows names its model and task (`model`)")
     return Report(
         slug=path.stem,
         title=raw["title"],
@@ -179,6 +183,7 @@ def load(path: Path) -> Report:
         demo_headline=raw.get("demo_headline", ""),
         headline_runs=tuple((str(a), str(b)) for a, b in raw.get("headline_runs", ())),
         digits=int(raw["digits"]) if raw.get("digits") is not None else None,
+        model=str(raw.get("model", "")),
     )
 
 
@@ -589,6 +594,8 @@ def render_page(items: list[Report]) -> str:
     lines.append("")
     for r in items:
         lines += [f"## {r.title}", "", f"Command: `{r.command}`. Figures: {r.produced_by}."]
+        if r.model:
+            lines[-1] += f" Model and task: {r.model}."
         if r.machine:
             lines[-1] += f" Machine: {r.machine}."
         if r.test:
@@ -619,7 +626,7 @@ def run_figure(runs: tuple[Run, ...], template: str) -> str:
 
 def render_headline(items: list[Report]) -> str:
     rows = tuple(
-        (f"[{what}](docs/results.md#{_anchor(r.title)})", figure)
+        (f"[{what}](docs/results.md#{_anchor(r.title)})", r.model or "-", figure)
         for r in items
         for what, figure in (
             *(((r.demo_headline, _demo_figure(r.demo_runs)),) if r.demo_headline and r.demo_runs else ()),
@@ -627,7 +634,7 @@ def render_headline(items: list[Report]) -> str:
             *r.headline,
         )
     )
-    return "\n".join([START, *_markdown_table(("measured", "figure"), rows), END])
+    return "\n".join([START, *_markdown_table(("measured", "model · task", "figure"), rows), END])
 
 
 def with_headline(readme: str, items: list[Report]) -> str:

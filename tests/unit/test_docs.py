@@ -170,6 +170,30 @@ def _results_page() -> ModuleType:
     return module
 
 
+def test_every_readme_result_names_the_model_and_task_it_comes_from(tmp_path: Path) -> None:
+    results_page = _results_page()
+    for item in results_page.reports():
+        if item.headline or item.headline_runs or item.demo_headline:
+            assert item.model, item.slug
+    table = results_page.render_headline(results_page.reports())
+    assert "| measured | model · task | figure |" in table
+    bare = tmp_path / "99-bare.json"
+    bare.write_text(
+        json.dumps(
+            {
+                "title": "t",
+                "command": "c",
+                "produced_by": "p",
+                "headline": [["a", "b"]],
+                "tables": [{"caption": "c", "columns": ["x"], "rows": [["1"]]}],
+            }
+        ),
+        encoding="utf-8",
+    )
+    with pytest.raises(results_page.ReportError, match="names its model and task"):
+        results_page.load(bare)
+
+
 def test_the_results_page_and_the_readme_table_are_rendered_from_the_reports() -> None:
     results_page = _results_page()
     items = results_page.reports()
@@ -219,6 +243,7 @@ def test_a_benchmarks_headline_is_read_from_its_latest_run(tmp_path: Path) -> No
                 "title": "Bench",
                 "command": "python tests/benchmarks/gateway.py --json",
                 "produced_by": "x",
+                "model": "no model",
                 "headline_runs": [["Throughput / latency", "{ratio:.1f}× / {p50:+.2f} ms"]],
             }
         )
@@ -226,7 +251,7 @@ def test_a_benchmarks_headline_is_read_from_its_latest_run(tmp_path: Path) -> No
     results_page.add_run(report, {"figures": {"ratio": 4.71, "p50": 1.234}, "goals": {}}, "run A")
     results_page.add_run(report, {"figures": {"ratio": 9.0}, "goals": {}}, "run B (no p50)")
     headline = results_page.render_headline(results_page.reports(tmp_path))
-    assert "| [Throughput / latency](docs/results.md#bench) | 4.7× / +1.23 ms |" in headline
+    assert "| [Throughput / latency](docs/results.md#bench) | no model | 4.7× / +1.23 ms |" in headline
     results_page.add_run(report, {"figures": {"ratio": 5.04, "p50": 0.5}, "goals": {}}, "run C")
     assert "5.0× / +0.50 ms" in results_page.render_headline(results_page.reports(tmp_path))
     empty = tmp_path / "empty"
@@ -242,7 +267,7 @@ def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: P
     results_page = _results_page()
     report = tmp_path / "01-demo.json"
     report.write_text(
-        '{"title": "Demo", "command": "flywheel demo", "produced_by": "x", "demo_headline": "Gain"}'
+        '{"title": "Demo", "command": "flywheel demo", "produced_by": "x", "model": "m", "demo_headline": "Gain"}'
     )
     run = {
         "seed": 3,
@@ -265,7 +290,7 @@ def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: P
     page = results_page.render_page(items)
     row = "| 3 | rollouts | embedded | 25.0% (2.71) | 63.7% (2.10) | **+38.7** | 47 | 421.3 | passed |"
     assert row + " [run A](results/raw/01-demo-run1-seed3.json) |" in page
-    assert "| [Gain](docs/results.md#demo) | +38.7 points (seed 3) |" in results_page.render_headline(items)
+    assert "| [Gain](docs/results.md#demo) | m | +38.7 points (seed 3) |" in results_page.render_headline(items)
     copied.write_text(json.dumps({**run, "delta": {"success_points": 12.0}}))
     assert "+12.0 points (seed 3)" in results_page.render_headline(results_page.reports(tmp_path))
     with pytest.raises(results_page.ReportError, match=r"not a demo's report\.json"):
@@ -343,7 +368,7 @@ def test_a_demos_sft_only_baseline_reaches_its_row_and_the_headline(tmp_path: Pa
     results_page = _results_page()
     report = tmp_path / "02-demo.json"
     report.write_text(
-        '{"title": "Demo", "command": "flywheel demo --baseline", "produced_by": "x", "demo_headline": "Gain"}'
+        '{"title": "Demo", "command": "flywheel demo --baseline", "produced_by": "x", "model": "m", "demo_headline": "Gain"}'
     )
     base = {
         "seed": 0,
@@ -441,7 +466,7 @@ def test_full_per_role_and_shared_runs_compare_in_one_table_and_headline(tmp_pat
     results_page = _results_page()
     report = tmp_path / "02b-demo.json"
     report.write_text(json.dumps({"title": "Policies", "command": "flywheel demo --agent sql", "produced_by": "x",
-                                  "demo_headline": "SQL policies"}))  # fmt: skip
+                                  "model": "m", "demo_headline": "SQL policies"}))  # fmt: skip
     _add_demo_runs(results_page, report, runs)
     items = results_page.reports(tmp_path)
     page = str(results_page.render_page(items))
