@@ -6,7 +6,8 @@ agent is ``examples/demo_agents/bfcl_agent.py``, a plain ``openai`` program that
 with the question's functions as tools; it calls the gateway and knows nothing of Flywheel. The reward
 is the reward service's ``tool_call`` scorer against BFCL's own accepted values, with partial credit
 (half for the right function, the rest shared by its parameters; ``flywheel/bfcl.py``). The trainer
-fine-tunes the whole model on this machine and every new version is reloaded into vLLM.
+fine-tunes the whole model on this machine (``FLYWHEEL_TRAINER_DEVICE``, ``FLYWHEEL_TRAINER_DTYPE`` as for
+any trainer) and every new version is reloaded into vLLM.
 
 The split: BFCL's ``simple_python`` questions (400) shuffled once with a fixed seed (the same for every
 demo seed), the first :data:`HELDOUT` held out and never trained on, the rest the RL stream (in an
@@ -86,10 +87,7 @@ async def run_seed(
     heldout_all, rl_tasks = split(cfg.seed)
     heldout = heldout_all[: cfg.eval_tasks]
     agent = agent_ref()
-    settings = base.replace(
-        upstream_timeout_s=EVAL_DEADLINE_S,
-        trainer_backend="torch",  # verl's engine has no CPU path (docs/engines.md)
-    )
+    settings = base.replace(upstream_timeout_s=EVAL_DEADLINE_S)
     vllm: VllmServer | None = None
     if cfg.vllm_url:
         url = cfg.vllm_url.rstrip("/").removesuffix("/v1")

@@ -21,6 +21,8 @@
 #   4. run       acceptance_run.py run: gateway + worker + reward + trainer (verl) against that vLLM, on
 #                BFCL simple_python (bfcl-eval wheel; 300 questions to train on, 100 held out, scored
 #                by function name and arguments against BFCL's accepted values) or --tasks calc.
+#   5. demo      (smollm2 + bfcl) flywheel demo --model smollm2 --task bfcl on the same vLLM, the torch
+#                trainer on cuda in bf16 with B = 16; its before/after/delta join the JSON under "demo".
 # --dry-run: bash-level checks and the plan; builds the model and checks the verl conversion with
 # whatever Python is given in FLYWHEEL_PYTHON (no install, no vLLM, no GPU).
 set -euo pipefail
@@ -31,6 +33,7 @@ WHEELS=""
 MINUTES=3
 WORK="${FLYWHEEL_ACCEPTANCE_DIR:-/tmp/flywheel-acceptance}"
 BACKEND=verl
+DEMO_BATCH=16
 MODEL_KIND=smollm2
 TASKS=bfcl
 DRY_RUN=0
@@ -45,7 +48,7 @@ while [ $# -gt 0 ]; do
         --model) MODEL_KIND="$2"; shift 2 ;;
         --tasks) TASKS="$2"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n "2,27p" "$0"; exit 0 ;;
         *) echo "acceptance.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -144,4 +147,22 @@ log "vLLM up"
 
 # ---------------------------------------------------------------------------------------- 4. run
 PYTHONPATH="$REPO" "$PY" tests/gpu/acceptance_run.py run --model-dir "$MODEL" --vllm-url "http://127.0.0.1:$PORT" \
-    --backend "$BACKEND" --tasks "$TASKS" --minutes "$MINUTES" --workdir "$WORK/run" "${BFCL_ARGS[@]}"
+    --backend "$BACKEND" --tasks "$TASKS" --minutes "$MINUTES" --workdir "$WORK/run" "${BFCL_ARGS[@]}" \
+    >"$WORK/run.json"
+if [ "$MODEL_KIND" != smollm2 ] || [ "$TASKS" != bfcl ]; then
+    cat "$WORK/run.json"
+    exit 0
+fi
+
+# ------------------------------------------------------------------------------------ 5. the demo
+# flywheel demo --model smollm2 --task bfcl on the same vLLM: the torch trainer on cuda in bf16, a larger
+# batch (B = 16 questions × G = 8), the 100 held-out questions before and after.
+log "flywheel demo --model smollm2 --task bfcl (bf16, B=$DEMO_BATCH) for $MINUTES minutes of RL"
+FLYWHEEL_TRAINER_DEVICE=cuda FLYWHEEL_TRAINER_DTYPE=bfloat16 PYTHONPATH="$REPO" "$PY" -m flywheel.cli.main demo \
+    --model smollm2 --task bfcl --vllm "http://127.0.0.1:$PORT" --batch-groups "$DEMO_BATCH" \
+    --rl-seconds "$("$PY" -c "print(float('$MINUTES') * 60)")" --out "$WORK/demo" >&2
+"$PY" -c 'import json, sys
+run = json.load(open(sys.argv[1]))
+demo = json.load(open(sys.argv[2]))
+keep = ("before", "after", "delta", "rl_steps", "rl_seconds", "wall_seconds")
+print(json.dumps({**run, "demo": {k: demo.get(k) for k in keep}}))' "$WORK/run.json" "$WORK/demo/report.json"
