@@ -139,14 +139,14 @@ failed=()
 "$BIN/mypy" || failed+=("mypy")
 if [ -n "$VLLM_PID" ]; then
     FLYWHEEL_VLLM_URL="http://127.0.0.1:$VLLM_PORT" FLYWHEEL_VLLM_MODEL="$VLLM_MODEL" FLYWHEEL_REQUIRE_VLLM=1 \
-        "$BIN/pytest" -p no:cacheprovider tests/vllm || {
+        "$BIN/pytest" -p no:cacheprovider --durations=15 tests/vllm || {
         failed+=("pytest vllm")
         tail -n 30 "$KAFKA_DIR/vllm.log" >&2 || true
     }
     stop_vllm
 fi
 rc=0
-"$BIN/pytest" -p no:cacheprovider "$@" || rc=$?
+"$BIN/pytest" -p no:cacheprovider --durations=30 "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
 fi
