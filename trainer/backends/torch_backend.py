@@ -70,8 +70,12 @@ class _Rows:
         self.adv = torch.tensor(adv, dtype=torch.float32).to(device)
         self.behaviour = torch.tensor(behaviour, dtype=torch.float32).to(device)
         self.rewards = torch.tensor(rewards, dtype=torch.float32).to(device)  # PPO's per-token rewards
-        # per row: the logits are divided by it, as the engine did before reporting its logprobs
-        self.temperature = torch.tensor([s.temperature for s in samples], dtype=torch.float32).to(device)
+        # per row: the logits are divided by it, as the engine did before reporting its logprobs; None when
+        # every row is at 1 (a division by 1 is exact, and skipping it saves a pass over [B, T, vocab] logits)
+        temps = [s.temperature for s in samples]
+        self.temperature: torch.Tensor | None = (
+            None if all(t == 1.0 for t in temps) else torch.tensor(temps, dtype=torch.float32).to(device)
+        )
         self.padded_tokens = len(samples) * width
         self.real_tokens = sum(lengths)
 
