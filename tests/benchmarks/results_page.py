@@ -251,7 +251,53 @@ def _success(result: dict[str, Any]) -> str:
 
 
 def _gain(run: DemoRun) -> float:
-    return float(run.report["delta"]["success_points"])
+    """The run's held-out gain in points: success, or a pretrained model's benchmark score (BFCL's
+    partial credit) where the report has one."""
+    delta = run.report["delta"]
+    return float(delta["reward_points"] if _pretrained(run) else delta["success_points"])
+
+
+def _pretrained(run: DemoRun) -> bool:
+    return "reward_points" in (run.report.get("delta") or {}) and bool(run.report.get("model"))
+
+
+def pretrained_table(runs: tuple[DemoRun, ...]) -> Table:
+    """``flywheel demo --model smollm2 --task bfcl``: one row per run, the benchmark's score (partial
+    credit) and its all-or-nothing accuracy on the same held-out questions before and after RL."""
+    columns = (
+        "seed",
+        "model",
+        "task",
+        "held-out questions",
+        "score before → after",
+        "Δ points",
+        "all-or-nothing before → after",
+        "RL steps",
+        "RL s",
+        "run",
+    )
+    rows = []
+    for run in runs:
+        r = run.report
+        before, after = r["before"], r["after"]
+        rows.append(
+            (
+                str(r["seed"]),
+                str(r["model"]),
+                str(r.get("task", "")),
+                str(r.get("heldout_tasks", before["episodes"])),
+                f"{100 * before['reward']:.1f} → {100 * after['reward']:.1f}",
+                f"**{_gain(run):+.1f}**",
+                f"{before['success']:.0%} → {after['success']:.0%}",
+                str(r.get("rl_steps", "")),
+                f"{float(r.get('rl_seconds', 0)):.0f}",
+                f"[{run.when or run.path}](results/{run.path})",
+            )
+        )
+    caption = (
+        "Held-out benchmark score (partial credit, 0–100) before and after RL, one row per run's report.json"
+    )
+    return Table(caption, columns, tuple(rows))
 
 
 def _on_policy_gain(run: DemoRun) -> float | None:
@@ -500,6 +546,8 @@ def policies_table(runs: tuple[DemoRun, ...]) -> Table:
 def demo_tables(runs: tuple[DemoRun, ...]) -> tuple[Table, ...]:
     if _is_policies_comparison(runs):
         return (policies_table(runs),)
+    if all(map(_pretrained, runs)):
+        return (pretrained_table(runs),)
     tenants = tuple(run for run in runs if set(run.report) >= TENANTS_KEYS)
     others = tuple(run for run in runs if run not in tenants)
     return (*((demo_table(others),) if others else ()), *((tenants_table(tenants),) if tenants else ()))

@@ -290,11 +290,45 @@ def test_a_demos_report_reaches_the_page_and_the_headline_as_it_came(tmp_path: P
     page = results_page.render_page(items)
     row = "| 3 | rollouts | embedded | 25.0% (2.71) | 63.7% (2.10) | **+38.7** | 47 | 421.3 | passed |"
     assert row + " [run A](results/raw/01-demo-run1-seed3.json) |" in page
-    assert "| [Gain](docs/results.md#demo) | m | +38.7 points (seed 3) |" in results_page.render_headline(items)
+    assert "| [Gain](docs/results.md#demo) | m | +38.7 points (seed 3) |" in results_page.render_headline(
+        items
+    )
     copied.write_text(json.dumps({**run, "delta": {"success_points": 12.0}}))
     assert "+12.0 points (seed 3)" in results_page.render_headline(results_page.reports(tmp_path))
     with pytest.raises(results_page.ReportError, match=r"not a demo's report\.json"):
         results_page.add_demo(report, report, "not a demo")
+
+
+def test_a_pretrained_models_run_reports_its_benchmark_score_and_accuracy(tmp_path: Path) -> None:
+    """``flywheel demo --model smollm2``: the page's row and the headline give the benchmark's score change
+    (partial credit), with the all-or-nothing accuracy beside it."""
+    results_page = _results_page()
+    report = tmp_path / "16-demo.json"
+    report.write_text(
+        '{"title": "BFCL", "command": "c", "produced_by": "x", "model": "m", "demo_headline": "BFCL"}'
+    )
+    run = {
+        "seed": 0,
+        "source": "rollouts",
+        "model": "smollm2",
+        "task": "bfcl/simple_python",
+        "heldout_tasks": 100,
+        "before": {"success": 0.0, "reward": 0.358, "episodes": 100},
+        "after": {"success": 0.21, "reward": 0.612, "episodes": 100},
+        "delta": {"success_points": 21.0, "reward_points": 25.4},
+        "rl_steps": 15,
+        "rl_seconds": 1620.0,
+    }
+    demo_report = tmp_path / "out" / "report.json"
+    demo_report.parent.mkdir()
+    demo_report.write_text(json.dumps(run))
+    results_page.add_demo(report, demo_report, "run A")
+    items = results_page.reports(tmp_path)
+    row = "| 0 | smollm2 | bfcl/simple_python | 100 | 35.8 → 61.2 | **+25.4** | 0% → 21% | 15 | 1620 |"
+    assert row in results_page.render_page(items)
+    assert "| [BFCL](docs/results.md#bfcl) | m | +25.4 points (seed 0) |" in results_page.render_headline(
+        items
+    )
 
 
 def _add_demo_runs(results_page: ModuleType, report: Path, runs: tuple[dict[str, Any], ...]) -> None:
