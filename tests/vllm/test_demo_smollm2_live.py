@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def test_the_smollm2_demo_trains_on_bfcl_and_reloads_vllm(
         asyncio.run(_restore(warm, vllm_model_dir))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "seed-0" / "report.json").read_text())
+    shutil.rmtree(out)  # the versions the trainer exported for vLLM: ~2 GB the test run need not keep
     print("SMOLLM2-DEMO", json.dumps({k: report[k] for k in ("before", "after", "delta", "rl_steps")}))
     assert report["model"] == "smollm2" and report["task"] == "bfcl/simple_python"
     assert report["rl_steps"] >= 1
