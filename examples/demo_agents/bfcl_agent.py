@@ -18,12 +18,13 @@ from openai import OpenAI
 def main() -> None:
     task = json.loads(sys.stdin.readline() or os.environ.get("FLYWHEEL_TASK", "{}"))
     spec: dict[str, Any] = task.get("input") or {}
+    choice: Any = os.environ.get("BFCL_TOOL_CHOICE", "required")  # every simple question needs a call
     client = OpenAI(max_retries=0, timeout=300.0)  # OPENAI_BASE_URL / OPENAI_API_KEY from the env
     r = client.chat.completions.create(
         model=os.environ.get("FLYWHEEL_MODEL", "policy"),
         messages=spec["messages"],
         tools=spec["tools"],
-        tool_choice=os.environ.get("BFCL_TOOL_CHOICE", "required"),  # every simple question needs a call
+        tool_choice=choice,
         max_tokens=int(os.environ.get("BFCL_MAX_TOKENS", "256")),
     )
     calls = [
