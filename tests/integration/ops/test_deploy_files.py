@@ -231,6 +231,18 @@ def test_k8s_manifests_validate_with_kubernetes_schemas() -> None:
             pytest.fail(f"{path.name}: {doc['kind']} {doc['metadata']['name']}: {exc.message}")
 
 
+def test_k8s_inference_is_the_pinned_vllm_with_tool_calls() -> None:
+    """The Kubernetes vLLM is the image compose's gpu profile pins, parsing tool calls as compose does."""
+    deployment = next(
+        doc for path, doc in k8s_documents() if path.name == "inference.yaml" and doc["kind"] == "Deployment"
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    compose_vllm = _config("--profile", "gpu")["services"]["vllm"]
+    assert container["image"] == compose_vllm["image"] == "vllm/vllm-openai:v0.33.0"
+    assert "--enable-auto-tool-choice" in container["args"]
+    assert "--tool-call-parser=hermes" in container["args"]
+
+
 def test_k8s_manifests_pass_kubeconform(tmp_path: Path) -> None:
     schemas = kubeconform_schema_dir(tmp_path)
     result = kubeconform(k8s_files(), schemas)

@@ -16,7 +16,9 @@ from examples.demo.options import (
     DemoOptionError,
     DemoOptions,
     EngineChoice,
+    ModelChoice,
     SourceChoice,
+    TaskChoice,
     TenantsChoice,
 )
 
@@ -109,6 +111,18 @@ def test_the_options_object_holds_every_option_of_the_command() -> None:
         (
             {"algo": ("kl_coef=none",)},
             "error: --algo 'kl_coef=none': Input should be a valid number",
+            False,
+        ),
+        ({"task": TaskChoice.bfcl}, "error: --task and --vllm are for --model smollm2", False),
+        ({"vllm": "http://127.0.0.1:8000"}, "error: --task and --vllm are for --model smollm2", False),
+        (
+            {"model": ModelChoice.smollm2, "source": SourceChoice.production, "gates": True},
+            "error: --model smollm2 trains the BFCL agent alone; drop --source, --gates",
+            False,
+        ),
+        (
+            {"model": ModelChoice.smollm2, "agent": AgentChoice.sql, "curriculum": 0.5},
+            "error: --model smollm2 trains the BFCL agent alone; drop --agent, --curriculum",
             False,
         ),
         (
