@@ -7,7 +7,6 @@ docs/demos.md's; this test proves the loop, not the gain."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -18,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from examples.demo.pretrained import HELDOUT, split
-from trainer.vllm_sink import VllmSink
-from trainer.weights import WeightUpdate
+from tests.vllm.served import restore_base_weights
 
 pytestmark = pytest.mark.timeout(900)
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +35,7 @@ def test_the_smollm2_demo_trains_on_bfcl_and_reloads_vllm(
             cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=840, check=False
         )
     finally:  # the served model again, for the tests that follow
-        asyncio.run(_restore(warm, vllm_model_dir))
+        restore_base_weights(warm, vllm_model_dir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "seed-0" / "report.json").read_text())
     shutil.rmtree(out)  # the versions the trainer exported for vLLM: ~2 GB the test run need not keep
@@ -61,11 +59,3 @@ def test_the_held_out_questions_are_one_fixed_set_disjoint_from_the_rl_stream() 
     first = [next(stream).task_id for _ in range(300)]
     assert len(set(first)) == 300 and not held & set(first)  # one pass: the other 300, none held out
     assert first[:10] != [next(other).task_id for _ in range(10)]  # each seed its own order
-
-
-async def _restore(url: str, model_dir: Path) -> None:
-    sink = VllmSink(url)
-    try:
-        await sink.load(WeightUpdate(version=0, state_dict=dict, path=model_dir))
-    finally:
-        await sink.aclose()

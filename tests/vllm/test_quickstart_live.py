@@ -17,7 +17,6 @@ Then: the version trained is the one vLLM serves, every recorded call kept the a
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -31,8 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trainer.vllm_sink import VllmSink
-from trainer.weights import WeightUpdate
+from tests.vllm.served import restore_base_weights
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -146,12 +144,4 @@ def test_the_quickstart_trains_the_agents_model_through_vllm(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        asyncio.run(restore(warm, vllm_model_dir))  # the served model again, for the tests that follow
-
-
-async def restore(url: str, model_dir: Path) -> None:
-    sink = VllmSink(url)
-    try:
-        await sink.load(WeightUpdate(version=0, state_dict=dict, path=model_dir))
-    finally:
-        await sink.aclose()
+        restore_base_weights(warm, vllm_model_dir)  # the served model again, for the tests that follow
