@@ -44,6 +44,7 @@ def build(
             settings.journal_path(),
             retain=settings.feedback_retain,
             retain_s=settings.feedback_window_s,
+            changelog=settings.changelog(),
         ),
         group=settings.reward_group,
         discount=settings.discount,

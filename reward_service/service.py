@@ -21,6 +21,11 @@ episodes abandoned past their deadline + grace (their worker died; the task was 
 episode), and episodes opened without a deadline (by hand) that have been silent for ``idle_timeout_s``
 get an ``EpisodeFinished`` published on their behalf, which then flows through the same path.
 Judge rankings wait for their whole group, or for ``group_timeout_s``.
+
+Scale-out (``changelog=True``, ``changelog.py``): the store's changes go to ``flywheel.reward-state``
+before each batch is committed, and the state of every partition of ``flywheel.episodes`` this instance
+is given is rebuilt from there before any of its events is handled; the state of a partition it loses
+is dropped. Several instances in one group then score each episode once, from all its calls.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from prometheus_client import Counter
 
 from infra.bus.base import Bus, Message
 from infra.logging import get_logger
+from reward_service import changelog as state_log
 from reward_service.scoring import Outcome, Scoring, is_rank, scorer_for
 from reward_service.selection import CallSelector
 from reward_service.state import EpisodeRecord, EpisodeStore
@@ -44,6 +50,7 @@ from reward_service.transitions import assemble
 from schemas import (
     DEADLETTER,
     EPISODES,
+    REWARD_STATE,
     TRANSITIONS,
     DeadLetter,
     EpisodeFinished,
@@ -90,6 +97,8 @@ class RewardStats:
     feedback_unchanged: int = 0  # late feedback kept without a new revision (no new reward)
     context_calls: int = 0  # calls the selector kept out of training (selection.py)
     feedback_unheld: int = 0  # late feedback for a session no longer held: sent to the dead-letter topic
+    restored: int = 0  # changelog records replayed into the store (partitions given to this instance)
+    forgotten: int = 0  # open episodes dropped with a partition given to another instance
 
 
 class RewardService:
@@ -128,14 +137,20 @@ class RewardService:
         self._sub: object | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # with a changelog: the partitions of flywheel.episodes whose state this instance holds
+        self.owned: set[int] | None = set() if store.changes is not None else None
 
     async def start(self) -> None:
-        await self.bus.ensure_topics([EPISODES, TRANSITIONS, DEADLETTER])
-        for record in list(self.store.open.values()):  # rebuilt from the journal
-            if record.finished is not None and is_rank(scorer_for(record, "none")) and record.started:
-                self.waiting_groups.setdefault(record.started.group_id or record.episode_id, time.monotonic())
+        topics = [EPISODES, TRANSITIONS, DEADLETTER] + ([REWARD_STATE] if self.owned is not None else [])
+        await self.bus.ensure_topics(topics)
+        self._wait_for_groups()  # the open episodes rebuilt from the journal
         self._sub = await self.bus.subscribe_batch(
-            EPISODES, self.group, self.handle, max_batch=self.max_batch, max_wait_s=self.batch_wait_s
+            EPISODES,
+            self.group,
+            self.handle,
+            max_batch=self.max_batch,
+            max_wait_s=self.batch_wait_s,
+            on_assigned=self.assigned if self.owned is not None else None,
         )
         self._sweeper = asyncio.create_task(self._sweep_forever())
         log.info("reward_service_started", group=self.group, open_episodes=len(self.store.open))
@@ -151,10 +166,37 @@ class RewardService:
         await self.scoring.aclose()
         log.info("reward_service_stopped", scored=self.stats.scored)
 
+    def _wait_for_groups(self) -> None:
+        for record in list(self.store.open.values()):
+            if record.finished is not None and is_rank(scorer_for(record, "none")) and record.started:
+                self.waiting_groups.setdefault(record.started.group_id or record.episode_id, time.monotonic())
+
+    # ---------------------------------------------------------------------------- the changelog
+
+    async def assigned(self, partitions: frozenset[int]) -> None:
+        """The group gave this instance ``partitions``: drop the state of those it lost, restore the new."""
+        async with self._lock:
+            assert self.owned is not None
+            lost = self.owned - partitions
+            if lost:
+                self.stats.forgotten += state_log.forget(self.store, lost)
+                self.owned -= lost
+            await self._restore(partitions - self.owned)
+
+    async def _restore(self, partitions: set[int] | frozenset[int]) -> None:
+        """Rebuild the state of ``partitions`` from the changelog (under the lock)."""
+        assert self.owned is not None
+        if partitions:
+            self.stats.restored += await state_log.restore_partitions(self.bus, self.store, partitions)
+            self.owned |= partitions
+            self._wait_for_groups()
+
     # ---------------------------------------------------------------------------- the handler
 
     async def handle(self, messages: Sequence[Message]) -> None:
         async with self._lock:
+            if self.owned is not None:  # a partition not restored yet (a bus without the hook): first
+                await self._restore({m.partition for m in messages} - self.owned)
             finished: dict[str, EpisodeRecord] = {}
             late_feedback: list[RewardReported] = []
             for message in messages:
@@ -183,6 +225,7 @@ class RewardService:
             await self._rank_ready(force=False)
             for feedback in late_feedback:
                 await self._rescore(feedback)
+            await state_log.write_changes(self.bus, self.store)
             self.store.flush()
 
     async def _rescore(self, feedback: RewardReported) -> None:
@@ -214,6 +257,7 @@ class RewardService:
         before = self.scoring.feedback.episode_reward(record.rewards)
         if not record.add(feedback):
             return  # a redelivery of feedback already applied
+        self.store.note(feedback)
         value = self.scoring.feedback.episode_reward(record.rewards)
         if value is None or value == before:
             self.stats.feedback_unchanged += 1
@@ -305,6 +349,7 @@ class RewardService:
             score_revision=revision,
         )
         await self.bus.publish(TRANSITIONS, scored)
+        self.store.note(state_log.marker(scored))
         if revision == 0:
             self.store.close(record.episode_id)
         else:
@@ -359,6 +404,7 @@ class RewardService:
                     await self._close(record, EpisodeStatus.cancelled, error, "abandoned_idle")
         async with self._lock:
             await self._rank_ready(force=False)
+            await state_log.write_changes(self.bus, self.store)
             self.store.flush()
 
     async def _close(self, record: EpisodeRecord, status: EpisodeStatus, error: str | None, why: str) -> None:

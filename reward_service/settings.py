@@ -15,7 +15,12 @@ class RewardSettings(FlywheelSettings):
     reward_group: str = "reward-service"
     fill_value: float = 0.0  # agent scorer: the reward of an episode that reported none (marked "filled")
     discount: float = Field(default=1.0, ge=0.0, le=1.0)  # per-call discount (options.discount overrides)
-    journal: Path | None = None  # durable episode state; default: <data_dir>/reward/journal.sqlite on Kafka
+    # durable episode state without the changelog; default: <data_dir>/reward/<group>.sqlite on Kafka
+    journal: Path | None = None
+    # On Kafka, the state goes to the changelog topic flywheel.reward-state instead of the journal and
+    # follows the partitions of flywheel.episodes between instances (reward_service/changelog.py).
+    # Off: one instance per journal (a partition moved mid-episode is scored from what the new owner saw).
+    reward_changelog: bool = True
     abandon_grace_s: float = Field(default=60.0, ge=0)  # live episodes past deadline + grace: abandoned
     group_timeout_s: float = Field(default=600.0, gt=0)  # judge ranking: rank what arrived after this
     sweep_interval_s: float = Field(default=1.0, gt=0)
@@ -40,7 +45,12 @@ class RewardSettings(FlywheelSettings):
     train_models: str = ""
     train_system_match: str = ""
 
+    def changelog(self) -> bool:
+        return self.reward_changelog and self.bus == "kafka"
+
     def journal_path(self) -> Path | None:
+        if self.changelog():
+            return None  # the changelog holds the state
         if self.journal is not None:
             return self.journal
         if self.bus != "kafka":

@@ -14,10 +14,11 @@ mapping read), as one zlib-compressed blob of JSON lines — a few bytes per tok
 scored out first) and by ``retain_s`` seconds since the last (re-)score; the default window is the
 gateway's ``feedback_window_s``, past which the gateway refuses feedback with a 409.
 
-Scale-out caveat: the journal is local to one reward-service instance. If Kafka moves a partition to
-another instance while an episode on it is open, the new owner has not seen the episode's earlier
-events; it scores the episode from what it has and marks it (``unusable_reason="state_lost"`` when
-nothing was seen). Run one instance per journal, or keep partitions sticky.
+Scale-out (``changelog.py``): with ``changelog=True`` there is no journal; every event the store keeps,
+and each feedback applied to a retained session, is also queued in ``changes`` for the service to
+append to ``flywheel.reward-state`` before the batch is committed, and the state of a partition is
+rebuilt from that topic by whichever instance is given the partition (``forget`` drops a lost one).
+Without it, the journal is local to one instance: run one instance per journal.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from infra.journal import Journal
 from schemas import (
     EPISODES,
     EpisodeFinished,
+    EpisodeScored,
     EpisodeSource,
     EpisodeStarted,
     LLMCallRecorded,
@@ -41,6 +44,7 @@ from schemas import (
 )
 
 EpisodeEvent = EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished
+Change = EpisodeEvent | EpisodeScored  # a record of the changelog (changelog.py)
 VERSION = 1  # the journal's tables (infra/journal.py)
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS events (n INTEGER PRIMARY KEY, episode_id TEXT, body BLOB)",
@@ -143,7 +147,12 @@ class EpisodeStore:
         remember_done: int = 100_000,
         retain: int = 10_000,
         retain_s: float = 7 * 24 * 3600.0,
+        changelog: bool = False,
     ) -> None:
+        if changelog and journal is not None:
+            raise ValueError("the changelog replaces the journal: give one or the other")
+        # what the service appends to the changelog before the batch is committed (None: no changelog)
+        self.changes: list[Change] | None = [] if changelog else None
         self.open: dict[str, EpisodeRecord] = {}
         self.done: OrderedDict[str, None] = OrderedDict()
         self.remember_done = remember_done
@@ -177,13 +186,35 @@ class EpisodeStore:
         record = self.open.get(event.episode_id)
         if record is None:
             record = self.open[event.episode_id] = EpisodeRecord(event.episode_id)
-        if record.add(event) and self._db is not None:
-            self._db.execute(
-                "INSERT INTO events (episode_id, body) VALUES (?, ?)", (event.episode_id, encode(event))
-            )
+        if record.add(event):
+            self.note(event)
+            if self._db is not None:
+                self._db.execute(
+                    "INSERT INTO events (episode_id, body) VALUES (?, ?)", (event.episode_id, encode(event))
+                )
         return record
 
-    def close(self, episode_id: str) -> None:
+    def note(self, change: Change) -> None:
+        """Queue ``change`` for the changelog (when there is one)."""
+        if self.changes is not None:
+            self.changes.append(change)
+
+    def forget(self, lost: Callable[[str], bool]) -> int:
+        """Drop every episode (open, done, retained) whose id ``lost`` says is no longer ours."""
+        open_ids = [e for e in self.open if lost(e)]
+        for episode_id in open_ids:
+            del self.open[episode_id]
+            if self._db is not None:
+                self._db.execute("DELETE FROM events WHERE episode_id = ?", (episode_id,))
+        for episode_id in [e for e in self.done if lost(e)]:
+            del self.done[episode_id]
+            if self._db is not None:
+                self._db.execute("DELETE FROM done WHERE episode_id = ?", (episode_id,))
+        for episode_id in [e for e in self.retained if lost(e)]:
+            self._drop(episode_id)
+        return len(open_ids)
+
+    def close(self, episode_id: str, *, at: float | None = None) -> None:
         """The episode is scored: forget its events, remember that it is done (production: retain it)."""
         record = self.open.pop(episode_id, None)
         self.done[episode_id] = None
@@ -195,11 +226,13 @@ class EpisodeStore:
             if self._db is not None:
                 self._db.execute("DELETE FROM done WHERE episode_id = ?", (old,))
         if record is not None and record.source is EpisodeSource.production and self.retain > 0:
-            self.keep(record, revision=0)
+            self.keep(record, revision=0, at=at)
 
-    def keep(self, record: EpisodeRecord, *, revision: int) -> None:
-        """Retain a scored production session (again, after a re-score) as its newest revision."""
-        blob, now = _pack(record), time.time()
+    def keep(self, record: EpisodeRecord, *, revision: int, at: float | None = None) -> None:
+        """Retain a scored production session (again, after a re-score) as its newest revision.
+
+        ``at``: when it was (re-)scored, for a restore (default: now)."""
+        blob, now = _pack(record), time.time() if at is None else at
         self.retained.pop(record.episode_id, None)
         self.retained[record.episode_id] = Retained(revision, now)
         if self._db is not None:
@@ -209,7 +242,7 @@ class EpisodeStore:
             )
         else:
             self._blobs[record.episode_id] = blob
-        self._expire(now)
+        self._expire(time.time())
 
     def _expire(self, now: float) -> None:
         while self.retained:

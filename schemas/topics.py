@@ -7,8 +7,9 @@ prefix (``FLYWHEEL_TOPIC_PREFIX``), so tests and tenants of one broker never see
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from schemas.control import (
     ControlEvent,
@@ -50,6 +51,17 @@ TRANSITIONS = "flywheel.transitions"
 CONTROL = "flywheel.control"
 DEADLETTER = "flywheel.deadletter"
 AGL = "flywheel.agl"  # Agent Lightning state served by ``flywheel agl-server`` (added, optional)
+# The reward service's changelog (reward_service/changelog.py): its partition p holds the state of the
+# episodes of flywheel.episodes' partition p, so it has as many partitions (added, optional).
+REWARD_STATE = "flywheel.reward-state"
+REWARD_STATE_RETENTION_MS = 8 * 24 * 3600 * 1000  # the default feedback window (7 days) and a day
+
+
+RewardStateEvent = Annotated[
+    EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished | EpisodeScored,
+    Field(discriminator="type"),
+]
+"""What the reward service's changelog holds (``REWARD_STATE``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +70,17 @@ class TopicSpec:
     key_field: str
     partitions: int
     event_types: frozenset[type[AnyEvent]]
+    configs: tuple[tuple[str, str], ...] = ()  # Kafka topic configs set when the bus creates it
 
+
+_EPISODE_PARTITIONS = 16
 
 TOPICS: dict[str, TopicSpec] = {
     TASKS: TopicSpec(TASKS, "task_id", 8, frozenset({RolloutRequested, RolloutCancelled})),
     EPISODES: TopicSpec(
         EPISODES,
         "episode_id",
-        16,
+        _EPISODE_PARTITIONS,
         frozenset({EpisodeStarted, LLMCallRecorded, RewardReported, EpisodeFinished, AgentSpansRecorded}),
     ),
     TRANSITIONS: TopicSpec(TRANSITIONS, "group_id", 8, frozenset({EpisodeScored})),
@@ -96,6 +111,15 @@ TOPICS: dict[str, TopicSpec] = {
     ),
     DEADLETTER: TopicSpec(DEADLETTER, "original key", 1, frozenset({DeadLetter})),
     AGL: TopicSpec(AGL, "scope", 8, frozenset({AglRecorded})),
+    # Every episode event the reward service kept, then its EpisodeScored (without transitions) as the
+    # "scored" marker; not compacted: the records of one episode share its key (see the module above).
+    REWARD_STATE: TopicSpec(
+        REWARD_STATE,
+        "episode_id",
+        _EPISODE_PARTITIONS,
+        frozenset({EpisodeStarted, LLMCallRecorded, RewardReported, EpisodeFinished, EpisodeScored}),
+        (("cleanup.policy", "delete"), ("retention.ms", str(REWARD_STATE_RETENTION_MS))),
+    ),
 }
 
 
@@ -211,6 +235,7 @@ _PER_TOPIC: dict[str, TypeAdapter[AnyEvent]] = {
     CONTROL: TypeAdapter(ControlEvent),
     DEADLETTER: TypeAdapter(DeadLetter),
     AGL: TypeAdapter(AglRecorded),
+    REWARD_STATE: TypeAdapter(RewardStateEvent),
 }
 
 

@@ -16,7 +16,17 @@ from typing import Any
 from schemas.control import ControlEvent
 from schemas.events import AglRecorded, DeadLetter, EpisodeEvent, EpisodeScored
 from schemas.tasks import TaskEvent
-from schemas.topics import AGL, CONTROL, DEADLETTER, EPISODES, TASKS, TOPICS, TRANSITIONS
+from schemas.topics import (
+    AGL,
+    CONTROL,
+    DEADLETTER,
+    EPISODES,
+    REWARD_STATE,
+    TASKS,
+    TOPICS,
+    TRANSITIONS,
+    RewardStateEvent,
+)
 
 SERVER = "127.0.0.1:9092"  # `flywheel kafka start`'s default; FLYWHEEL_KAFKA_BOOTSTRAP names the real one
 
@@ -31,6 +41,12 @@ PURPOSE: dict[str, tuple[str, Any]] = {
     CONTROL: ("Weight updates, trainer steps and pauses, prompt versions.", ControlEvent),
     DEADLETTER: ("Messages a consumer could not handle, with the error.", DeadLetter),
     AGL: ("Agent Lightning state served by `flywheel agl-server`.", AglRecorded),
+    REWARD_STATE: (
+        "The reward service's changelog: the episode events it kept and an EpisodeScored without"
+        " transitions per (re-)score; partition p holds the state of flywheel.episodes' partition p"
+        " (reward_service/changelog.py).",
+        RewardStateEvent,
+    ),
 }
 
 

@@ -55,6 +55,8 @@ def new_message(
 
 Handler = Callable[[Message], Awaitable[None]]
 BatchHandler = Callable[[Sequence[Message]], Awaitable[None]]
+Assigned = Callable[[frozenset[int]], Awaitable[None]]
+"""Told the partitions a subscriber holds after each rebalance, before it is handed their records."""
 
 
 class BusError(Exception):
@@ -126,6 +128,7 @@ class Bus(Protocol):
         max_wait_s: float = 0.2,
         from_beginning: bool = True,
         max_retries: int = 2,
+        on_assigned: Assigned | None = None,
     ) -> Subscription:
         """Consume in batches of up to ``max_batch``; a batch is committed after the handler returned.
 
@@ -134,4 +137,12 @@ class Bus(Protocol):
 
         When a batch handler raises, the batch is retried; after ``max_retries`` each message is
         retried alone so only the poison ones go to the dead-letter topic.
+
+        ``on_assigned`` (a stateful consumer's hook) is awaited with the partitions this subscriber
+        holds whenever they change (the first assignment included), once the partitions' previous
+        holder committed its last block and before any of their records is handed over.
         """
+
+    async def read_partitions(self, topic: str, partitions: Sequence[int]) -> dict[int, list[Message]]:
+        """Every record retained in ``partitions`` of ``topic``, from the start of each to its end as of
+        the call (no consumer group; a changelog's restore). Records that do not decode are left out."""

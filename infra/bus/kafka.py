@@ -31,11 +31,19 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
+from infra.bus.base import (
+    Assigned,
+    BatchHandler,
+    BusClosedError,
+    BusError,
+    BusUnavailableError,
+    Handler,
+    Message,
+)
 from infra.bus.consumer import Consumer, Subscriber
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.delivery import RetryPolicy
-from infra.bus.kafka_consumer import KafkaFetcher
+from infra.bus.kafka_consumer import KafkaFetcher, read_partitions
 from infra.bus.partitioner import partition_for
 from infra.logging import get_logger
 from schemas import (
@@ -231,7 +239,10 @@ class KafkaBus:
             admin = await self._admin_client()
             try:
                 response = await admin.create_topics(
-                    [NewTopic(self.physical(t), spec.partitions, 1) for t, spec in specs.items()]
+                    [
+                        NewTopic(self.physical(t), spec.partitions, 1, topic_configs=dict(spec.configs))
+                        for t, spec in specs.items()
+                    ]
                 )
             except (KafkaError, OSError) as exc:
                 raise BusUnavailableError(f"cannot create topics on {self.bootstrap}: {exc!r}") from exc
@@ -356,12 +367,28 @@ class KafkaBus:
         max_wait_s: float = 0.2,
         from_beginning: bool = True,
         max_retries: int = 2,
+        on_assigned: Assigned | None = None,
     ) -> Consumer:
         return await self._subscribe(
-            topic, group, Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s)
+            topic,
+            group,
+            Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s),
+            on_assigned,
         )
 
-    async def _subscribe(self, topic: str, group: str, subscriber: Subscriber) -> Consumer:
+    async def read_partitions(self, topic: str, partitions: Sequence[int]) -> dict[int, list[Message]]:
+        self._running_producer()
+        await self.ensure_topics([topic])
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-reader", enable_auto_commit=False
+        )
+        return await read_partitions(
+            reader, topic, self.physical(topic), partitions, self.assignment_timeout_s
+        )
+
+    async def _subscribe(
+        self, topic: str, group: str, subscriber: Subscriber, on_assigned: Assigned | None = None
+    ) -> Consumer:
         self._running_producer()
         await self.ensure_topics([topic, DEADLETTER])
         fetch_min_bytes, fetch_max_wait_ms = self.fetch_params(topic)
@@ -386,6 +413,7 @@ class KafkaBus:
             assignment_timeout_s=self.assignment_timeout_s,
             max_poll_interval_s=self.max_poll_interval_s,
             close_timeout_s=self.publish_timeout_s,
+            on_assigned=on_assigned,
         )
         await fetcher.start()
         sub = Consumer(

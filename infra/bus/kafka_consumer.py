@@ -11,6 +11,9 @@ The loop over these blocks (handing records over, retries, dead letters, stop) i
 - ``rewind`` seeks the partitions of a failed block back to its first records.
 - A revoked partition (another consumer joined the group) is handed over only once the block in
   flight was handled and committed (the loop sets ``idle``), bounded by ``max_poll_interval_s``.
+- After each rebalance the subscriber's ``on_assigned`` hook is awaited with the partitions it now
+  holds (a stateful consumer restores their state there; an error is logged, not raised).
+- ``read_partitions`` reads partitions from their start to their end without a group (a restore).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from infra.bus.base import BusError
-from infra.bus.consumer import Block, decode_entry
+from infra.bus.base import Assigned, BusError, BusUnavailableError, Message
+from infra.bus.consumer import Block, Undecodable, decode_entry
 from infra.logging import get_logger
 
 log = get_logger(__name__)
@@ -43,6 +46,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         self._fetcher.assigned.set()
+        hook = self._fetcher.on_assigned
+        if hook is not None:
+            try:
+                await hook(frozenset(tp.partition for tp in assigned))
+            except Exception as exc:  # the subscriber restores lazily; a rebalance must not die here
+                log.error("bus.on_assigned_failed", topic=self._fetcher.topic, error=repr(exc))
 
 
 class KafkaFetcher:
@@ -58,8 +67,10 @@ class KafkaFetcher:
         assignment_timeout_s: float,
         max_poll_interval_s: float,
         close_timeout_s: float,
+        on_assigned: Assigned | None = None,
     ) -> None:
         self._consumer = consumer
+        self.on_assigned = on_assigned
         self.topic = topic
         self._physical = physical
         self.group = group
@@ -137,3 +148,42 @@ class KafkaFetcher:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self._close_timeout_s):  # bounded: the broker may be gone
                 await self._consumer.stop()
+
+
+async def read_partitions(
+    consumer: AIOKafkaConsumer, topic: str, physical: str, partitions: Sequence[int], timeout_s: float
+) -> dict[int, list[Message]]:
+    """``Bus.read_partitions`` with ``consumer``, a group-less consumer built (not started) by the bus."""
+    out: dict[int, list[Message]] = {p: [] for p in partitions}
+    if not partitions:
+        return out
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            tps = [TopicPartition(physical, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            left = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+            while left:
+                fetched = await consumer.getmany(*left, timeout_ms=500)
+                for tp, records in fetched.items():
+                    for r in records:
+                        if r.offset >= ends[tp]:
+                            continue
+                        key = r.key.decode("utf-8", errors="replace") if r.key is not None else ""
+                        entry = decode_entry(topic, tp.partition, r.offset, key, r.value or b"")
+                        if isinstance(entry, Undecodable):
+                            log.warning(
+                                "bus.read_undecodable", topic=topic, offset=r.offset, error=entry.error
+                            )
+                        else:
+                            out[tp.partition].append(entry)
+                left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise BusUnavailableError(f"cannot read {topic} partitions {list(partitions)}: {exc!r}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout_s):
+                await consumer.stop()
+    return out

@@ -37,7 +37,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.bus import gc_policy
-from infra.bus.base import BatchHandler, BusClosedError, BusError, BusUnavailableError, Handler
+from infra.bus.base import (
+    Assigned,
+    BatchHandler,
+    BusClosedError,
+    BusError,
+    BusUnavailableError,
+    Handler,
+    Message,
+)
 from infra.bus.consumer import Consumer, Subscriber
 from infra.bus.deadletter import DEFAULT_PARK_PATH, Parking
 from infra.bus.delivery import RetryPolicy
@@ -239,12 +247,31 @@ class MemoryBus:
         max_wait_s: float = 0.2,
         from_beginning: bool = True,
         max_retries: int = 2,
+        on_assigned: Assigned | None = None,
     ) -> Consumer:
         return self._join(
-            topic, group, Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s)
+            topic,
+            group,
+            Subscriber(None, handler, from_beginning, max_retries, max_batch, max_wait_s),
+            on_assigned,
         )
 
-    def _join(self, topic: str, group: str, subscriber: Subscriber) -> Consumer:
+    async def read_partitions(self, topic: str, partitions: Sequence[int]) -> dict[int, list[Message]]:
+        """The records still retained: a topic no group reads keeps only its last ``retain`` per partition."""
+        t = self._topic(topic)
+        out: dict[int, list[Message]] = {}
+        for p in partitions:
+            part = t.partitions[p]
+            out[p] = [
+                Message(item, topic, p, part.base + i, part.keys[i])
+                for i, item in enumerate(part.items)
+                if not isinstance(item, Bad)
+            ]
+        return out
+
+    def _join(
+        self, topic: str, group: str, subscriber: Subscriber, on_assigned: Assigned | None = None
+    ) -> Consumer:
         self._check_running()
         t = self._topic(topic)
         batch = subscriber.batch_handler is not None
@@ -254,7 +281,7 @@ class MemoryBus:
         elif g.members and g.batch != batch:
             raise BusError(f"group {group!r} on {topic} mixes batch and single-message subscribers")
         g.batch = batch
-        member = Member(g)
+        member = Member(g, on_assigned)
         g.join(member)
         sub = Consumer(
             member,

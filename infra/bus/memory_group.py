@@ -5,7 +5,9 @@ one topic and its members. A ``Member`` is one subscriber's fetcher (``infra.bus
 under the consumer loop both buses share): it fetches the records of the partitions the group gives
 it (partition ``p`` goes to member ``p mod n``, but not while another member still holds it in a block
 it has not committed: a rebalance waits for the block in flight, as on Kafka) and commits each record
-as soon as it is acknowledged, which makes room for publishers waiting on a full backlog.
+as soon as it is acknowledged, which makes room for publishers waiting on a full backlog. A member
+given an ``on_assigned`` hook awaits it, between blocks, when its partitions change, once the new ones
+are out of every other member's block (as Kafka hands them over).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from infra.bus.base import Message
+from infra.bus.base import Assigned, Message
 from infra.bus.consumer import Block, Entry, Undecodable
 from schemas import AnyEvent, TopicSpec
 
@@ -111,6 +113,13 @@ class Group:
             for p in range(len(self.space)):
                 self.release_space(p, force=True)
 
+    def owned(self, member: Member) -> frozenset[int]:
+        """The partitions the group gives ``member`` (whether or not another still has them in a block)."""
+        if member not in self.members:
+            return frozenset()
+        n, i = len(self.members), self.members.index(member)
+        return frozenset(p for p in range(len(self.topic.partitions)) if p % n == i)
+
     def assigned(self, member: Member) -> list[int]:
         n = len(self.members)
         if member not in self.members:
@@ -142,8 +151,10 @@ class Group:
 class Member:
     """One subscriber's fetcher in a group (``infra.bus.consumer.Fetcher``)."""
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: Group, on_assigned: Assigned | None = None) -> None:
         self._group = group
+        self._on_assigned = on_assigned
+        self._told: frozenset[int] | None = None  # the partitions on_assigned was last told
         self._next: dict[int, int] = {}  # partition of the block in flight → next offset to fetch
         # Each acknowledged record is committed at once (one call per record: the hot path).
         self.ack: Callable[[int, int], None] = group.commit
@@ -156,6 +167,8 @@ class Member:
         deadline = loop.time() + timeout_s
         block: Block = {}
         while True:
+            if self._on_assigned is not None and not self._next:  # between blocks only
+                await self._tell_assignment(self._on_assigned)
             self._take(block, max_records)
             if block or self not in self._group.members:
                 return block
@@ -163,6 +176,14 @@ class Member:
             if left <= 0:
                 return block
             await self._wait_data(left)
+
+    async def _tell_assignment(self, hook: Assigned) -> None:
+        group = self._group
+        mine = group.owned(self)
+        if mine == self._told or (mine - (self._told or frozenset())) & group.claimed:
+            return  # unchanged, or a new partition is still in another member's block
+        self._told = mine
+        await hook(mine)
 
     def _take(self, block: Block, room: int) -> None:
         """Add the available records of this member's partitions to ``block`` (claiming them)."""
