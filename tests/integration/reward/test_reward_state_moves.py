@@ -50,7 +50,9 @@ async def _calls(bus: KafkaBus, ep: str, seqs: range) -> None:
         await bus.publish(EPISODES, call(ep, seq, list(range(1, 2 + 2 * seq)), [9]))
 
 
-async def run_rebalance_mid_episode(bootstrap: str, prefix: str, *, changelog: bool) -> None:
+async def run_rebalance_mid_episode(
+    bootstrap: str, prefix: str, *, changelog: bool, stop_a: bool = False
+) -> None:
     live = [f"{i:030x}li" for i in range(24)]
     prod = [f"{i:030x}pr" for i in range(12)]
     async with (
@@ -73,6 +75,11 @@ async def run_rebalance_mid_episode(bootstrap: str, prefix: str, *, changelog: b
 
         b = _service(bus_b, changelog)
         await b.start()  # the group rebalances: B takes about half of the 16 partitions
+        if stop_a:  # and then all of them, with the state A had
+            await a.stop()
+            await wait_until(
+                lambda: b.owned is not None and len(b.owned) == 16, within_s=60, what="B holds all"
+            )
         for ep in live:
             await _calls(pub, ep, range(CALLS // 2, CALLS))
             await pub.publish(EPISODES, finished(ep, reward=1.0, group=ep))
@@ -94,8 +101,11 @@ async def run_rebalance_mid_episode(bootstrap: str, prefix: str, *, changelog: b
         assert sorted({e.episode_id for e in rescored}) == sorted(prod)  # re-scored wherever it went
         assert {e.reward for e in rescored} == {1.0}
         assert b.stats.scored > 0 and b.stats.rescored > 0  # B did take partitions and their state
+        if stop_a:
+            assert (b.stats.scored, b.stats.rescored) == (len(live), len(prod))
         await b.stop()
-        await a.stop()
+        if not stop_a:
+            await a.stop()
         await events.stop()
 
 
@@ -103,3 +113,9 @@ async def test_two_reward_services_score_each_episode_once_from_all_its_calls_ac
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     await run_rebalance_mid_episode(kafka_bootstrap, topic_prefix, changelog=True)
+
+
+async def test_an_instance_that_leaves_mid_episode_hands_its_state_over(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    await run_rebalance_mid_episode(kafka_bootstrap, topic_prefix, changelog=True, stop_a=True)
