@@ -51,9 +51,10 @@ class TrainerSettings(FlywheelSettings):
     trainer_gradient_checkpointing: bool = False
     # train in a child process (trainer.backends.process): the step never waits for this process's GIL
     trainer_backend_process: bool = True
-    # data-parallel ranks (trainer.backends.ddp): N > 1 trains each batch split over N processes
+    # data-parallel ranks (trainer.backends.ddp; with verl: a Ray worker group of N FSDP ranks): N > 1
+    # trains each batch split over N processes
     trainer_dp: int = Field(default=1, ge=1)
-    # torch (this host's CPU/GPUs) or verl (trainer.backends.verl_backend: FSDP on Ray's GPUs, or one CPU rank)
+    # torch (this host's CPU/GPUs) or verl (trainer.backends.verl_backend: FSDP on Ray's GPUs, or CPU ranks)
     trainer_backend: Literal["torch", "verl"] = "torch"
     trainer_metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics (0: off)
     trainer_algo: AlgorithmConfig = AlgorithmConfig()

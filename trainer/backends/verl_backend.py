@@ -57,7 +57,7 @@ from safetensors.torch import load_file
 
 from infra.logging import get_logger
 from trainer.backends.base import BackendError
-from trainer.backends.verl_convert import batch_temperature, to_verl_batch
+from trainer.backends.verl_convert import batch_temperature, pad_rows, to_verl_batch
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig, ModelOptions
 
@@ -74,12 +74,11 @@ try:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from trainer.backends import verl_cpu
+    from trainer.backends import verl_cpu, verl_ray
 
     with warnings.catch_warnings():
         # Ray's deprecation of the `ray.experimental.state` that verl.single_controller.ray imports
         warnings.filterwarnings("ignore", message=r"Ray state API", category=DeprecationWarning)
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
         from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
 except ImportError as exc:
     raise BackendError(f"--backend verl needs the `verl` extra (uv sync --extra verl): {exc}") from exc
@@ -138,8 +137,10 @@ class VerlBackend:
                 applied=f"verl's truncated importance weights min(pi_old/mu, {algo.tis_cap})",
             )
         on_cpu = device == "cpu"
-        if on_cpu and (gpus != 1 or strategy != "fsdp2"):
-            raise BackendError("verl on the CPU runs one fsdp2 rank (trainer.backends.verl_cpu)")
+        if on_cpu and strategy != "fsdp2":
+            raise BackendError("verl on the CPU runs fsdp2 (trainer.backends.verl_cpu)")
+        if gpus < 1:
+            raise BackendError(f"the verl backend needs at least one rank, got {gpus}")
         if on_cpu:  # before verl's engine module is first imported: it reads the device at import
             verl_cpu.install()
         self.cfg = algo
@@ -174,15 +175,13 @@ class VerlBackend:
             ),
         )
         self._local: verl_cpu.LocalWorkerGroup | None = None
+        self._ray_started = False
+        self._ranks = gpus
         self._wg: Any
-        if on_cpu:  # one rank, in this process (no Ray)
+        if on_cpu and gpus == 1:  # one rank, in this process (no Ray)
             self._local = self._wg = verl_cpu.LocalWorkerGroup(TrainingWorker, config)
-        else:
-            ray.init(ignore_reinit_error=True)
-            self._wg = RayWorkerGroup(
-                resource_pool=RayResourcePool(process_on_nodes=[gpus]),
-                ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=config),
-            )
+        else:  # verl's RayWorkerGroup: one rank per GPU, or per CPU process over gloo
+            self._wg, self._ray_started = verl_ray.worker_group(config, gpus, device)
         self._wg.reset()
         # Flywheel's loss (trainer.loss): PPO clip with clip-higher, no dual clip (clip_ratio_c → ∞),
         # advantages already weighted per token, summed (see trainer.backends.verl_convert)
@@ -206,6 +205,11 @@ class VerlBackend:
     def vocab_size(self) -> int | None:
         return self._vocab_size
 
+    @property
+    def worker_group(self) -> Any:
+        """verl's ``RayWorkerGroup`` (or, one rank on the CPU, :class:`verl_cpu.LocalWorkerGroup`)."""
+        return self._wg
+
     def _tensordict(self, samples: Sequence[Sample], temperature: float) -> tuple[Any, Any]:
         batch = to_verl_batch(samples, self.pad_id)
         proto = DataProto.from_single_dict(dict(batch.tensors), meta_info={"temperature": temperature})
@@ -218,8 +222,9 @@ class VerlBackend:
             raise BackendError("empty batch")
         temperature = batch_temperature(batch.samples)  # a mix is refused before Ray sees the batch
         t0 = time.perf_counter()
+        rows = pad_rows(batch.samples, self._ranks)  # one equal chunk per data-parallel rank
         try:
-            proto, td = self._tensordict(batch.samples, temperature)
+            proto, td = self._tensordict(rows, temperature)
             out = self._wg.infer_batch(td).get()
             old = no_padding_2_padding(tu.get(out, "log_probs").cpu(), td)
             proto.batch["old_log_probs"] = old
@@ -232,7 +237,7 @@ class VerlBackend:
             metrics: dict[str, float] = {}
             for _ in range(self.cfg.ppo_epochs):
                 td = left_right_2_no_padding(DataProto.to_tensordict(proto))
-                tu.assign_non_tensor(td, global_batch_size=len(batch.samples))
+                tu.assign_non_tensor(td, global_batch_size=len(rows))
                 result = self._wg.train_batch(td).get()
                 for key, value in (tu.get(result, "metrics") or {}).items():
                     number = _scalar(value)
@@ -291,4 +296,5 @@ class VerlBackend:
         if self._local is not None:
             self._local.close()
             return
-        ray.shutdown()
+        if self._ray_started:
+            ray.shutdown()

@@ -28,7 +28,7 @@ Only torch here (no verl import): the same tensors feed verl's ``DataProto`` whe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -107,6 +107,24 @@ def to_verl_batch(samples: Sequence[Sample], pad_id: int, *, multiple_of: int = 
         "advantages": torch.tensor(adv, dtype=torch.float32),
     }
     return VerlBatch(tensors=tensors, episode_ids=[s.episode_id for s in samples])
+
+
+def pad_rows(samples: Sequence[Sample], multiple: int) -> list[Sample]:
+    """``samples``, then copies of the first with every response token masked out, up to a multiple of
+    ``multiple`` rows: verl's dispatch splits a batch into one equal chunk per data-parallel rank
+    (``chunk_tensordict``). A masked-out row is outside the ``token-sum`` loss, so it adds no loss and
+    no gradient (verl's own trainer pads the same way, ``pad_dataproto_to_divisor``)."""
+    missing = -len(samples) % multiple
+    if not samples or not missing:
+        return list(samples)
+    first = samples[0]
+    filler = replace(
+        first,
+        response_mask=[0] * len(first.response_ids),
+        token_weight=0.0,
+        episode_id=f"{first.episode_id}/padding",
+    )
+    return [*samples, *([filler] * missing)]
 
 
 def batch_temperature(samples: Sequence[Sample]) -> float:

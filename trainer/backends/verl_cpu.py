@@ -21,6 +21,8 @@ hard-codes (``verl/workers/engine/fsdp/transformer_impl.py``, ``_build_fsdp_modu
 :class:`LocalWorkerGroup` runs verl's ``TrainingWorker`` in this process (world size 1, a gloo process
 group on a free local port) instead of in a Ray worker group, and answers the calls
 :class:`~trainer.backends.verl_backend.VerlBackend` makes with the same ``.get()`` shape as Ray's.
+Past one process, the same platform runs in every rank of verl's ``RayWorkerGroup``
+(:mod:`trainer.backends.verl_ray`): FSDP shards the model over gloo.
 """
 
 from __future__ import annotations
@@ -206,12 +208,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_process_group() -> bool:
-    """A gloo process group of world size 1 for verl's FSDP; True when this call created it."""
-    if dist.is_initialized():
-        if dist.get_world_size() != 1:
-            raise BackendError("verl on the CPU runs one rank, in this process")
-        return False
+def init_process_group(world_size: int | None = 1) -> bool:
+    """The gloo process group for verl's FSDP; True when this call created it.
+
+    Its rank and world size come from the environment: a rank of verl's ``RayWorkerGroup``
+    (:mod:`trainer.backends.verl_ray`, ``world_size=None``) finds ``RANK``, ``WORLD_SIZE`` and
+    ``MASTER_*`` set by verl; the in-process worker (:class:`LocalWorkerGroup`) sets them for one rank
+    on a free local port, and refuses an environment that says otherwise."""
     # verl's Worker reads these from the environment (Ray sets them for its workers)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -219,7 +222,18 @@ def init_process_group() -> bool:
         os.environ.setdefault(name, "0")
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         os.environ.setdefault(name, "1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if world_size is not None and world != world_size:
+        raise BackendError(
+            f"WORLD_SIZE={world} in the environment: verl in this process runs {world_size} rank"
+        )
+    if dist.is_initialized():
+        if dist.get_world_size() != world:
+            raise BackendError(
+                f"a process group of {dist.get_world_size()} ranks exists, verl expects {world}"
+            )
+        return False
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     return True
 
 
