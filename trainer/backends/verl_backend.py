@@ -37,7 +37,9 @@ Runs where the ``verl`` extra is installed (its own environment): on GPUs throug
 (``FLYWHEEL_TRAINER_DEVICE=cuda``; the GPU acceptance run is ``tests/gpu/acceptance.sh``), and with
 ``device="cpu"`` (the default) as one rank in this process, through the platform plugin in
 :mod:`trainer.backends.verl_cpu` (``tests/verl/test_verl_cpu.py``: two steps of the tiny model equal
-the torch backend's).
+the torch backend's). ``gpus=N > 1`` (``--dp N``) on the CPU: verl's ``RayWorkerGroup`` of N CPU
+processes over gloo (:mod:`trainer.backends.verl_ray`; ``tests/verl/test_verl_ray_cpu.py``: their
+steps equal the one rank's), the multi-GPU path run on the CPU as a correctness check.
 
 Imported only when the verl backend is chosen (``trainer.app.start_backend``): without the extra, the
 import itself is the :class:`BackendError` that says so.

@@ -14,8 +14,9 @@ dispatch and gathered back. Nothing here schedules, splits or reduces: that is a
   unpickle :class:`CpuTrainingWorker` by module name). On a CPU this is a correctness check of the
   multi-rank path (the same steps as one rank, ``tests/verl/test_verl_ray_cpu.py``), not a speed-up.
 
-Exceptions: a batch whose rows do not split evenly over the ranks (verl's dispatch needs equal
-chunks) is padded by the caller (:func:`trainer.backends.verl_convert.pad_rows`).
+verl's dispatch needs one equal chunk per rank: the caller pads a batch whose rows do not split evenly
+(:func:`trainer.backends.verl_convert.pad_rows`). A local Ray whose raylet is too slow to register
+(a busy host) is started again, up to :data:`STARTUP_ATTEMPTS` times; any other Ray error is raised.
 """
 
 from __future__ import annotations
