@@ -150,7 +150,11 @@ def run_command(
     ] = None,
     directory: Dir = None,
     dp: Annotated[
-        int | None, typer.Option("--dp", help="Data-parallel ranks on this host (torch backend).")
+        int | None,
+        typer.Option(
+            "--dp",
+            help="Data-parallel ranks: torch processes on this host, or with --backend verl on the CPU a Ray worker group of N (docs/engines.md).",
+        ),
     ] = None,
     backend: Annotated[
         str | None, typer.Option("--backend", help="torch | verl (verl: the `verl` extra, GPUs)")
