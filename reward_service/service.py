@@ -75,6 +75,9 @@ UNUSABLE = Counter(
 )
 SCORE_ERRORS = Counter("flywheel_reward_score_errors_total", "Episodes a scorer failed on")
 PREFIX_MISMATCH = Counter("flywheel_reward_prefix_mismatches_total", "Calls that did not extend the last one")
+RENUMBERED = Counter(
+    "flywheel_reward_calls_renumbered_total", "Calls whose call_seq another had (ordering.py)"
+)
 CLOSED = Counter("flywheel_reward_episodes_closed_total", "Episodes closed by the service", ["why"])
 LATE_FEEDBACK = Counter(
     "flywheel_reward_late_feedback_total", "Feedback that arrived after its session was scored", ["outcome"]
@@ -99,6 +102,7 @@ class RewardStats:
     feedback_unheld: int = 0  # late feedback for a session no longer held: sent to the dead-letter topic
     restored: int = 0  # changelog records replayed into the store (partitions given to this instance)
     forgotten: int = 0  # open episodes dropped with a partition given to another instance
+    renumbered: int = 0  # episodes numbered by several gateways, numbered again (ordering.py)
 
 
 class RewardService:
@@ -357,6 +361,10 @@ class RewardService:
             return  # counted as a re-score, not as another scored episode
         self.stats.scored += 1
         self.stats.context_calls += len(context)
+        if reused := record.reused_seqs:  # several gateways numbered it: ordered by the conversation
+            self.stats.renumbered += 1
+            RENUMBERED.inc(reused)
+            log.info("calls_renumbered", episode_id=record.episode_id, calls=len(calls), reused=reused)
         SCORED.labels(outcome.source).inc()
         PREFIX_MISMATCH.inc(assembly.prefix_mismatches)
         if outcome.error is not None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.journal import Journal
+from infra.logging import get_logger
+from reward_service import ordering
 from schemas import (
     EPISODES,
     EpisodeFinished,
@@ -46,6 +48,7 @@ from schemas import (
 EpisodeEvent = EpisodeStarted | LLMCallRecorded | RewardReported | EpisodeFinished
 Change = EpisodeEvent | EpisodeScored  # a record of the changelog (changelog.py)
 VERSION = 1  # the journal's tables (infra/journal.py)
+log = get_logger("reward_service")
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS events (n INTEGER PRIMARY KEY, episode_id TEXT, body BLOB)",
     "CREATE INDEX IF NOT EXISTS events_episode ON events(episode_id)",
@@ -58,12 +61,15 @@ _TABLES = (
 class EpisodeRecord:
     episode_id: str
     started: EpisodeStarted | None = None
-    calls: dict[int, LLMCallRecorded] = field(default_factory=dict)
+    # every recorded call, by call_id, as received: never one per call_seq (several gateways may have
+    # numbered the episode, each from 0: ordering.py)
+    recorded: dict[str, LLMCallRecorded] = field(default_factory=dict)
     rewards: list[RewardReported] = field(default_factory=list)
     finished: EpisodeFinished | None = None
     seen: set[str] = field(default_factory=set)
     last_event_at: float = field(default_factory=time.monotonic)
     closing: bool = False  # the service published an EpisodeFinished on its behalf
+    _numbered: list[LLMCallRecorded] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add(self, event: EpisodeEvent) -> bool:
         if event.event_id in self.seen:
@@ -74,7 +80,11 @@ class EpisodeRecord:
             case EpisodeStarted():
                 self.started = event
             case LLMCallRecorded():
-                self.calls.setdefault(event.call_seq, event)
+                if event.call_id in self.recorded:  # the same call under another event id: kept once
+                    log.warning("call_recorded_twice", episode_id=self.episode_id, call_id=event.call_id)
+                else:
+                    self.recorded[event.call_id] = event
+                    self._numbered = None
             case RewardReported():
                 self.rewards.append(event)
             case EpisodeFinished():
@@ -88,23 +98,36 @@ class EpisodeRecord:
             return self.started.source
         if self.finished is not None:
             return self.finished.source
-        first = next(iter(self.calls.values()), None)
+        first = next(iter(self.recorded.values()), None)
         return first.source if first is not None else EpisodeSource.live
 
     @property
     def tenant(self) -> str | None:
-        for candidate in (self.started, self.finished, next(iter(self.calls.values()), None)):
+        for candidate in (self.started, self.finished, next(iter(self.recorded.values()), None)):
             if candidate is not None and candidate.tenant:
                 return candidate.tenant
         return None
 
+    @property
+    def reused_seqs(self) -> int:
+        """Recorded calls whose ``call_seq`` another call of the episode has too (renumbered)."""
+        return ordering.reused(list(self.recorded.values()))
+
     def ordered_calls(self) -> list[LLMCallRecorded]:
-        return [self.calls[k] for k in sorted(self.calls)]
+        """Every call in the episode's order, each with its number there as ``call_seq`` (ordering.py)."""
+        if self._numbered is None:
+            self._numbered = ordering.number(ordering.order(list(self.recorded.values())))
+        return list(self._numbered)
+
+    @property
+    def calls(self) -> dict[int, LLMCallRecorded]:
+        """The calls by their number in the episode."""
+        return {c.call_seq: c for c in self.ordered_calls()}
 
     def events(self) -> list[EpisodeEvent]:
-        """Its events, in an order that ``add`` replays to the same record."""
+        """Its events, as recorded, in an order that ``add`` replays to the same record."""
         out: list[EpisodeEvent] = [] if self.started is None else [self.started]
-        out.extend(self.ordered_calls())
+        out.extend(self.recorded.values())
         out.extend(self.rewards)
         if self.finished is not None:
             out.append(self.finished)

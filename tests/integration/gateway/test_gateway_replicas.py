@@ -1,23 +1,22 @@
-"""Gateways as replicas: an episode's calls must reach one gateway (docs/operating.md, "Scaling").
+"""Gateways as replicas: an episode's calls may reach any gateway (docs/operating.md, "Gateway replicas").
 
 Two gateways admit episodes by signed ticket (the same ``FLYWHEEL_EPISODE_KEY``) on one in-process bus,
 with the real reward service on it. A gateway numbers an episode's calls (``call_seq``) from what it
-has served itself (by ticket it reads nothing of ``flywheel.episodes``), and the reward service keeps
-one call per ``call_seq`` (the first it receives) and orders them by it (reward_service/state.py,
-reward_service/transitions.py). So:
+has served itself (by ticket it reads nothing of ``flywheel.episodes``), so two gateways serving one
+episode number it independently. The reward service keeps every recorded call (by ``call_id``) and, where
+numbers repeat, orders the episode by the conversation (each call's prompt extends the previous call's
+prompt and answer) and numbers it 0..n-1 in that order (reward_service/ordering.py). So:
 
-- every call on one gateway (the rule: session affinity, or a load balancer sticky on the episode's
-  path): numbers 0..3 in the calls' order, and the four calls become one transition whose generated
-  tokens are all trained on;
+- every call on one gateway: numbers 0..3 in the calls' order, kept as recorded, and the four calls
+  become one transition whose generated tokens are all trained on;
 - calls alternating between the two gateways back to back (no affinity): each gateway numbers its own
-  calls 0, 1, so the episode holds two calls numbered 0 and two numbered 1; the reward service drops the
-  second of each (two of four calls lost) and merges the rest into one transition in which the lost
-  call's generated tokens (the policy's own) sit among the observation tokens (mask 0), untrained;
+  calls 0, 1, so the episode holds two calls numbered 0 and two numbered 1; the reward service scores all
+  four, in the order they were made (numbered 0..3), as one transition whose generated tokens are all
+  trained on (mask 1), none taken for observation;
 - calls moving to the other gateway halfway (a replica lost, affinity broken): numbered 0, 1, 0, 1, and
-  the last two calls are dropped.
+  the same: four calls, one transition, every generated token trained on.
 
-The last two tests pin this breakage down: if numbering ever becomes correct across replicas, they
-fail, and docs/operating.md and docs/limits.md should say so.
+Learning episodes from the topic instead, the gateways number right once each has read the call before.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from infra.bus.base import Message
 from infra.bus.memory import MemoryBus
 from infra.tickets import EpisodeTicket, TicketKey
 from reward_service.app import build
+from reward_service.service import RewardService
 from reward_service.settings import RewardSettings
 from schemas import (
     EPISODES,
@@ -52,6 +52,7 @@ from schemas import (
     EpisodeStatus,
     LLMCallRecorded,
     LogprobsMode,
+    Transition,
     UpstreamKind,
     new_episode_id,
 )
@@ -71,6 +72,7 @@ class Replicas:
     events: Collector
     scored: list[EpisodeScored]
     tickets: bool
+    reward: RewardService
 
 
 @asynccontextmanager
@@ -112,7 +114,7 @@ async def _replicas(tmp_path: Path, *, tickets: bool = True) -> AsyncIterator[Re
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://gateway-{name}")
         )
     try:
-        yield Replicas(bus, gateways, clients, events, scored, tickets)
+        yield Replicas(bus, gateways, clients, events, scored, tickets, reward)
     finally:
         for client in clients:
             await client.aclose()
@@ -186,49 +188,53 @@ def _generated(call: LLMCallRecorded) -> int:
     return sum(len(choice.token_ids or []) for choice in call.choices)
 
 
+def _trained_in_order(t: Transition, calls: list[LLMCallRecorded]) -> None:
+    """``t`` holds ``calls`` in this order, each one's generated tokens where its segment starts, trained on
+    (mask 1), and no other token trained on."""
+    assert t.call_seqs == list(range(len(calls)))
+    starts = t.segment_starts
+    assert starts is not None and len(starts) == len(calls)
+    for start, call in zip(starts, calls, strict=True):
+        ids = call.choices[0].token_ids or []
+        assert ids and t.response_ids[start : start + len(ids)] == ids
+        assert set(t.response_mask[start : start + len(ids)]) == {1}
+    assert sum(t.response_mask) == sum(_generated(c) for c in calls)
+
+
 async def test_an_episode_on_one_gateway_is_numbered_in_order_and_trained_whole(tmp_path: Path) -> None:
     async with _replicas(tmp_path) as r:
         calls, scored = await _episode(r, [0] * CALLS)
+        renumbered = r.reward.stats.renumbered
     assert [c.call_seq for c in calls] == list(range(CALLS))
     assert {c.producer for c in calls} == {calls[0].producer}
-    assert (scored.num_calls, scored.prefix_mismatches) == (CALLS, 0)
+    assert (scored.num_calls, scored.prefix_mismatches, renumbered) == (CALLS, 0, 0)
     [t] = scored.transitions  # every call extends the previous one: one trajectory
-    assert t.call_seqs == list(range(CALLS))
-    assert sum(t.response_mask) == sum(_generated(c) for c in calls)  # every generated token is trained on
+    _trained_in_order(t, calls)
 
 
-async def test_alternating_gateways_reuse_numbers_and_the_reward_service_loses_calls(tmp_path: Path) -> None:
-    """Without affinity (what breaks): the module docstring."""
+async def test_alternating_gateways_reuse_numbers_and_the_reward_service_orders_the_calls(
+    tmp_path: Path,
+) -> None:
+    """Without affinity: the module docstring."""
     async with _replicas(tmp_path) as r:
         calls, scored = await _episode(r, [k % 2 for k in range(CALLS)])
+        renumbered = r.reward.stats.renumbered
     assert len({c.producer for c in calls}) == 2  # both gateways served the episode
     assert [c.call_seq for c in calls] == [0, 0, 1, 1]  # each numbered its own calls: duplicates
-    assert scored.num_calls == 2  # the second call of each number was dropped
-    [t] = scored.transitions
-    assert t.call_seqs == [0, 1]  # calls 0 and 2 of the four
-    starts = t.segment_starts
-    assert starts is not None and t.response_ids[starts[1] :] == calls[2].choices[0].token_ids
-    kept = _generated(calls[0]) + _generated(calls[2])
-    assert sum(t.response_mask) == kept < sum(_generated(c) for c in calls)
-    # call 1's generated tokens are in the transition, as observation (mask 0): the policy's own tokens
-    lost = calls[1].choices[0].token_ids or []
-    first = len(calls[0].choices[0].token_ids or [])
-    between = t.response_ids[first : starts[1]]
-    assert lost
-    at = next(i for i in range(len(between)) if between[i : i + len(lost)] == lost)
-    assert set(t.response_mask[first + at : first + at + len(lost)]) == {0}
+    assert (scored.num_calls, scored.prefix_mismatches, renumbered) == (CALLS, 0, 1)  # none dropped
+    [t] = scored.transitions  # one trajectory, in the order the calls were made (numbered 0..3)
+    _trained_in_order(t, calls)
 
 
-async def test_an_episode_moved_to_another_gateway_midway_loses_its_later_calls(tmp_path: Path) -> None:
+async def test_an_episode_moved_to_another_gateway_midway_keeps_its_later_calls(tmp_path: Path) -> None:
     """Affinity lost mid-episode (the replica died, or the load balancer moved the client): the other
-    gateway numbers the episode's later calls from 0 again and the reward service drops them."""
+    gateway numbers the episode's later calls from 0 again; the reward service still orders them last."""
     async with _replicas(tmp_path) as r:
         calls, scored = await _episode(r, [0, 0, 1, 1])
     assert [c.call_seq for c in calls] == [0, 1, 0, 1]
-    assert scored.num_calls == 2
+    assert (scored.num_calls, scored.prefix_mismatches) == (CALLS, 0)
     [t] = scored.transitions
-    assert t.call_seqs == [0, 1]
-    assert sum(t.response_mask) == _generated(calls[0]) + _generated(calls[1])  # calls 2 and 3: gone
+    _trained_in_order(t, calls)
 
 
 async def test_learning_from_the_topic_replicas_number_right_once_each_has_read_the_last_call(
@@ -243,5 +249,4 @@ async def test_learning_from_the_topic_replicas_number_right_once_each_has_read_
     assert [c.call_seq for c in calls] == list(range(CALLS))
     assert (scored.num_calls, scored.prefix_mismatches) == (CALLS, 0)
     [t] = scored.transitions
-    assert t.call_seqs == list(range(CALLS))
-    assert sum(t.response_mask) == sum(_generated(c) for c in calls)
+    _trained_in_order(t, calls)
