@@ -4,7 +4,8 @@
   awaits the broker's acknowledgement and raises :class:`BusUnavailableError` when the broker does not
   answer within ``publish_timeout_s`` (the gateway spools on it).
 - Physical names are ``prefix + logical`` for topics and consumer groups, so tests and tenants of one
-  broker stay apart. Topics are created with ``schemas.TOPICS`` partition counts before first use.
+  broker stay apart. Topics are created with ``schemas.TOPICS`` partition counts before first use,
+  on ``replication_factor`` brokers (default: as many as the cluster has, at most 3).
 - The key decides the partition with Kafka's own murmur2 rule (``infra.bus.partitioner``), so the
   in-process bus and Kafka put a key in the same partition.
 - Consuming is the loop both buses share (``infra.bus.consumer``: offsets committed after success,
@@ -104,8 +105,10 @@ class KafkaBus:
         batched_fetch_topics: frozenset[str] = BATCHED_FETCH_TOPICS,
         quiet_fetch_max_wait_ms: int = QUIET_FETCH_MAX_WAIT_MS,
         park_path: Path = DEFAULT_PARK_PATH,
+        replication_factor: int | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.replication_factor = replication_factor  # None: min(3, brokers in the cluster)
         self.parking = Parking(park_path)  # dead letters the broker would not take (infra.bus.deadletter)
         self.prefix = prefix
         self.client_id = client_id
@@ -227,6 +230,11 @@ class KafkaBus:
 
     # topics -------------------------------------------------------------------------------------------
 
+    def _replicas(self) -> int:
+        """One copy per broker the producer knows, at most 3 (CreateTopics v3 has no "broker default")."""
+        brokers = self._running_producer().client.cluster.brokers()
+        return max(1, min(3, len(brokers)))
+
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         missing = [t for t in dict.fromkeys(topics) if t not in self._partitions]
         if not missing:
@@ -237,10 +245,13 @@ class KafkaBus:
                 return
             specs = {t: _spec(t) for t in missing}
             admin = await self._admin_client()
+            replicas = self.replication_factor or self._replicas()
             try:
                 response = await admin.create_topics(
                     [
-                        NewTopic(self.physical(t), spec.partitions, 1, topic_configs=dict(spec.configs))
+                        NewTopic(
+                            self.physical(t), spec.partitions, replicas, topic_configs=dict(spec.configs)
+                        )
                         for t, spec in specs.items()
                     ]
                 )

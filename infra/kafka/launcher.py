@@ -4,6 +4,9 @@
 ``~/.cache/flywheel/kafka/<version>/libs``, write ``server.properties`` into the data dir, format the
 KRaft storage the first time, start ``java ... kafka.Kafka`` detached (pid file and log in the data
 dir) and wait until a client can fetch metadata. ``stop``: SIGTERM by pid, wait, SIGKILL if it hangs.
+``cluster`` + ``start_cluster``: N such nodes (broker + controller each) in one KRaft cluster, the
+controller quorum made of all of them, topics replicated ``min(N, 3)`` times with ``min.insync.replicas``
+one less (RF=3, min ISR 2 on three nodes), as the fault tests of a cluster need.
 
 Exceptions:
     KafkaLauncherError       one line that tells the user what went wrong (CLI prints it as is)
@@ -53,6 +56,9 @@ class BrokerConfig:
     data_dir: Path | None = None  # default: ~/.cache/flywheel/kafka-data/<port>
     heap: str = "512m"
     extra: dict[str, str] = field(default_factory=dict)  # more server.properties
+    node_id: int = 1
+    voters: str | None = None  # controller.quorum.voters of a cluster; default: this node alone
+    replicas: int = 1  # default.replication.factor (internal topics too); min ISR is one less, at least 1
 
     @property
     def cport(self) -> int:
@@ -112,10 +118,11 @@ def ensure_jars(version: str | None = None) -> Path:
 
 
 def _properties(cfg: BrokerConfig) -> str:
+    min_isr = str(max(1, cfg.replicas - 1))
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{cfg.cport}",
+        "node.id": str(cfg.node_id),
+        "controller.quorum.voters": cfg.voters or f"{cfg.node_id}@{HOST}:{cfg.cport}",
         "listeners": f"PLAINTEXT://{HOST}:{cfg.port},CONTROLLER://{HOST}:{cfg.cport}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{cfg.port}",
         "controller.listener.names": "CONTROLLER",
@@ -123,13 +130,14 @@ def _properties(cfg: BrokerConfig) -> str:
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(cfg.dir / "logs"),
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": str(cfg.replicas),
+        "offsets.topic.replication.factor": str(cfg.replicas),
         "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "min.insync.replicas": "1",
+        "transaction.state.log.replication.factor": str(cfg.replicas),
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": str(cfg.replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "min.insync.replicas": min_isr,
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "true",
         "log.retention.hours": "168",
@@ -201,21 +209,65 @@ def _log_tail(cfg: BrokerConfig) -> str:
 
 def start(cfg: BrokerConfig, timeout_s: float = 90.0) -> int:
     """Start the broker (or find it running); returns its pid once clients can connect."""
-    pid = read_pid(cfg)
+    pid = _running(cfg)
     if pid is not None:
-        if _ready(cfg.bootstrap, 5.0):
-            return pid
-        raise KafkaLauncherError(
-            f"Kafka (pid {pid}) runs from {cfg.dir} but does not answer on {cfg.bootstrap}"
+        return pid
+    _check_ports(cfg)  # before fetching jars: a busy port is the likelier mistake
+    proc = _launch(cfg, ensure_jars(), _random_cluster_id())
+    return _await_ready(cfg, proc, time.monotonic() + timeout_s, timeout_s)
+
+
+def cluster(nodes: int, base_port: int, data_root: Path, heap: str = "384m") -> list[BrokerConfig]:
+    """``nodes`` brokers in one KRaft cluster: node i on ``base_port + 2i`` (its controller on the port
+    after), data under ``data_root/node-i``; every node votes in the controller quorum."""
+    ports = [base_port + 2 * i for i in range(nodes)]
+    voters = ",".join(f"{i + 1}@{HOST}:{port + 1}" for i, port in enumerate(ports))
+    return [
+        BrokerConfig(
+            port=port,
+            data_dir=data_root / f"node-{i + 1}",
+            heap=heap,
+            node_id=i + 1,
+            voters=voters,
+            replicas=min(nodes, 3),
         )
-    for port in (cfg.port, cfg.cport):
-        if _port_open(port):
-            raise KafkaLauncherError(f"port {port} on {HOST} is already in use by another process")
+        for i, port in enumerate(ports)
+    ]
+
+
+def start_cluster(cfgs: list[BrokerConfig], timeout_s: float = 120.0) -> list[int]:
+    """Start every node of ``cluster(...)`` (formatted with one cluster id) and wait until each serves
+    clients; a node elects no controller alone, so all are launched before any is awaited."""
     libs = ensure_jars()
+    cluster_id = _random_cluster_id()
+    procs = [(cfg, _launch(cfg, libs, cluster_id)) for cfg in cfgs if _running(cfg) is None]
+    deadline = time.monotonic() + timeout_s
+    for cfg, proc in procs:
+        try:
+            _await_ready(cfg, proc, deadline, timeout_s)
+        except KafkaLauncherError:
+            for other in cfgs:
+                stop(other)
+            raise
+    return [pid for cfg in cfgs if (pid := read_pid(cfg)) is not None]
+
+
+def _running(cfg: BrokerConfig) -> int | None:
+    """The pid of the broker already serving from ``cfg``'s data dir; None when none runs there."""
+    pid = read_pid(cfg)
+    if pid is None:
+        return None
+    if _ready(cfg.bootstrap, 5.0):
+        return pid
+    raise KafkaLauncherError(f"Kafka (pid {pid}) runs from {cfg.dir} but does not answer on {cfg.bootstrap}")
+
+
+def _launch(cfg: BrokerConfig, libs: Path, cluster_id: str) -> subprocess.Popen[bytes]:
+    """Write the properties, format the storage the first time, start the broker detached."""
+    _check_ports(cfg)
     cfg.dir.mkdir(parents=True, exist_ok=True)
     cfg.properties.write_text(_properties(cfg))
     if not (cfg.dir / "logs" / "meta.properties").exists():
-        cluster_id = _random_cluster_id()
         fmt = _java(
             cfg, libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(cfg.properties)
         )
@@ -234,7 +286,16 @@ def start(cfg: BrokerConfig, timeout_s: float = 90.0) -> int:
         )
     _CHILDREN[proc_.pid] = proc_
     cfg.pid_file.write_text(f"{proc_.pid}\n")
-    deadline = time.monotonic() + timeout_s
+    return proc_
+
+
+def _check_ports(cfg: BrokerConfig) -> None:
+    for port in (cfg.port, cfg.cport):
+        if _port_open(port):
+            raise KafkaLauncherError(f"port {port} on {HOST} is already in use by another process")
+
+
+def _await_ready(cfg: BrokerConfig, proc_: subprocess.Popen[bytes], deadline: float, timeout_s: float) -> int:
     while time.monotonic() < deadline:
         if proc_.poll() is not None:
             _CHILDREN.pop(proc_.pid, None)

@@ -57,3 +57,18 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     drawn = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=bytes(16))])
     monkeypatch.setattr(launcher.uuid, "uuid4", lambda: next(drawn))
     assert launcher._random_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_server_properties_of_a_three_node_cluster(tmp_path: Path) -> None:
+    """Every node votes in one controller quorum; topics get RF=3 and min.insync.replicas=2."""
+    nodes = launcher.cluster(3, 29092, tmp_path)
+    props = [dict(line.split("=", 1) for line in _properties(cfg).splitlines()) for cfg in nodes]
+    voters = "1@127.0.0.1:29093,2@127.0.0.1:29095,3@127.0.0.1:29097"
+    assert [p["node.id"] for p in props] == ["1", "2", "3"]
+    assert {p["controller.quorum.voters"] for p in props} == {voters}
+    assert props[1]["listeners"] == "PLAINTEXT://127.0.0.1:29094,CONTROLLER://127.0.0.1:29095"
+    for p in props:
+        assert p["default.replication.factor"] == p["offsets.topic.replication.factor"] == "3"
+        assert p["min.insync.replicas"] == p["transaction.state.log.min.isr"] == "2"
+    assert len({cfg.dir for cfg in nodes}) == 3
+    assert launcher.cluster(1, 29092, tmp_path)[0].replicas == 1
