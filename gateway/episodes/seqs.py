@@ -10,8 +10,10 @@ starts every episode it meets again at the end of its reserved block: numbers st
 calls' order, with a gap of at most ``BLOCK`` at the restart (the reward service orders by
 ``call_seq`` and does not need them dense).
 
-Two gateways admitting calls of the same episode number them independently: by ticket, an episode's
-calls must reach one gateway (the URL's host, or a load balancer sticky on the ``/episodes/{id}`` path).
+Two gateways admitting calls of the same episode number them independently (0, 0, 1, 1 when calls
+alternate): the reward service keeps every call by ``call_id`` and orders an episode whose numbers repeat
+by the conversation itself (reward_service/ordering.py), so an episode's calls may reach any gateway
+(docs/operating.md, "Gateway replicas").
 """
 
 from __future__ import annotations
