@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -144,7 +145,27 @@ class ThreadServer:
         self._thread.join(10)
 
 
-class GatewayProcess:
+class ChildProcess:
+    """A ``flywheel`` child process that can be SIGKILLed, or stopped (SIGTERM, then SIGKILL after 20 s)."""
+
+    proc: subprocess.Popen[Any] | None = None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class GatewayProcess(ChildProcess):
     """``flywheel gateway`` on Kafka as a child process, on a fixed port and data directory."""
 
     def __init__(self, upstream: str, data_dir: Path, env: dict[str, str], log_path: Path) -> None:
@@ -154,7 +175,6 @@ class GatewayProcess:
         self.data_dir = data_dir
         self.env = {**env, "FLYWHEEL_DATA_DIR": str(data_dir)}
         self.log_path = log_path
-        self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         log = self.log_path.open("a")
@@ -188,17 +208,3 @@ class GatewayProcess:
                         return time.monotonic() - started
                 time.sleep(0.05)  # polling another process's port: no event to wait on
         raise AssertionError(f"flywheel gateway not ready: {self.log_path.read_text()[-2000:]}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -33,7 +33,7 @@ from schemas import EPISODES, TRANSITIONS, EpisodeFinished, EpisodeScored, spec_
 from tests.fakes.upstream import create_fake_upstream
 from tests.fakes.waiting import wait_until
 from tests.faults.history import Logged, check
-from tests.faults.procs import FLYWHEEL, Figures, GatewayProcess, ThreadServer, clean_env
+from tests.faults.procs import FLYWHEEL, ChildProcess, Figures, GatewayProcess, ThreadServer, clean_env
 from tests.faults.test_kafka_cluster import _free_run, _partitions
 
 pytestmark = [
@@ -49,33 +49,18 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT = f"{sys.executable} examples/agents_for_tests/chat_agent.py"
 
 
-class Service:
+class Service(ChildProcess):
     """``flywheel <args>`` as a child process that can be SIGKILLed and started again."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], tmp: Path) -> None:
         self.name, self.args, self.tmp = name, args, tmp
         self.env = {**env, "FLYWHEEL_DATA_DIR": str(tmp / name)}
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with (self.tmp / f"{self.name}.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [FLYWHEEL, *self.args], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _submit(env: dict[str, str], tmp: Path, wave: int, tasks: int) -> None:
