@@ -11,8 +11,9 @@ The loop over these blocks (handing records over, retries, dead letters, stop) i
 - ``rewind`` seeks the partitions of a failed block back to its first records.
 - A revoked partition (another consumer joined the group) is handed over only once the block in
   flight was handled and committed (the loop sets ``idle``), bounded by ``max_poll_interval_s``.
-- After each rebalance the subscriber's ``on_assigned`` hook is awaited with the partitions it now
-  holds (a stateful consumer restores their state there; an error is logged, not raised).
+- After each rebalance the partitions this consumer now holds are logged (``bus.partitions_assigned``)
+  and the subscriber's ``on_assigned`` hook is awaited with them (a stateful consumer restores their
+  state there; an error is logged, not raised).
 - ``read_partitions`` reads partitions from their start to their end without a group (a restore).
 """
 
@@ -46,6 +47,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         self._fetcher.assigned.set()
+        partitions = sorted(tp.partition for tp in assigned)
+        log.info(
+            "bus.partitions_assigned",
+            topic=self._fetcher.topic,
+            group=self._fetcher.group,
+            partitions=partitions,
+        )
         hook = self._fetcher.on_assigned
         if hook is not None:
             try:
