@@ -5,20 +5,24 @@ only the response positions, weighted per token by :mod:`trainer.batching`. Rows
 microbatches of at most ``token_budget`` padded tokens (sorted by length so padding stays small) and
 gradients accumulate across them, so one optimiser step sees the whole batch. Samples that share
 their prompt (a GRPO group's first calls) run the prompt once per microbatch instead of once per sample
-(:mod:`trainer.backends.prefix`; ``share_prompts=False`` turns that off). Every row's logits are divided
-by its sample's sampling temperature before the log-softmax (policy, π_old, the PPO critic's pass and the
-reference alike; :func:`trainer.loss.gather_logprobs`), as the engine's were.
+(:mod:`trainer.backends.prefix`; ``share_prompts=False`` turns that off); elsewhere the model computes
+logits only from the microbatch's shortest prompt on (``logits_to_keep``), where the losses read them.
+Every row's logits are divided by its sample's sampling temperature before the log-softmax (policy,
+π_old, the PPO critic's pass and the reference alike; :func:`trainer.loss.gather_logprobs`), as the
+engine's were.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -78,6 +82,17 @@ class _Rows:
         )
         self.padded_tokens = len(samples) * width
         self.real_tokens = sum(lengths)
+        # the first shifted position with a response target in any row: before it only prompt tokens,
+        # whose logits no loss reads
+        self.first = max(0, min(len(s.prompt_ids) for s in samples) - 1)
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward computes logits for the last N positions only (``logits_to_keep``:
+    Hugging Face causal LMs since transformers 4.45; a peft model passes it to its base)."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class TorchBackend:
@@ -113,6 +128,7 @@ class TorchBackend:
         # a checkpointed layer keeps no KV cache, and a shared prompt is one (trainer.backends.precision)
         checkpointed = self.model_options.gradient_checkpointing
         self.share_prompts = share_prompts and not checkpointed and supports_shared_prompts(self.model)
+        self._keeps_logits: dict[int, bool] = {}  # id(model) → takes_logits_to_keep(model)
         self.value_head: torch.nn.Linear | None = None
         trained = list(params) if params is not None else list(self.model.parameters())
         groups: list[dict[str, Any]] = [{"params": trained, "lr": cfg.learning_rate}]
@@ -196,6 +212,13 @@ class TorchBackend:
         with autocast(self.model_options, self.device):  # fp32 log-probs: gather_logprobs upcasts the logits
             if isinstance(rows, SharedRows):
                 return shared_logprobs(model, rows)
+            if rows.first > 0 and self._keeps_logits.setdefault(id(model), takes_logits_to_keep(model)):
+                # the LM head and log-softmax over the vocabulary only where a response token is
+                # predicted: a GRPO row's prompt is often half of it (tests/benchmarks/trainer_smollm2.py)
+                keep = rows.targets.shape[1] + 1 - rows.first
+                out = model(input_ids=rows.ids, attention_mask=rows.attn, logits_to_keep=keep)
+                logp = gather_logprobs(out.logits[:, :-1], rows.targets[:, rows.first :], rows.temperature)
+                return F.pad(logp, (rows.first, 0))  # the prompt's positions: 0, and weight 0 in every loss
             logits = model(input_ids=rows.ids, attention_mask=rows.attn).logits[:, :-1]
             return gather_logprobs(logits, rows.targets, rows.temperature)
 

@@ -106,6 +106,32 @@ def test_gradient_checkpointing_recomputes_each_layer_and_takes_the_same_step() 
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _backend(kind: str) -> TorchBackend:
+    if kind == "full":
+        return TorchBackend(tiny_model(seed=5), CFG, share_prompts=False)
+    return LoraPolicies(tiny_model(seed=5), ["pol"], CFG, LoraOptions(learning_rate=5e-3)).adapters["pol"]
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_logits_only_where_a_response_token_is_predicted_take_the_same_step(kind: str) -> None:
+    """The LM head runs on the positions from the microbatch's shortest prompt on (``logits_to_keep``):
+    the same log-probs, loss and update as logits everywhere, full model and LoRA alike."""
+    kept, everywhere = _backend(kind), _backend(kind)
+    everywhere._keeps_logits[id(everywhere.model)] = False
+    widths: list[int] = []
+    head = next(m for n, m in kept.model.named_modules() if n.endswith("lm_head"))
+    head.register_forward_hook(lambda _m, _i, out: widths.append(out.shape[1]))
+    batch = build_batch([_group("g")], CFG, 0)
+    rows = kept._microbatches(batch.samples)[0]
+    assert rows.first == len(PROMPT) - 1 > 0
+    a, b = kept.train_step(batch), everywhere.train_step(batch)
+    assert widths and max(widths) == rows.ids.shape[1] - rows.first  # not every position
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    for p, q in zip(kept.model.parameters(), everywhere.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert kept.sequence_logprobs(batch.samples) == pytest.approx(everywhere.sequence_logprobs(batch.samples))
+
+
 def test_lora_bf16_stores_the_base_in_bf16_and_trains_fp32_adapters() -> None:
     policies = LoraPolicies(
         tiny_model(), ["writer"], CFG, LoraOptions(learning_rate=2e-2), model_options=BF16
