@@ -17,7 +17,7 @@ Calls of one episode that reached both gateways (a connection to the killed one 
 other) are numbered by each gateway on its own, so their numbers can repeat; the reward service orders
 them (docs/operating.md, "Gateway replicas"). Such episodes are counted, not failed.
 
-About 15 minutes on two cores, so on demand: ``FLYWHEEL_COMPOSE_CLUSTER=1 python -m pytest -s
+5 to 11 minutes on two cores, so on demand: ``FLYWHEEL_COMPOSE_CLUSTER=1 python -m pytest -s
 tests/compose/test_compose_cluster_history.py`` (a Docker engine: infra/scripts/docker_engine.sh).
 """
 
@@ -60,7 +60,7 @@ pytestmark = [
     pytest.mark.timeout(2400),
     pytest.mark.skipif(
         os.environ.get("FLYWHEEL_COMPOSE_CLUSTER") != "1",
-        reason="about 15 minutes: FLYWHEEL_COMPOSE_CLUSTER=1 runs it (every run: tests/faults/test_cluster_history.py)",
+        reason="5 to 11 minutes: FLYWHEEL_COMPOSE_CLUSTER=1 runs it (every run: tests/faults/test_cluster_history.py)",
     ),
 ]
 

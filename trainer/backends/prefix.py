@@ -80,6 +80,14 @@ def supports_shared_prompts(model: torch.nn.Module) -> bool:
     return decoder is not model and ("cache" in params or "past_key_values" in params)
 
 
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward computes logits for the last N positions only (``logits_to_keep``:
+    Hugging Face causal LMs since transformers 4.45; a peft model passes it to its base)."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def _cache_kwarg(model: torch.nn.Module) -> str:
     # transformers ≥ 5.2x calls it ``cache`` (``past_key_values`` is deprecated); older ones do not know it
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

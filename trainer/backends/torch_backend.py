@@ -15,7 +15,6 @@ engine's were.
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from trainer.backends.prefix import (
     shared_logprobs,
     split_by_prompt,
     supports_shared_prompts,
+    takes_logits_to_keep,
 )
 from trainer.batching import Sample, TrainBatch
 from trainer.config import AlgorithmConfig, ModelOptions
@@ -85,14 +85,6 @@ class _Rows:
         # the first shifted position with a response target in any row: before it only prompt tokens,
         # whose logits no loss reads
         self.first = max(0, min(len(s.prompt_ids) for s in samples) - 1)
-
-
-def takes_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the model's forward computes logits for the last N positions only (``logits_to_keep``:
-    Hugging Face causal LMs since transformers 4.45; a peft model passes it to its base)."""
-    get_base = getattr(model, "get_base_model", None)
-    base = get_base() if callable(get_base) else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class TorchBackend:
