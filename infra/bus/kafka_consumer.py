@@ -48,7 +48,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         self._fetcher.assigned.set()
         partitions = sorted(tp.partition for tp in assigned)
-        log.info(
+        log.debug(
             "bus.partitions_assigned",
             topic=self._fetcher.topic,
             group=self._fetcher.group,
