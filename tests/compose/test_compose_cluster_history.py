@@ -51,8 +51,9 @@ from tests.compose.test_compose_stack import (
     _ready,
     _unavailable,
 )
-from tests.faults.history import Attempt, ClientCall, Logged, check
+from tests.faults.history import Logged, check
 from tests.faults.procs import Figures
+from tests.faults.test_cluster_history import _attempts
 
 pytestmark = [
     pytest.mark.docker,
@@ -193,17 +194,6 @@ def _from_kafka(stack: Stack, what: str) -> dict[str, object]:
     assert run.returncode == 0, run.stdout[-1000:] + run.stderr[-3000:]
     result: dict[str, object] = json.loads((out / f"{what}.json").read_text())
     return result
-
-
-def _attempts(path: Path) -> list[ClientCall]:
-    calls: dict[tuple[str, int], list[Attempt]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            calls.setdefault((row["episode_id"], int(row["call"])), []).append(
-                Attempt(int(row["status"]), bool(row["retry_after"]))
-            )
-    return [ClientCall(episode, tuple(attempts)) for (episode, _), attempts in calls.items()]
 
 
 def _quiet(path: Path, for_s: float) -> Callable[[], bool]:
