@@ -206,6 +206,11 @@ def _root(
     ] = False,
 ) -> None:
     """Train the model behind your agent with RL from its own traffic."""
+    from infra.logging import configure_logging
+
+    # Log lines go to stderr, warnings and up, so a command's stdout is only its output (`--json` parses).
+    # A command that runs a service configures logging again from its settings.
+    configure_logging("WARNING")
 
 
 def main() -> None:

@@ -218,11 +218,16 @@ def test_exit_codes_are_the_documented_ones(runner: CliRunner, tmp_path: Path) -
 def test_tasks_submit_json_is_the_only_stdout(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The broker is stubbed out (publishing itself: tests/e2e/test_rollouts_kafka.py); what is printed is not."""
+    """The broker is stubbed out (publishing itself: tests/e2e/test_rollouts_kafka.py); what is printed is not.
+
+    The stub logs as the bus does: log lines go to stderr, warnings and up, whatever the command.
+    """
     from flywheel.cli import worker_cmd
+    from infra.logging import get_logger
 
     async def published(*_: object) -> None:
-        return None
+        get_logger("infra.bus").debug("bus.partitions_assigned", topic="flywheel.tasks")
+        get_logger("infra.bus").warning("bus.slow_broker", topic="flywheel.tasks")
 
     monkeypatch.setenv("FLYWHEEL_BUS", "kafka")
     monkeypatch.setattr(worker_cmd, "_publish", published)
@@ -239,6 +244,7 @@ def test_tasks_submit_json_is_the_only_stdout(
         "topic": "flywheel.tasks",
     }
     assert ":3:" in result.stderr
+    assert "bus.slow_broker" in result.stderr and "bus.partitions_assigned" not in result.output
     human = runner.invoke(app, args)
     assert human.exit_code == 2 and "published 6 rollout(s)" in human.stdout
 
