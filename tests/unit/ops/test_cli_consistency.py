@@ -56,6 +56,7 @@ REPORTING = frozenset(
         ("versions", "canary"),
         ("episodes", "open"),
         ("model", "smollm2"),
+        ("model", "gemma3"),
         ("model", "fingerprint"),
     }
 )
