@@ -184,6 +184,9 @@ app = typer.Typer(
 )
 
 
+_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+
+
 def _print_version(value: bool) -> None:
     """``--version``: what ``flywheel version`` prints, then exit 0 before any command is loaded."""
     if value:
@@ -206,11 +209,14 @@ def _root(
     ] = False,
 ) -> None:
     """Train the model behind your agent with RL from its own traffic."""
+    import os
+
     from infra.logging import configure_logging
 
-    # Log lines go to stderr, warnings and up, so a command's stdout is only its output (`--json` parses).
-    # A command that runs a service configures logging again from its settings.
-    configure_logging("WARNING")
+    # Log lines go to stderr, so a command's stdout is only its output (`--json` parses), at the level
+    # FLYWHEEL_LOG_LEVEL names (as the services' settings read it). A command may configure it again.
+    level = (os.environ.get("FLYWHEEL_LOG_LEVEL") or "INFO").upper()
+    configure_logging(level if level in _LEVELS else "INFO")
 
 
 def main() -> None:

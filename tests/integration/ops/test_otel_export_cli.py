@@ -39,12 +39,15 @@ def test_it_runs_until_a_signal_and_stops_cleanly(tmp_path: Path) -> None:
     ) as proc:
         assert proc.stdout is not None
         seen = []
-        for line in proc.stdout:  # the service's log lines, until it says it started
-            seen.append(line)
-            if "service_started" in line:
-                break
-        assert any("otel_export.started" in line for line in seen), seen
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.stdout.read()
-        assert proc.wait(timeout=30) == 0, rest
+        try:
+            for line in proc.stdout:  # the service's log lines, until it says it started
+                seen.append(line)
+                if "service_started" in line:
+                    break
+            assert any("otel_export.started" in line for line in seen), seen
+            proc.send_signal(signal.SIGTERM)
+            rest = proc.stdout.read()
+            assert proc.wait(timeout=30) == 0, rest
+        finally:  # a failed or timed-out test must not leave Popen's exit waiting on a running service
+            proc.kill()
     assert "service_stopped" in rest
