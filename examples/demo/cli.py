@@ -130,7 +130,8 @@ PoliciesOpt = Annotated[
     typer.Option(
         help="--agent sql: train its roles as LoRA adapters over the frozen warm start, one per role "
         "named (writer,rewriter) or one for both (shared); without it the whole model is fine-tuned. "
-        "--lr is then the adapters' rate (default 2e-3)"
+        "--lr is then the adapters' rate (default 2e-3). --model smollm2: shared, one adapter over SmolLM2 "
+        "(default rate 3e-4)"
     ),
 ]
 

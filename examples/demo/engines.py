@@ -20,6 +20,7 @@ from examples.demo.agents import DemoAgent
 from flywheel.stack import EmbeddedStack
 from infra.engine.process import EngineProcess
 from infra.engine.vllm_server import VllmLaunch, VllmServer
+from trainer.config import LoraOptions
 from trainer.weights import WeightUpdate
 
 if TYPE_CHECKING:
@@ -34,16 +35,24 @@ async def stop_engines(fixed: EngineProcess | None, vllm: VllmServer | None) -> 
         await asyncio.to_thread(vllm.stop)
 
 
-async def start_vllm(cfg: DemoConfig, warm_dir: Path, seed_dir: Path, name: str, say: Say) -> VllmServer:
+async def start_vllm(
+    cfg: DemoConfig, warm_dir: Path, seed_dir: Path, name: str, say: Say, *, lora: LoraOptions | None = None
+) -> VllmServer:
     """vLLM on the warm start for this seed's run (2-4 minutes to start on 2 cores), its context the
-    model's own (the demo's model has 512 positions; vLLM refuses a longer ``max_model_len``)."""
+    model's own (the demo's model has 512 positions; vLLM refuses a longer ``max_model_len``); with
+    ``lora``, LoRA adapters of its rank loadable at runtime."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
 
     positions = json.loads((warm_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
     launch = VllmLaunch(
-        model=warm_dir, served_model_name=name, port=port, max_model_len=min(int(positions), 2048)
+        model=warm_dir,
+        served_model_name=name,
+        port=port,
+        max_model_len=min(int(positions), 2048),
+        enable_lora=lora is not None,
+        max_lora_rank=max(16, lora.rank if lora is not None else 0),
     )
     say(f"[seed {cfg.seed}] starting vLLM on the warm start (log {seed_dir / 'vllm.log'})")
     await asyncio.to_thread(seed_dir.mkdir, parents=True, exist_ok=True)

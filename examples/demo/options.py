@@ -178,7 +178,6 @@ class DemoOptions:
                 ("--source", self.source is not SourceChoice.rollouts),
                 ("--baseline", self.baseline),
                 ("--optimize-prompt", self.optimize_prompt),
-                ("--policies", self.policies is not None),
                 ("--gates", self.gates),
                 ("--curriculum", self.curriculum is not None),
             )
@@ -187,6 +186,11 @@ class DemoOptions:
         if clash:
             raise DemoOptionError(
                 f"error: --model smollm2 trains the BFCL agent alone; drop {', '.join(clash)}"
+            )
+        if self.policies is not None and self.policies.strip() != pretrained.ADAPTER:
+            raise DemoOptionError(
+                f"error: --model smollm2's BFCL agent has one role: --policies {pretrained.ADAPTER} trains one "
+                "LoRA adapter over SmolLM2 (without --policies, the whole model)"
             )
         self.algorithm()
         plan = DemoPlan(
@@ -321,7 +325,7 @@ class DemoPlan:
 
     def config(self, seed: int) -> DemoConfig:
         o = self.options
-        adapters = o.tenants is not None or self.roles is not None
+        adapters = o.tenants is not None or self.roles is not None or o.policies is not None
         return DemoConfig(
             out=o.out,
             seed=seed,
@@ -347,7 +351,7 @@ class DemoPlan:
             agent=o.agent.value,
             curriculum=o.curriculum,
             engine=o.engine.value,
-            policies=o.policies or "",
+            policies=(o.policies or "").strip(),
             gates=o.gates,
             release_every=o.release_every,
             users_rule=o.users_rule.value,
@@ -358,7 +362,7 @@ class DemoPlan:
 
     def _learning_rate(self, adapters: bool) -> float:
         if self.options.model is ModelChoice.smollm2:
-            return pretrained.LEARNING_RATE
+            return pretrained.LORA.learning_rate if adapters else pretrained.LEARNING_RATE
         return LORA_LEARNING_RATE if adapters else self.agent.learning_rate
 
     def title(self, seed: int) -> str:
@@ -366,6 +370,8 @@ class DemoPlan:
         title = f"flywheel demo, seed {seed}: {TITLES[o.source.value]}"
         if o.model is ModelChoice.smollm2:
             title = f"flywheel demo, seed {seed}: {pretrained.TITLE}"
+            if o.policies is not None:
+                title += f", one LoRA adapter (rank {pretrained.LORA.rank}, every linear layer)"
         if o.tenants is not None:
             title += f", two tenants ({o.tenants.value} adapter)"
         if o.agent is not AgentChoice.calc:

@@ -7,7 +7,9 @@ with the question's functions as tools; it calls the gateway and knows nothing o
 is the reward service's ``tool_call`` scorer against BFCL's own accepted values, with partial credit
 (half for the right function, the rest shared by its parameters; ``flywheel/bfcl.py``). The trainer
 fine-tunes the whole model on this machine (``FLYWHEEL_TRAINER_DEVICE``, ``FLYWHEEL_TRAINER_DTYPE`` as for
-any trainer) and every new version is reloaded into vLLM.
+any trainer) and every new version is reloaded into vLLM. With ``--policies shared`` it trains one LoRA
+adapter (:data:`LORA`) over the frozen SmolLM2 instead, every call served by it: vLLM starts with
+``--enable-lora`` and each new version of the adapter is loaded into it in place.
 
 The split: BFCL's ``simple_python`` questions (400) shuffled once with a fixed seed (the same for every
 demo seed), the first :data:`HELDOUT` held out and never trained on, the rest the RL stream (in an
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import sys
@@ -34,6 +37,7 @@ from flywheel.bfcl import bfcl_tasks
 from flywheel.stack import EmbeddedStack, StackSettings
 from infra.engine.vllm_server import VllmServer
 from schemas import AgentKind, AgentRef, Task
+from trainer.config import LORA_TARGETS, LoraOptions
 from trainer.models.smollm2 import build_smollm2
 
 if TYPE_CHECKING:
@@ -46,6 +50,10 @@ SPLIT_SEED = "bfcl-split"  # one held-out set for every demo seed
 RL_SECONDS = 1620.0  # `--minutes 30`'s RL budget
 BATCH_GROUPS = 4  # B questions per step (G = 8 answers each): ~2-3 minutes a step on 2 cores
 LEARNING_RATE = 3e-5  # full fine-tune; seed 0's run (docs/results.md)
+# --policies shared: LoRA on every linear layer, as Schulman et al. 2025 (*LoRA Without Regret*) find it
+# matches full fine-tuning in RL even at a low rank, at about ten times full fine-tuning's learning rate
+LORA = LoraOptions(rank=8, alpha=16, target_modules=LORA_TARGETS, learning_rate=10 * LEARNING_RATE)
+ADAPTER = "shared"  # the one adapter's name: a policy with no selector serves and trains every call
 DTYPE = "bfloat16"  # mixed precision (FLYWHEEL_TRAINER_DTYPE overrides): AMX makes it ~1.5x fp32 here
 # tokens per microbatch: a 49,152-token vocabulary makes a microbatch's fp32 logits and their gradients
 # ~0.8 GB per 1,000 tokens; at the trainer's default 8,192 the training process grew to 16 GB and was
@@ -98,12 +106,16 @@ async def run_seed(
         algo = algo.model_copy(update={"token_budget": TOKEN_BUDGET})
     dtype = os.environ.get("FLYWHEEL_TRAINER_DTYPE") or DTYPE
     settings = base.replace(upstream_timeout_s=EVAL_DEADLINE_S, trainer_algo=algo, trainer_dtype=dtype)
+    lora = adapter_options(cfg)
+    if lora is not None:
+        settings = settings.replace(policies=json.dumps({ADAPTER: {}}), trainer_lora=lora)
     vllm: VllmServer | None = None
     if cfg.vllm_url:
         url = cfg.vllm_url.rstrip("/").removesuffix("/v1")
-        say(f"[seed {cfg.seed}] vLLM at {url} (running; its weights become the trained versions)")
+        trained = "an adapter over its weights" if lora else "its weights"
+        say(f"[seed {cfg.seed}] vLLM at {url} (running; {trained} become the trained versions)")
     else:
-        vllm = await start_vllm(cfg, model_dir, seed_dir, settings.model, say)
+        vllm = await start_vllm(cfg, model_dir, seed_dir, settings.model, say, lora=lora)
         url = vllm.url
     stack = EmbeddedStack(
         settings, model_dir=model_dir, vllm_url=url, tasks=rl_tasks, agent=agent, group_size=cfg.group_size
@@ -120,9 +132,12 @@ async def run_seed(
         "model": "smollm2",
         "task": f"bfcl/{CATEGORY}",
         "scorer": "tool_call (BFCL's accepted values; partial credit)",
+        "policies_config": "full" if lora is None else ADAPTER,
     }
+    if lora is not None:
+        report["lora"] = lora.model_dump(mode="json")
     try:
-        report.update(await _phases(stack, cfg, heldout, agent, say, on_step))
+        report.update(await _phases(stack, cfg, heldout, agent, say, on_step, adapters=lora is not None))
     finally:
         await stack.stop()
         await stop_engines(None, vllm)
@@ -139,13 +154,15 @@ async def _phases(
     agent: AgentRef,
     say: Say,
     on_step: Callable[[StepPoint], None] | None,
+    *,
+    adapters: bool,
 ) -> dict[str, Any]:
     """Evaluate, train for the RL budget, evaluate again: the report's figures."""
     assert stack.bus is not None
     say(
         f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out questions"
     )
-    before = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S)
+    before = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, by_model=adapters)
     say(f"[seed {cfg.seed}] before: {_fmt(before)}")
     monitor = TrainingMonitor(stack.bus, on_step=on_step)
     await monitor.start()
@@ -158,7 +175,7 @@ async def _phases(
     cancelled = stack.cancel_rollouts()
     await monitor.stop()
     say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
-    after = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S)
+    after = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, by_model=adapters)
     say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
     return {
         "before": before.as_dict(),
@@ -174,9 +191,17 @@ async def _phases(
         },
         "rl_seconds": round(rl_seconds, 1),
         "rollouts_cancelled": cancelled,
-        **trainer_figures(stack, monitor, adapters=False),
+        **trainer_figures(stack, monitor, adapters=adapters),
         "points": monitor.points,
     }
+
+
+def adapter_options(cfg: DemoConfig) -> LoraOptions | None:
+    """The adapter's options for ``--policies shared`` (at the command line's rate), else None: the
+    whole model is trained."""
+    if cfg.policies != ADAPTER:
+        return None
+    return LORA.model_copy(update={"learning_rate": cfg.learning_rate})
 
 
 def _fmt(r: EvalResult) -> str:

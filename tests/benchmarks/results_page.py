@@ -267,6 +267,7 @@ def pretrained_table(runs: tuple[DemoRun, ...]) -> Table:
     columns = (
         "seed",
         "model",
+        "trained",
         "task",
         "held-out questions",
         "score before → after",
@@ -284,6 +285,7 @@ def pretrained_table(runs: tuple[DemoRun, ...]) -> Table:
             (
                 str(r["seed"]),
                 str(r["model"]),
+                _trained(r),
                 str(r.get("task", "")),
                 str(r.get("heldout_tasks", before["episodes"])),
                 f"{100 * before['reward']:.1f} → {100 * after['reward']:.1f}",
@@ -298,6 +300,14 @@ def pretrained_table(runs: tuple[DemoRun, ...]) -> Table:
         "Held-out benchmark score (partial credit, 0–100) before and after RL, one row per run's report.json"
     )
     return Table(caption, columns, tuple(rows))
+
+
+def _trained(report: dict[str, Any]) -> str:
+    """What the trainer updated: the whole model, or a LoRA adapter (its rank and layers)."""
+    lora = report.get("lora")
+    if report.get("policies_config", "full") == "full" or not lora:
+        return "whole model"
+    return f"LoRA r{lora['rank']} ({len(lora['target_modules'])} layer kinds)"
 
 
 def _on_policy_gain(run: DemoRun) -> float | None:

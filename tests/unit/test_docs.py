@@ -324,7 +324,7 @@ def test_a_pretrained_models_run_reports_its_benchmark_score_and_accuracy(tmp_pa
     demo_report.write_text(json.dumps(run))
     results_page.add_demo(report, demo_report, "run A")
     items = results_page.reports(tmp_path)
-    row = "| 0 | smollm2 | bfcl/simple_python | 100 | 35.8 → 61.2 | **+25.4** | 0% → 21% | 15 | 1620 |"
+    row = "| 0 | smollm2 | whole model | bfcl/simple_python | 100 | 35.8 → 61.2 | **+25.4** | 0% → 21% | 15 | 1620 |"
     assert row in results_page.render_page(items)
     assert "| [BFCL](docs/results.md#bfcl) | m | +25.4 points (seed 0) |" in results_page.render_headline(
         items

@@ -2,8 +2,10 @@
 answers BFCL questions through the gateway (the BFCL agent, a plain ``openai`` program), the reward
 service scores them against BFCL's accepted values, the trainer takes a step on this CPU, and the new
 version is loaded into vLLM: the held-out questions asked after training are answered by version ≥ 1,
-those before by version 0. The full-size run (30 minutes, 100 held-out questions, three seeds) is
-docs/demos.md's; this test proves the loop, not the gain."""
+those before by version 0. With ``--policies shared`` the same, one LoRA adapter trained over the frozen
+SmolLM2 and loaded into vLLM in place: the base stays version 0, the adapter serves every call, its
+version 0 before training and ≥ 1 after. The full-size run (30 minutes, 100 held-out questions, three
+seeds) is docs/demos.md's; this test proves the loop, not the gain."""
 
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ pytestmark = pytest.mark.timeout(900)
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_the_smollm2_demo_trains_on_bfcl_and_reloads_vllm(
-    warm: str, vllm_model_dir: Path, tmp_path: Path
+    warm: str, vllm_model_dir: Path, tmp_path: Path, lora: bool
 ) -> None:
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flywheel.cli.main", "demo", "--model", "smollm2", "--task", "bfcl"]
-    cmd += ["--tiny", "--vllm", warm, "--out", str(out)]
+    cmd += ["--tiny", "--vllm", warm, "--out", str(out)] + (["--policies", "shared"] if lora else [])
     try:
         done = subprocess.run(
             cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=840, check=False
@@ -47,7 +50,14 @@ def test_the_smollm2_demo_trains_on_bfcl_and_reloads_vllm(
     before, after = report["before"], report["after"]
     assert before["episodes"] == after["episodes"] == 2 and before["errors"] == after["errors"] == 0
     assert before["weight_versions"] == [0]  # the held-out questions, answered by the served model...
-    assert min(after["weight_versions"]) >= 1  # ...and after training by a version vLLM loaded
+    if lora:  # ...the base frozen, every call served by the adapter, which vLLM reloaded after training
+        assert report["policies_config"] == "shared" and after["weight_versions"] == [0]
+        [(model, served_before)] = before["adapters_by_model"].items()
+        assert served_before == {"shared": [0]}
+        assert list(after["adapters_by_model"][model]) == ["shared"]
+        assert min(after["adapters_by_model"][model]["shared"]) >= 1
+    else:  # ...and after training by a version vLLM loaded
+        assert report["policies_config"] == "full" and min(after["weight_versions"]) >= 1
     assert 0.0 <= after["reward"] <= 1.0 and "reward_points" in report["delta"]
 
 

@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from examples.demo import cli, run
+from examples.demo import cli, pretrained, run
 from examples.demo.options import (
     AgentChoice,
     DemoOptionError,
@@ -126,6 +126,12 @@ def test_the_options_object_holds_every_option_of_the_command() -> None:
             False,
         ),
         (
+            {"model": ModelChoice.smollm2, "policies": "writer,rewriter"},
+            "error: --model smollm2's BFCL agent has one role: --policies shared trains one LoRA adapter over "
+            "SmolLM2 (without --policies, the whole model)",
+            False,
+        ),
+        (
             {"algo": ("behaviour_weight=sometimes",)},
             "error: --algo 'behaviour_weight=sometimes': Input should be 'truncated', 'tapered' or "
             "'tapered_sequence'",
@@ -140,6 +146,19 @@ def test_clashing_options_fail_in_one_line(
         _options(tmp_path, **changes).resolve()
     assert str(caught.value) == message
     assert caught.value.on_console is on_console
+
+
+def test_smollm2_trains_one_adapter_with_policies_shared(tmp_path: Path) -> None:
+    """``--model smollm2 --policies shared``: one LoRA adapter over SmolLM2 at ten times the full
+    fine-tune's rate unless --lr says otherwise (the live run: tests/vllm/test_demo_smollm2_live.py)."""
+    full = _options(tmp_path, model=ModelChoice.smollm2).resolve().config(0)
+    assert pretrained.adapter_options(full) is None and full.learning_rate == pretrained.LEARNING_RATE
+    cfg = _options(tmp_path, model=ModelChoice.smollm2, policies=" shared").resolve().config(0)
+    assert cfg.policies == "shared" and cfg.learning_rate == 10 * pretrained.LEARNING_RATE
+    assert pretrained.adapter_options(cfg) == pretrained.LORA
+    given = _options(tmp_path, model=ModelChoice.smollm2, policies="shared", lr=1e-3).resolve().config(0)
+    lora = pretrained.adapter_options(given)
+    assert lora is not None and lora.learning_rate == 1e-3 and lora.rank == pretrained.LORA.rank
 
 
 def test_the_command_exits_2_with_the_line(tmp_path: Path) -> None:
