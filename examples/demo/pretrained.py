@@ -61,6 +61,9 @@ DTYPE = "bfloat16"  # mixed precision (FLYWHEEL_TRAINER_DTYPE overrides): AMX ma
 TOKEN_BUDGET = 2048
 TITLE = "SmolLM2-135M-Instruct on BFCL simple_python through vLLM, async GRPO"
 EVAL_DEADLINE_S = 900.0  # vLLM's CPU build answers ~100 questions in 3-5 minutes on 2 cores
+# the whole evaluation's bound: an adapter's calls, or a busy machine, answer slower (100 questions
+# under a LoRA adapter with a test run alongside: 64 scored in 600 s)
+EVAL_TIMEOUT_S = 2400.0
 
 
 def agent_ref() -> AgentRef:
@@ -162,7 +165,9 @@ async def _phases(
     say(
         f"[seed {cfg.seed}] stack up, gateway {stack.gateway_url}; evaluating {len(heldout)} held-out questions"
     )
-    before = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, by_model=adapters)
+    before = await evaluate(
+        stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, timeout_s=EVAL_TIMEOUT_S, by_model=adapters
+    )
     say(f"[seed {cfg.seed}] before: {_fmt(before)}")
     monitor = TrainingMonitor(stack.bus, on_step=on_step)
     await monitor.start()
@@ -175,7 +180,9 @@ async def _phases(
     cancelled = stack.cancel_rollouts()
     await monitor.stop()
     say(f"[seed {cfg.seed}] trained {len(monitor.points)} steps in {rl_seconds:.0f}s")
-    after = await evaluate(stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, by_model=adapters)
+    after = await evaluate(
+        stack.bus, heldout, agent, deadline_s=EVAL_DEADLINE_S, timeout_s=EVAL_TIMEOUT_S, by_model=adapters
+    )
     say(f"[seed {cfg.seed}] after:  {_fmt(after)}")
     return {
         "before": before.as_dict(),
